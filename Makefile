@@ -1,0 +1,34 @@
+# `make demo`, `make test` and `make bench` each create (and then reuse) the virtual environment.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+VENV_STAMP := $(VENV)/.installed
+AZURITE := node_modules/.bin/azurite-blob
+
+.PHONY: demo test lint bench clean
+
+demo: $(VENV_STAMP)
+	$(VENV)/bin/retrain demo
+
+test: $(VENV_STAMP) $(AZURITE) lint
+	$(PY) -m pytest
+
+lint: $(VENV_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(VENV_STAMP)
+	$(PY) bench/trainer.py
+
+$(VENV_STAMP): requirements.txt requirements-dev.txt components/environment/requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --config-settings editable_mode=compat -e .
+	touch $@
+
+$(AZURITE): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+clean:
+	rm -rf $(VENV) node_modules .retrain .pytest_cache .ruff_cache

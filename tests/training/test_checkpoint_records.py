@@ -1,0 +1,72 @@
+import pytest
+
+from training.checkpoint.records import (
+    CheckpointRecord,
+    checkpoint_name,
+    committed_checkpoints,
+    objects_to_prune,
+)
+from training.errors import CheckpointError
+
+
+def _objects(*names, record=True):
+    return [f"{name}.pt" for name in names] + ([f"{name}.json" for name in names] if record else [])
+
+
+def test_committed_checkpoints_are_newest_first_by_step_then_attempt():
+    arrival_order = ((10, 1), (30, 1), (30, 2), (20, 1))
+    names = _objects(*(checkpoint_name(step, attempt) for step, attempt in arrival_order))
+    assert committed_checkpoints(names) == [
+        checkpoint_name(30, 2),
+        checkpoint_name(30, 1),
+        checkpoint_name(20, 1),
+        checkpoint_name(10, 1),
+    ]
+
+
+def test_a_checkpoint_without_its_record_never_committed():
+    names = _objects(checkpoint_name(10, 1)) + _objects(checkpoint_name(20, 1), record=False)
+    assert committed_checkpoints(names) == [checkpoint_name(10, 1)]
+
+
+def test_foreign_objects_are_ignored():
+    assert committed_checkpoints(["notes.json", "step-12.json", "latest.json"]) == []
+
+
+def test_pruning_keeps_the_newest_and_removes_records_before_data_and_orphans():
+    old, middle, new = checkpoint_name(10, 1), checkpoint_name(20, 1), checkpoint_name(30, 1)
+    orphan = checkpoint_name(25, 1)
+    names = [*_objects(old, middle, new), f"{orphan}.pt"]
+    doomed = objects_to_prune(names, keep_last=2)
+    assert doomed == [f"{old}.json", f"{old}.pt", f"{orphan}.pt"]
+
+
+def test_pruning_with_fewer_checkpoints_than_kept_removes_nothing():
+    assert objects_to_prune(_objects(checkpoint_name(10, 1)), keep_last=2) == []
+
+
+def _record(**overrides):
+    fields = dict(
+        name=checkpoint_name(5, 1),
+        step=5,
+        epoch=0,
+        position=40,
+        reason="interval",
+        attempt=1,
+        launch_id="abc",
+        world_size=2,
+        data_version="dv-1",
+        sha256="0" * 64,
+        size=10,
+        created_at="2026-11-29T00:00:00Z",
+    )
+    return CheckpointRecord(**{**fields, **overrides})
+
+
+def test_record_round_trips_and_refuses_a_record_of_another_checkpoint():
+    record = _record()
+    assert CheckpointRecord.from_bytes(record.to_bytes(), record.name) == record
+    with pytest.raises(CheckpointError, match="describes"):
+        CheckpointRecord.from_bytes(record.to_bytes(), checkpoint_name(6, 1))
+    with pytest.raises(CheckpointError, match="unreadable"):
+        CheckpointRecord.from_bytes(b"{not json", record.name)

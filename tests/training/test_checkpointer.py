@@ -1,0 +1,138 @@
+"""The checkpointer on both stores: asynchronous saves, verified loads, corruption, pruning, failures."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.checkpoint.blob_store import BlobCheckpointStore
+from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.local_store import LocalCheckpointStore
+from training.checkpoint.records import committed_checkpoints
+from training.checkpoint.store import CheckpointStore
+from training.errors import CheckpointError
+
+
+@dataclass
+class StoreUnderTest:
+    store: CheckpointStore
+    tamper: Callable[[str, Callable[[bytes], bytes]], None]  # rewrites an object behind the store's back
+
+
+@pytest.fixture(params=["local", "blob"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreUnderTest]:
+    if request.param == "local":
+        root = tmp_path / "ckpt"
+
+        def tamper_file(name: str, change: Callable[[bytes], bytes]) -> None:
+            path = root / name
+            path.write_bytes(change(path.read_bytes()))
+
+        yield StoreUnderTest(LocalCheckpointStore(root), tamper_file)
+        return
+    container = request.getfixturevalue("azurite").new_container()
+
+    def tamper_blob(name: str, change: Callable[[bytes], bytes]) -> None:
+        blob = container.get_blob_client(f"run/{name}")
+        blob.upload_blob(change(blob.download_blob().readall()), overwrite=True)
+
+    yield StoreUnderTest(BlobCheckpointStore(container, "run"), tamper_blob)
+    container.delete_container()
+
+
+def _meta(step: int, reason: str = "interval") -> CheckpointMeta:
+    return CheckpointMeta(
+        step=step,
+        epoch=0,
+        position=step * 8,
+        reason=reason,
+        attempt=1,
+        launch_id="test",
+        world_size=1,
+        data_version="dv-test",
+    )
+
+
+def _state(value: float) -> dict:
+    return {"model": {"weight": torch.full((64, 64), value)}, "progress": {"step": int(value)}, "tag": "x"}
+
+
+def _save(checkpointer: Checkpointer, step: int) -> None:
+    checkpointer.save(_state(float(step)), _meta(step))
+    checkpointer.wait_until_durable()
+
+
+def test_saved_state_loads_back_equal(target: StoreUnderTest) -> None:
+    checkpointer = Checkpointer(target.store)
+    _save(checkpointer, 3)
+    loaded = checkpointer.newest_valid()
+    assert loaded is not None
+    assert loaded.record.step == 3 and loaded.record.position == 24
+    assert torch.equal(loaded.state["model"]["weight"], torch.full((64, 64), 3.0))
+    assert loaded.state["progress"] == {"step": 3} and loaded.state["tag"] == "x"
+    assert checkpointer.stats.saved == 1 and checkpointer.stats.bytes_written == loaded.record.size
+
+
+def test_snapshot_is_isolated_from_updates_after_staging(target: StoreUnderTest) -> None:
+    checkpointer = Checkpointer(target.store)
+    live = _state(1.0)
+    checkpointer.save(live, _meta(1))
+    checkpointer.wait_until_staged()
+    live["model"]["weight"].add_(100.0)  # the optimizer step that follows the fence
+    checkpointer.wait_until_durable()
+    loaded = checkpointer.newest_valid()
+    assert torch.equal(loaded.state["model"]["weight"], torch.full((64, 64), 1.0))
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda data: data[: len(data) // 2], "truncated"),
+        (lambda data: data[:100] + bytes([data[100] ^ 0x01]) + data[101:], "fails its checksum"),
+    ],
+    ids=["truncated", "bit-flipped"],
+)
+def test_damaged_newest_checkpoint_is_skipped_for_the_previous(
+    target: StoreUnderTest, damage, expected: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    checkpointer = Checkpointer(target.store)
+    _save(checkpointer, 1)
+    _save(checkpointer, 2)
+    newest = committed_checkpoints(target.store.names())[0]
+    target.tamper(newest + ".pt", damage)
+    with caplog.at_level(logging.WARNING):
+        loaded = checkpointer.newest_valid()
+    assert loaded is not None and loaded.record.step == 1
+    assert any(newest in message and expected in message for message in caplog.messages)
+
+
+def test_only_the_newest_checkpoints_are_kept(target: StoreUnderTest) -> None:
+    checkpointer = Checkpointer(target.store, keep_last=2)
+    for step in (1, 2, 3, 4):
+        _save(checkpointer, step)
+        kept = committed_checkpoints(target.store.names())
+        assert [int(name[5:15]) for name in kept] == list(range(step, max(0, step - 2), -1))
+    assert len(target.store.names()) == 4  # two checkpoints, each data + record
+
+
+def test_keeping_fewer_than_two_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="keep at least 2"):
+        Checkpointer(LocalCheckpointStore(tmp_path), keep_last=1)
+
+
+def test_a_failed_write_commits_nothing_and_is_reported(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    checkpointer = Checkpointer(LocalCheckpointStore(root))
+    _save(checkpointer, 1)
+    shutil.rmtree(root)
+    root.write_text("the storage went away")  # every write into the folder now fails for real
+    checkpointer.save(_state(2.0), _meta(2))
+    with pytest.raises(CheckpointError, match="checkpoint at step 2 failed"):
+        checkpointer.wait_until_durable()
+    assert checkpointer.stats.failed == 1 and checkpointer.stats.saved == 1

@@ -1,0 +1,488 @@
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from training.cli import main
+from training.errors import InputError
+from training.prepare import assign_splits, prepare, split_position
+from training.sample_data import write_sample_batches
+from training.schema import DIGITS_SCHEMA, SPLIT_NAMES, Manifest, SplitFractions, TableSchema
+
+HEADER = list(DIGITS_SCHEMA.columns)
+
+
+def synthetic_row(index: int, label: int | None = None) -> list[str]:
+    pixels = [str((index * 7 + column) % 17) for column in range(len(DIGITS_SCHEMA.feature_columns))]
+    return [f"key-{index:04d}", str(index % 10 if label is None else label), *pixels]
+
+
+def write_csv(path: Path, rows: list[list[str]], header: list[str] = HEADER) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def split_tables(prepared: Path) -> dict[str, pa.Table]:
+    return {name: pq.read_table(prepared / f"{name}.parquet") for name in SPLIT_NAMES}
+
+
+def key_to_split(prepared: Path) -> dict[str, str]:
+    return {
+        key: name for name, table in split_tables(prepared).items() for key in table["row_key"].to_pylist()
+    }
+
+
+def manifest_content(manifest: Manifest) -> dict:
+    """Everything but the fields that say when and from what earlier version it was made."""
+    document = json.loads(manifest.to_json())
+    return {key: value for key, value in document.items() if key not in ("created_at", "previous_version")}
+
+
+@pytest.fixture(scope="module")
+def sample_raw(tmp_path_factory) -> Path:
+    raw = tmp_path_factory.mktemp("sample") / "raw"
+    write_sample_batches(raw, batches=4)
+    return raw
+
+
+@pytest.fixture(scope="module")
+def prepared(sample_raw, tmp_path_factory) -> tuple[Manifest, Path]:
+    out = tmp_path_factory.mktemp("prepared") / "v1"
+    return prepare(sample_raw, out), out
+
+
+def test_prepare_writes_three_sorted_splits_and_a_manifest(prepared, sample_raw):
+    manifest, out = prepared
+
+    assert sorted(path.name for path in out.iterdir()) == [
+        "manifest.json", "test.parquet", "train.parquet", "validation.parquet",
+    ]  # fmt: skip
+    assert re.fullmatch(r"dv-[0-9a-f]{16}", manifest.data_version)
+    assert Manifest.from_json((out / "manifest.json").read_text()) == manifest
+    tables = split_tables(out)
+    for name, table in tables.items():
+        keys = table["row_key"].to_pylist()
+        assert keys == sorted(keys)
+        entry = manifest.split_entry(name)
+        assert entry.rows == table.num_rows
+        assert entry.file_sha256 == hashlib.sha256((out / entry.file).read_bytes()).hexdigest()
+        assert {"source_file", "source_row"} <= set(table.column_names)
+    assert sum(table.num_rows for table in tables.values()) == 1797
+    assert tables["train"].num_rows == pytest.approx(0.8 * 1797, rel=0.05)
+    assert tables["test"].num_rows == pytest.approx(0.1 * 1797, rel=0.25)
+    assert [(entry.name, entry.sha256) for entry in manifest.raw_files] == [
+        (path.name, hashlib.sha256(path.read_bytes()).hexdigest()) for path in sorted(sample_raw.iterdir())
+    ]
+
+
+def test_overlapping_batches_count_as_exact_duplicates(prepared):
+    manifest, _ = prepared
+
+    stats = manifest.stats
+    assert (stats.raw_rows, stats.unique_rows, stats.exact_duplicates, stats.superseded) == (
+        1812,
+        1797,
+        15,
+        0,
+    )
+
+
+def test_normalization_is_the_train_split_mean_and_std(prepared):
+    manifest, out = prepared
+
+    train = pq.read_table(out / "train.parquet")
+    features = np.column_stack([train[name].to_numpy() for name in DIGITS_SCHEMA.feature_columns])
+    assert np.array_equal(np.array(manifest.normalization.mean), features.mean(axis=0))
+    assert np.array_equal(np.array(manifest.normalization.std), features.std(axis=0))
+
+
+def test_each_row_lands_in_the_split_its_key_hashes_to(prepared):
+    _, out = prepared
+
+    for name, table in split_tables(out).items():
+        keys = table["row_key"].to_pylist()
+        assert {SPLIT_NAMES[index] for index in assign_splits(keys, SplitFractions())} == {name}
+
+
+def test_same_rows_give_the_same_version_whatever_the_batching_or_format(prepared, tmp_path):
+    manifest, out = prepared
+    write_sample_batches(tmp_path / "raw", batches=7, file_format="parquet")
+
+    other = prepare(tmp_path / "raw", tmp_path / "out")
+
+    assert other.data_version == manifest.data_version
+    assert other.raw_files != manifest.raw_files
+    assert pq.read_table(tmp_path / "out" / "test.parquet")["row_key"].equals(
+        pq.read_table(out / "test.parquet")["row_key"]
+    )
+
+
+def test_other_split_fractions_give_another_version(prepared, sample_raw, tmp_path):
+    manifest, _ = prepared
+
+    other = prepare(sample_raw, tmp_path / "out", split=SplitFractions(0.6, 0.2, 0.2))
+
+    assert other.data_version != manifest.data_version
+    assert other.split_entry("train").rows == pytest.approx(0.6 * 1797, rel=0.06)
+
+
+def test_rows_never_change_split_as_data_grows(sample_raw, tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    batches = sorted(sample_raw.iterdir())
+    for path in batches[:2]:
+        shutil.copy(path, raw)
+    prepare(raw, tmp_path / "small")
+    for path in batches[2:]:
+        shutil.copy(path, raw)
+    prepare(raw, tmp_path / "large")
+
+    small, large = key_to_split(tmp_path / "small"), key_to_split(tmp_path / "large")
+    assert len(large) > len(small) > 0
+    assert {key: large[key] for key in small} == small
+
+
+def test_later_files_and_later_rows_supersede_earlier_versions_of_a_key(tmp_path):
+    raw = tmp_path / "raw"
+    write_csv(raw / "batch-0001.csv", [synthetic_row(index, label=0) for index in range(100)])
+    write_csv(
+        raw / "batch-0002.csv",
+        [
+            synthetic_row(5, label=7),
+            synthetic_row(6, label=0),
+            synthetic_row(7, label=3),
+            synthetic_row(7, label=4),
+        ],
+    )
+
+    manifest = prepare(raw, tmp_path / "out")
+
+    rows = pa.concat_tables(split_tables(tmp_path / "out").values()).to_pylist()
+    kept = {row["row_key"]: row for row in rows}
+    assert len(rows) == len(kept) == 100
+    assert (kept["key-0005"]["label"], kept["key-0005"]["source_file"]) == (7, "batch-0002.csv")
+    assert (kept["key-0006"]["source_file"], kept["key-0006"]["source_row"]) == ("batch-0002.csv", 2)
+    assert (kept["key-0007"]["label"], kept["key-0007"]["source_row"]) == (4, 4)
+    assert kept["key-0008"]["source_file"] == "batch-0001.csv"
+    # key-0005: 0 -> 7; key-0007: 0 -> 3 -> 4 are changes; key-0006 is re-delivered unchanged.
+    assert (manifest.stats.exact_duplicates, manifest.stats.superseded) == (1, 3)
+
+
+def test_incremental_preparation_equals_a_full_one(sample_raw, tmp_path, caplog):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    batches = sorted(sample_raw.iterdir())
+    for path in batches[:3]:
+        shutil.copy(path, raw)
+    first = prepare(raw, tmp_path / "v1")
+    shutil.copy(batches[3], raw)
+    correction = synthetic_row(0, label=9)
+    correction[0] = "digits-0003"  # a key from the first batch, now with another label and pixels
+    write_csv(raw / "batch-0005.csv", [correction])
+
+    caplog.set_level(logging.INFO, logger="training.prepare")
+    incremental = prepare(raw, tmp_path / "v2", previous=tmp_path / "v1")
+    full = prepare(raw, tmp_path / "full")
+
+    assert "reading 2 new raw files" in caplog.text
+    assert incremental.previous_version == first.data_version
+    assert incremental.data_version == full.data_version != first.data_version
+    assert manifest_content(incremental) == manifest_content(full)
+    assert incremental.stats.superseded == 1
+    for name, table in split_tables(tmp_path / "v2").items():
+        assert table.equals(split_tables(tmp_path / "full")[name])
+    rows = pa.concat_tables(split_tables(tmp_path / "v2").values()).to_pylist()
+    assert [row["label"] for row in rows if row["row_key"] == "digits-0003"] == [9]
+
+
+@pytest.mark.parametrize("change", ["edit", "remove", "late-name"])
+def test_incremental_falls_back_to_a_full_preparation_when_seen_files_changed(
+    sample_raw, tmp_path, caplog, change
+):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    batches = sorted(sample_raw.iterdir())
+    for path in batches[:2]:
+        shutil.copy(path, raw)
+    prepare(raw, tmp_path / "v1")
+    shutil.copy(batches[2], raw)
+    if change == "edit":
+        write_csv(raw / "batch-0001.csv", [synthetic_row(index) for index in range(300)])
+    elif change == "remove":
+        (raw / "batch-0001.csv").unlink()
+    else:
+        shutil.copy(batches[3], raw / "batch-0000.csv")
+
+    caplog.set_level(logging.INFO, logger="training.prepare")
+    incremental = prepare(raw, tmp_path / "v2", previous=tmp_path / "v1")
+
+    reason = {"edit": "batch-0001.csv has changed", "remove": "batch-0001.csv that it saw has been removed",
+              "late-name": "batch-0000.csv sorts before batch-0002.csv"}[change]  # fmt: skip
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert reason in warnings[0]
+    assert manifest_content(incremental) == manifest_content(prepare(raw, tmp_path / "full"))
+
+
+def test_existing_empty_output_folder_is_filled(sample_raw, tmp_path, prepared):
+    (tmp_path / "mount").mkdir()
+
+    manifest = prepare(sample_raw, tmp_path / "mount")
+
+    assert manifest.data_version == prepared[0].data_version
+    assert sorted(path.name for path in (tmp_path / "mount").iterdir()) == sorted(
+        path.name for path in prepared[1].iterdir()
+    )
+
+
+def test_output_holding_the_same_version_is_left_as_it_is(prepared, sample_raw):
+    manifest, out = prepared
+    before = {path.name: path.stat().st_mtime_ns for path in out.iterdir()}
+
+    again = prepare(sample_raw, out)
+
+    assert again == manifest
+    assert {path.name: path.stat().st_mtime_ns for path in out.iterdir()} == before
+
+
+def test_output_holding_another_version_is_refused(prepared, sample_raw, tmp_path):
+    _, out = prepared
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    shutil.copy(sorted(sample_raw.iterdir())[0], raw)
+
+    with pytest.raises(InputError, match=r"already holds data version dv-\w+, not dv-\w+"):
+        prepare(raw, out)
+
+
+def test_output_holding_other_files_is_refused_and_kept(sample_raw, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+
+    with pytest.raises(InputError, match=r"the output folder is not empty"):
+        prepare(sample_raw, tmp_path / "out")
+
+    assert [path.name for path in (tmp_path / "out").iterdir()] == ["notes.txt"]
+
+
+def test_unwritable_output_leaves_nothing_behind(sample_raw, tmp_path):
+    (tmp_path / "a-file").write_text("")
+
+    with pytest.raises(InputError, match=r"cannot create"):
+        prepare(sample_raw, tmp_path / "a-file" / "sub" / "out")
+
+    assert [path.name for path in tmp_path.iterdir()] == ["a-file"]
+
+
+def _bad_value(raw: Path) -> None:
+    write_sample_batches(raw, batches=2)
+    path = raw / "batch-0002.csv"
+    rows = list(csv.reader(path.open()))
+    rows[17][HEADER.index("pixel_5")] = "abc"
+    write_csv(path, rows[1:], header=rows[0])
+
+
+def _cells(*changes: tuple[int, str, str], rows: int = 5) -> Callable[[Path], None]:
+    """A raw folder with one synthetic CSV whose (row, column) cells are replaced by the given values."""
+
+    def setup(raw: Path) -> None:
+        table = [synthetic_row(index) for index in range(rows)]
+        for row, column, value in changes:
+            table[row - 1][HEADER.index(column)] = value
+        write_csv(raw / "batch-0001.csv", table)
+
+    return setup
+
+
+def _parquet_with_null(raw: Path) -> None:
+    columns: dict[str, list] = {"row_key": ["a", "b", "c"], "label": [1, 2, 3]}
+    for name in DIGITS_SCHEMA.feature_columns:
+        columns[name] = [1.0, None, 2.0] if name == "pixel_3" else [1.0, 1.0, 1.0]
+    raw.mkdir(parents=True)
+    pq.write_table(pa.table(columns), raw / "batch-0001.parquet")
+
+
+def _write_bytes(name: str, data: bytes) -> Callable[[Path], None]:
+    def setup(raw: Path) -> None:
+        raw.mkdir(parents=True)
+        (raw / name).write_bytes(data)
+
+    return setup
+
+
+def _header(header: list[str]) -> Callable[[Path], None]:
+    return lambda raw: write_csv(raw / "batch-0001.csv", [], header=header)
+
+
+# fmt: off
+BAD_INPUTS = {
+    "missing folder": (lambda raw: None, "raw: the raw data folder does not exist"),
+    "no raw files": (_write_bytes("notes.txt", b"hi"), "raw: holds no raw files; expected a folder of .csv"),
+    "empty file": (_write_bytes("batch-0001.csv", b""), "batch-0001.csv: the file is empty (0 bytes)"),
+    "not parquet": (
+        _write_bytes("batch-0001.parquet", b"PAR1"),
+        "batch-0001.parquet: not a readable Parquet",
+    ),
+    "ragged csv": (
+        _write_bytes("batch-0001.csv", b"row_key,label\na,1\nb\n"),
+        "batch-0001.csv: not a readable CSV file (CSV parse error: Expected 2 columns, got 1",
+    ),
+    "missing column": (
+        _header([name for name in HEADER if name != "pixel_5"]),
+        "batch-0001.csv: missing column 'pixel_5'; expected the columns row_key, label, pixel_0..pixel_63",
+    ),
+    "unexpected column": (_header([*HEADER, "colour"]), "batch-0001.csv: unexpected column 'colour'"),
+    "non-numeric": (
+        _bad_value, "batch-0002.csv: row 17, column 'pixel_5': expected a finite number, got 'abc'",
+    ),
+    "infinite": (
+        _cells((2, "pixel_0", "inf")),
+        "row 2, column 'pixel_0': expected a finite number, got 'inf'",
+    ),
+    "first bad row wins": (
+        _cells((4, "pixel_9", "x"), (2, "pixel_60", "y")),
+        "batch-0001.csv: row 2, column 'pixel_60': expected a finite number, got 'y'",
+    ),
+    "label range": (
+        _cells((3, "label", "10")),
+        "row 3, column 'label': expected an integer class in [0, 10), got '10'",
+    ),
+    "label not integer": (_cells((1, "label", "2.5")), "row 1, column 'label': expected an integer class"),
+    "blank key": (
+        _cells((5, "row_key", " ")),
+        "row 5, column 'row_key': expected a non-empty string, got ' '",
+    ),
+    "null in parquet": (
+        _parquet_with_null,
+        "batch-0001.parquet: row 2, column 'pixel_3': expected a finite number, got an empty value",
+    ),
+    "no rows": (_header(HEADER), "raw: its 1 raw file(s) hold no data rows"),
+    "too few rows": (_cells(rows=3), "raw: too few rows: 3 unique rows leave the"),
+}
+# fmt: on
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_fails_with_one_line_and_writes_nothing(tmp_path, capsys, case):
+    setup, expected = BAD_INPUTS[case]
+    setup(tmp_path / "raw")
+    capsys.readouterr()
+
+    code = main(["prepare", "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "out")])
+
+    lines = capsys.readouterr().err.splitlines()
+    assert code != 0
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("retrain: error: ")
+    assert expected in lines[0]
+    assert sorted(path.name for path in tmp_path.iterdir()) == (["raw"] if case != "missing folder" else [])
+
+
+def test_bad_input_leaves_an_existing_empty_output_folder_empty(tmp_path, capsys):
+    _cells((1, "pixel_1", "?"))(tmp_path / "raw")
+    (tmp_path / "out").mkdir()
+
+    assert main(["prepare", "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "out")]) != 0
+
+    assert list((tmp_path / "out").iterdir()) == []
+    assert "row 1, column 'pixel_1'" in capsys.readouterr().err
+
+
+def test_cli_accepts_split_fractions(sample_raw, tmp_path):
+    code = main(
+        ["prepare", "--raw", str(sample_raw), "--out", str(tmp_path / "out"), "--split", "0.5,0.25,0.25"]
+    )
+
+    assert code == 0
+
+    manifest = Manifest.from_json((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest.split == SplitFractions(0.5, 0.25, 0.25)
+
+
+def test_cli_rejects_split_fractions_that_do_not_add_up(sample_raw, tmp_path, capsys):
+    code = main(
+        ["prepare", "--raw", str(sample_raw), "--out", str(tmp_path / "out"), "--split", "0.8,0.1,0.2"]
+    )
+
+    lines = capsys.readouterr().err.splitlines()
+    assert code != 0
+    assert lines == [lines[0]]
+    assert "add up to 1.1; change them so they add up to 1" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("fractions", "message"),
+    [
+        ((0.9, 0.1, 0.0), r"test=0.0 is out of range; expected a number between 0 and 1"),
+        ((0.7, 0.2, 0.2), r"add up to 1.1"),
+        ((1.2, -0.1, -0.1), r"train=1.2 is out of range"),
+    ],
+)
+def test_split_fractions_are_validated(fractions, message):
+    with pytest.raises(InputError, match=message):
+        SplitFractions(*fractions)
+
+
+def test_split_fractions_parse_three_numbers():
+    assert SplitFractions.parse("0.7,0.2,0.1") == SplitFractions(0.7, 0.2, 0.1)
+    with pytest.raises(InputError, match=r"is not three numbers; expected TRAIN,VALIDATION,TEST"):
+        SplitFractions.parse("0.8,0.2")
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        (("id", "y", ("id",), 10), r"names column 'id' twice"),
+        (("id", "y", ("source_row",), 10), r"'source_row' is reserved"),
+        (("id", "y", (), 10), r"at least one feature column"),
+        (("id", "y", ("x",), 1), r"n_classes must be an integer of at least 2"),
+    ],
+)
+def test_table_schema_is_validated(columns, message):
+    with pytest.raises(InputError, match=message):
+        TableSchema(*columns)
+
+
+def test_split_positions_are_uniform_and_stable():
+    keys = [f"row-{index}" for index in range(20_000)]
+    positions = np.array([split_position(key) for key in keys])
+
+    assert ((positions >= 0) & (positions < 1)).all()
+    assert np.histogram(positions, bins=10, range=(0, 1))[0] == pytest.approx([2000] * 10, rel=0.1)
+    assert split_position("digits-0001") == split_position("digits-0001") != split_position("digits-0002")
+
+
+def test_data_version_ignores_provenance_and_time_but_not_content(prepared):
+    manifest, _ = prepared
+
+    elsewhere = dataclasses.replace(manifest, raw_files=(), previous_version="dv-0", created_at="2000-01-01")
+    changed_split = dataclasses.replace(manifest.splits[2], content_sha256="0" * 64)
+    changed = dataclasses.replace(manifest, splits=(*manifest.splits[:2], changed_split))
+    assert elsewhere.data_version == manifest.data_version
+    assert changed.data_version != manifest.data_version
+
+
+def test_an_edited_manifest_is_not_trusted(prepared):
+    manifest, _ = prepared
+    document = json.loads(manifest.to_json())
+    document["splits"]["test"]["content_sha256"] = "0" * 64
+
+    with pytest.raises(InputError, match=r"manifest was edited"):
+        Manifest.from_json(json.dumps(document))

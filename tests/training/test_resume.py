@@ -1,0 +1,128 @@
+"""Eviction and resume, end to end: real torchrun, gloo, 2 processes, on CPU."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from conftest import (
+    STEPS_PER_EPOCH,
+    TOTAL_STEPS,
+    is_checkpoint,
+    is_step,
+    kill_process_tree,
+    newest_record,
+    read_metadata,
+    resumed_event,
+)
+
+from training.preemption import PREEMPTED_EXIT_CODE
+
+
+def test_uninterrupted_runs_with_the_same_seed_give_equal_weights(uninterrupted_run, start_training, folders):
+    assert start_training().finish() == 0
+    metadata = read_metadata(folders.out)
+    assert metadata["weights_sha256"] == uninterrupted_run["weights_sha256"]
+    assert metadata["steps"] == TOTAL_STEPS and metadata["resumes"] == 0
+
+
+def test_sigkill_twice_then_restart_ends_with_the_uninterrupted_weights(
+    uninterrupted_run, start_training, folders
+):
+    resumed_at = []
+    for last_durable, kill_after in ((10, 15), (60, 65)):
+        process = start_training()
+        process.wait_for(is_checkpoint(last_durable))
+        process.wait_for(is_step(kill_after))
+        kill_process_tree(process)
+        assert not (folders.out / "metadata.json").exists()
+        if resumed_at:
+            resumed_at[-1] = resumed_event(process)
+        resumed_at.append(None)
+    final = start_training()
+    assert final.finish() == 0
+    resumed_at[-1] = resumed_event(final)
+
+    # Both restarts continued mid-epoch from the last durable checkpoint, with no replay of batches.
+    assert [(event["step"], event["epoch"], event["position"]) for event in resumed_at] == [
+        (10, 0, 10 * 32),
+        (60, 1, (60 - STEPS_PER_EPOCH) * 32),
+    ]
+    metadata = read_metadata(folders.out)
+    assert metadata["weights_sha256"] == uninterrupted_run["weights_sha256"]
+    assert metadata["steps"] == TOTAL_STEPS
+    assert metadata["resumes"] == 2 and metadata["evictions_survived"] == 2
+    endings = [attempt["ended"] for attempt in metadata["attempts"]]
+    assert endings == ["interrupted", "interrupted", "completed"]
+
+
+def test_sigterm_saves_the_agreed_step_at_once_and_the_restart_loses_nothing(
+    uninterrupted_run, start_training, folders
+):
+    process = start_training()
+    observed = process.wait_for(is_step(30))["step"]
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    saved = process.wait_for(lambda event: event["event"] == "checkpoint" and event["reason"] == "preempted")
+    seconds_to_durable = time.monotonic() - signalled
+    assert process.finish() == PREEMPTED_EXIT_CODE
+
+    assert seconds_to_durable < 5.0
+    record = newest_record(folders.checkpoints)
+    assert (record.name, record.reason, record.step) == (saved["name"], "preempted", saved["step"])
+    last_trained = max(event["step"] for event in process.events_seen if event["event"] == "step")
+    assert observed <= saved["step"] and last_trained - saved["step"] <= 1
+
+    restart = start_training()
+    assert restart.finish() == 0
+    assert resumed_event(restart)["step"] == saved["step"]
+    metadata = read_metadata(folders.out)
+    assert metadata["weights_sha256"] == uninterrupted_run["weights_sha256"]
+    assert [attempt["ended"] for attempt in metadata["attempts"]] == ["preempted", "completed"]
+    assert metadata["evictions_survived"] == 1
+
+
+def test_resume_on_fewer_processes_continues_at_the_same_global_sample(start_training, folders):
+    process = start_training(nproc=2)
+    process.wait_for(is_step(50))
+    process.send_signal(signal.SIGTERM)
+    assert process.finish() == PREEMPTED_EXIT_CODE
+    saved = newest_record(folders.checkpoints)
+
+    restart = start_training(nproc=1)
+    assert restart.finish() == 0
+    resumed = resumed_event(restart)
+    assert (resumed["step"], resumed["epoch"], resumed["position"]) == (
+        saved.step,
+        saved.epoch,
+        saved.position,
+    )
+    first_step = next(event for event in restart.events_seen if event["event"] == "step")
+    expected_position = saved.position + 32
+    if expected_position + 32 > 1421:
+        expected_position = 0
+    assert first_step["step"] == saved.step + 1 and first_step["position"] == expected_position
+    metadata = read_metadata(folders.out)
+    assert metadata["steps"] == TOTAL_STEPS and metadata["world_size"] == 1
+    assert [attempt["world_size"] for attempt in metadata["attempts"]] == [2, 1]
+
+
+def test_leftovers_of_a_save_killed_midway_are_ignored_and_cleared(start_training, folders):
+    process = start_training(nproc=1)
+    process.wait_for(is_checkpoint(20))
+    kill_process_tree(process)
+    last_committed = newest_record(folders.checkpoints)
+    # What a kill during the next save leaves: a half-written temp file, and data whose record never came.
+    root = Path(folders.checkpoints)
+    (root / ".step-0000000099-a001.pt.tmp-0123abcd").write_bytes(b"half a checkpoint")
+    (root / "step-0000000099-a001.pt").write_bytes(b"data without its commit record")
+
+    restart = start_training(nproc=1)
+    assert restart.finish() == 0
+    assert resumed_event(restart)["checkpoint"] == last_committed.name
+    leftovers = {path.name for path in root.iterdir()} & {
+        ".step-0000000099-a001.pt.tmp-0123abcd",
+        "step-0000000099-a001.pt",
+    }
+    assert leftovers == set()

@@ -1,0 +1,1 @@
+"""Checkpoints: durable stores behind one small protocol, and the asynchronous checkpointer."""

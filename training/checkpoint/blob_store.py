@@ -1,0 +1,351 @@
+"""A checkpoint store under a prefix of an Azure Blob Storage container (and Azurite, the emulator)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import BinaryIO, cast
+from urllib.parse import urlsplit
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    AzureError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.storage.blob import BlobBlock, BlobClient, BlobPrefix, BlobServiceClient, ContainerClient
+
+from training.checkpoint.store import ObjectExistsError, ObjectNotFoundError, check_object_name
+from training.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SPOOL_LIMIT_BYTES = 64 * 1024 * 1024
+UPLOAD_CONCURRENCY = 4
+EXPECTED_URL_FORM = (
+    "https://<account>.blob.core.windows.net/<container>/<prefix> "
+    "(or http://127.0.0.1:<port>/<account>/<container>/<prefix> for the Azurite emulator)"
+)
+
+_SECRET_PATTERNS = (
+    re.compile(r"(?i)(AccountKey=)[^;\s'\"]+"),
+    re.compile(r"(?i)(SharedAccessSignature=)[^;\s'\"]+"),
+    re.compile(r"(?i)(\bsig=)[^&;\s'\"]+"),
+    re.compile(r"(?i)(\bSharedKey(?:Lite)?\s+[^:\s]+:)[^\s'\"]+"),
+)
+_CLOUD_HOST = re.compile(
+    r"(?P<account>[a-z0-9]{3,24})\.blob\.core\.(?:windows\.net|chinacloudapi\.cn|usgovcloudapi\.net)"
+)
+_EMULATOR_HOSTS = frozenset({"127.0.0.1", "localhost"})
+_ACCOUNT_NAME = re.compile(r"[a-z0-9]{3,24}")
+_CONTAINER_NAME = re.compile(r"(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+_PREFIX_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]*")
+_MAX_PREFIX_CHARS = 800  # a blob name may have 1024 characters; leave room for '/' and a 200-character name
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with account keys, SAS tokens and signatures replaced by '***'."""
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(r"\1***", text)
+    return text
+
+
+def check_prefix(prefix: str) -> str:
+    """The folder path inside a container, without a trailing '/'; '' means the container's root."""
+    trimmed = prefix[:-1] if prefix.endswith("/") else prefix
+    segments = trimmed.split("/") if trimmed else []
+    if len(trimmed) > _MAX_PREFIX_CHARS or not all(_PREFIX_SEGMENT.fullmatch(s) for s in segments):
+        raise CheckpointError(
+            f"checkpoint prefix {mask_secrets(prefix)!r} is not allowed; expected folder names of letters, "
+            f"digits, '.', '_', '=' or '-' separated by single '/' (no leading '/', no '..'), "
+            f"at most {_MAX_PREFIX_CHARS} characters"
+        )
+    return trimmed
+
+
+class BlobCheckpointStore:
+    """Objects are block blobs named `<prefix>/<name>`.
+
+    A block blob becomes visible only when its block list commits, and the commit carries
+    `If-None-Match: *`, so a crashed or losing writer never leaves a visible or overwritten object.
+    The SDK stages blocks under random ids, so two writers racing for one name cannot mix their blocks.
+    """
+
+    def __init__(
+        self,
+        container: ContainerClient,
+        prefix: str = "",
+        *,
+        spool_limit_bytes: int = DEFAULT_SPOOL_LIMIT_BYTES,
+    ) -> None:
+        self._container = container
+        self._prefix = check_prefix(prefix)
+        self._folder = f"{self._prefix}/" if self._prefix else ""
+        self._spool_limit_bytes = spool_limit_bytes
+
+    @property
+    def location(self) -> str:
+        container_url = _without_query(self._container.url)
+        return f"{container_url}/{self._prefix}" if self._prefix else container_url
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def container_name(self) -> str:
+        return self._container.container_name
+
+    @contextmanager
+    def writer(self, name: str) -> Iterator[BinaryIO]:
+        blob = self._container.get_blob_client(self._blob_path(name))
+        with self._storage_errors("check", name):
+            if blob.exists():
+                # Fail before the caller spends time serialising; the conditional commit still guards a race.
+                raise self._exists_error(name)
+        with tempfile.SpooledTemporaryFile(max_size=self._spool_limit_bytes, mode="w+b") as spool:
+            yield cast(BinaryIO, spool)
+            self._upload(blob, spool, name)
+
+    def read(self, name: str) -> bytes:
+        path = self._blob_path(name)
+        with self._storage_errors("read", name):
+            try:
+                return self._container.download_blob(path, max_concurrency=UPLOAD_CONCURRENCY).readall()
+            except ResourceNotFoundError as err:
+                if _is_container_missing(err):
+                    raise
+                raise ObjectNotFoundError(
+                    f"checkpoint object {name!r} not found in {self.location}"
+                ) from None
+
+    def names(self) -> list[str]:
+        with self._storage_errors("list"):
+            listing = self._container.walk_blobs(name_starts_with=self._folder, delimiter="/")
+            # walk_blobs yields a BlobPrefix for each subfolder; only direct children are objects.
+            children = [
+                item.name[len(self._folder) :] for item in listing if not isinstance(item, BlobPrefix)
+            ]
+        return sorted(child for child in children if _is_object_name(child))
+
+    def delete(self, name: str) -> None:
+        path = self._blob_path(name)
+        with self._storage_errors("delete", name):
+            try:
+                self._container.delete_blob(path, delete_snapshots="include")
+            except ResourceNotFoundError as err:
+                if _is_container_missing(err):
+                    raise
+
+    def discard_incomplete(self) -> int:
+        # Nothing to do: blocks staged by a write that never committed are invisible to list and read, do not
+        # block a later write of the same name (see `_upload`), and Azure garbage-collects them after a week.
+        return 0
+
+    def _upload(self, blob: BlobClient, spool: tempfile.SpooledTemporaryFile[bytes], name: str) -> None:
+        length = spool.seek(0, os.SEEK_END)
+        spool.seek(0)
+        with self._storage_errors("write", name):
+            try:
+                blob.upload_blob(spool, length=length, overwrite=False, max_concurrency=UPLOAD_CONCURRENCY)
+            except ResourceExistsError:
+                if blob.exists():
+                    raise self._exists_error(name) from None
+                # Put Blob with If-None-Match: * may count the staged blocks of an upload that died before
+                # committing as an existing blob (Azurite does); Put Block List counts only committed ones.
+                self._commit_as_one_block(blob, spool, length, name)
+        log.debug("published checkpoint object %s in %s (%d bytes)", name, self.location, length)
+
+    def _commit_as_one_block(
+        self, blob: BlobClient, spool: tempfile.SpooledTemporaryFile[bytes], length: int, name: str
+    ) -> None:
+        # All block ids of one blob must have the same length, so use the form the SDK's own uploads use.
+        block_id = f"{uuid.uuid4().int:048d}"
+        spool.seek(0)
+        blob.stage_block(block_id, spool, length=length)
+        try:
+            blob.commit_block_list([BlobBlock(block_id)], match_condition=MatchConditions.IfMissing)
+        except (ResourceExistsError, ResourceModifiedError):
+            raise self._exists_error(name) from None
+
+    def _blob_path(self, name: str) -> str:
+        return self._folder + check_object_name(name)
+
+    def _exists_error(self, name: str) -> ObjectExistsError:
+        return ObjectExistsError(
+            f"checkpoint object {name!r} already exists in {self.location}; objects are never overwritten, "
+            "write under a new name"
+        )
+
+    @contextmanager
+    def _storage_errors(self, action: str, name: str | None = None) -> Iterator[None]:
+        """Turn Azure failures the user must fix into one-line, secret-free `CheckpointError`s.
+
+        Transient failures (network, throttling, 5xx) keep their Azure type so that callers can retry them.
+        """
+        try:
+            yield
+        except ResourceNotFoundError as err:
+            if _is_container_missing(err):
+                raise CheckpointError(
+                    f"the container of checkpoint store {self.location} does not exist; create it first "
+                    "(the store never creates containers)"
+                ) from None
+            raise self._failure(action, name, err) from None
+        except AzureError as err:
+            if _is_transient(err):
+                raise
+            raise self._failure(action, name, err) from None
+
+    def _failure(self, action: str, name: str | None, err: AzureError) -> CheckpointError:
+        target = f"checkpoint object {name!r} in" if name else "checkpoint store"
+        return CheckpointError(f"cannot {action} {target} {self.location}: {_describe(err)}")
+
+
+@dataclass(frozen=True)
+class BlobUrl:
+    """The parts of a checkpoint store URL."""
+
+    account: str
+    account_url: str
+    container: str
+    prefix: str
+    is_emulator: bool
+
+    @property
+    def url(self) -> str:
+        container_url = f"{self.account_url}/{self.container}"
+        return f"{container_url}/{self.prefix}" if self.prefix else container_url
+
+
+def parse_blob_url(url: str) -> BlobUrl:
+    """Split a checkpoint store URL (see `EXPECTED_URL_FORM`) into account, container and prefix."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise _bad_url(url, "it cannot be parsed") from None
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        raise _bad_url(
+            url,
+            "credentials do not belong in the URL (they would end up in logs); use a connection string "
+            "or a managed identity",
+        )
+    host = parts.hostname or ""
+    segments = parts.path.removeprefix("/").removesuffix("/").split("/")
+    cloud_host = _CLOUD_HOST.fullmatch(host)
+    if cloud_host and parts.scheme == "https":
+        account, account_url = cloud_host["account"], f"https://{host}"
+    elif host in _EMULATOR_HOSTS and parts.scheme in ("http", "https"):
+        account = segments.pop(0)
+        netloc = f"{host}:{port}" if port else host
+        account_url = f"{parts.scheme}://{netloc}/{account}"
+    else:
+        raise _bad_url(url, "the host is neither an Azure Blob Storage account over https nor the emulator")
+    if not _ACCOUNT_NAME.fullmatch(account):
+        raise _bad_url(url, f"{account!r} is not a storage account name (3-24 lowercase letters or digits)")
+    container = segments[0] if segments else ""
+    if not _CONTAINER_NAME.fullmatch(container):
+        raise _bad_url(url, f"{container!r} is not a container name (3-63 lowercase letters, digits or '-')")
+    try:
+        prefix = check_prefix("/".join(segments[1:]))
+    except CheckpointError as err:
+        raise _bad_url(url, str(err)) from None
+    is_emulator = host in _EMULATOR_HOSTS
+    return BlobUrl(account, account_url, container, prefix, is_emulator)
+
+
+def open_blob_store(url: str, connection_string: str | None = None) -> BlobCheckpointStore:
+    """A store for `url`, authenticated by `connection_string` if given, else by `DefaultAzureCredential`.
+
+    The connection string is meant for Azurite and development; in Azure the managed identity is used.
+    """
+    target = parse_blob_url(url)
+    if connection_string:
+        container = _container_from_connection_string(target, connection_string)
+    elif target.is_emulator:
+        raise CheckpointError(
+            f"checkpoint store URL {target.url} points at the emulator, which needs a connection string; "
+            "expected one for the emulator's account"
+        )
+    else:
+        from azure.identity import DefaultAzureCredential  # heavy import, and only needed in Azure
+
+        container = ContainerClient(target.account_url, target.container, credential=DefaultAzureCredential())
+    return BlobCheckpointStore(container, target.prefix)
+
+
+def _container_from_connection_string(target: BlobUrl, connection_string: str) -> ContainerClient:
+    try:
+        service = BlobServiceClient.from_connection_string(connection_string)
+    except ValueError:
+        # The SDK's message may quote the connection string; ours must not.
+        raise CheckpointError(
+            "the storage connection string is malformed; expected "
+            "'DefaultEndpointsProtocol=...;AccountName=...;AccountKey=...;BlobEndpoint=...'"
+        ) from None
+    endpoint = _without_query(service.url).rstrip("/")
+    if service.account_name != target.account or endpoint != target.account_url:
+        raise CheckpointError(
+            f"the storage connection string is for account {service.account_name!r} at {endpoint}, but the "
+            f"checkpoint store URL {target.url} is in account {target.account!r} at {target.account_url}; "
+            "expected a connection string for the URL's account"
+        )
+    return service.get_container_client(target.container)
+
+
+def _bad_url(url: str, reason: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint store URL {_displayable_url(url)!r} is not usable: {reason}; "
+        f"expected {EXPECTED_URL_FORM}"
+    )
+
+
+def _displayable_url(url: str) -> str:
+    """`url` without query, fragment or user info: the places a secret could hide."""
+    without_query = url.split("?", 1)[0].split("#", 1)[0]
+    scheme, separator, rest = without_query.partition("://")
+    if separator and "@" in rest.split("/", 1)[0]:
+        rest = rest.split("@", 1)[1]
+    return mask_secrets(f"{scheme}{separator}{rest}")
+
+
+def _without_query(url: str) -> str:
+    return url.split("?", 1)[0]
+
+
+def _is_container_missing(err: ResourceNotFoundError) -> bool:
+    return getattr(err, "error_code", None) == "ContainerNotFound"
+
+
+def _is_transient(err: AzureError) -> bool:
+    if isinstance(err, ServiceRequestError | ServiceResponseError):
+        return True
+    return isinstance(err, HttpResponseError) and err.status_code in _TRANSIENT_STATUS
+
+
+def _describe(err: AzureError) -> str:
+    if isinstance(err, HttpResponseError) and err.status_code is not None:
+        code = getattr(err, "error_code", None)
+        return mask_secrets(f"HTTP {err.status_code} {err.reason or ''} ({code or 'no error code'})")
+    lines = str(err).strip().splitlines()
+    return mask_secrets(lines[0] if lines else type(err).__name__)[:300]
+
+
+def _is_object_name(name: str) -> bool:
+    try:
+        check_object_name(name)
+    except CheckpointError:
+        return False
+    return True

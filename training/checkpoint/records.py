@@ -1,0 +1,107 @@
+"""Checkpoint naming, commit records, and the pure rules for resuming and pruning.
+
+A checkpoint is two objects in a store: its data (`<name>.pt`) and, written last, a small commit record
+(`<name>.json`) holding the data's size and sha256. A checkpoint without its record never committed and
+is ignored; one whose data no longer matches its record is corrupt and skipped. Names carry the step and
+the attempt, so a step re-done after a restart gets a new name: nothing is ever overwritten in place.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+from training.errors import CheckpointError
+
+CHECKPOINT_FORMAT = "retrain-checkpoint/1"
+DATA_SUFFIX = ".pt"
+RECORD_SUFFIX = ".json"
+_NAME = re.compile(r"^step-(\d{10})-a(\d{3,})$")
+
+REASON_INTERVAL = "interval"
+REASON_PREEMPTED = "preempted"
+REASON_FINAL = "final"
+
+
+def checkpoint_name(step: int, attempt: int) -> str:
+    return f"step-{step:010d}-a{attempt:03d}"
+
+
+def _order_key(name: str) -> tuple[int, int] | None:
+    match = _NAME.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """What a checkpoint is, written after its data is durable."""
+
+    name: str
+    step: int
+    epoch: int
+    position: int
+    reason: str
+    attempt: int
+    launch_id: str
+    world_size: int
+    data_version: str
+    sha256: str
+    size: int
+    created_at: str
+    format: str = CHECKPOINT_FORMAT
+
+    @property
+    def data_object(self) -> str:
+        return self.name + DATA_SUFFIX
+
+    @property
+    def record_object(self) -> str:
+        return self.name + RECORD_SUFFIX
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), indent=2, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, expected_name: str) -> CheckpointRecord:
+        try:
+            fields = json.loads(data)
+            record = cls(**fields)
+        except (ValueError, TypeError) as error:
+            raise CheckpointError(
+                f"checkpoint record {expected_name}{RECORD_SUFFIX} is unreadable: {error}"
+            ) from error
+        if record.format != CHECKPOINT_FORMAT or record.name != expected_name:
+            raise CheckpointError(
+                f"checkpoint record {expected_name}{RECORD_SUFFIX} describes {record.name!r} in format "
+                f"{record.format!r}; expected {expected_name!r} in {CHECKPOINT_FORMAT!r}"
+            )
+        return record
+
+
+def committed_checkpoints(object_names: Iterable[str]) -> list[str]:
+    """Names of checkpoints whose commit record exists, newest first (by step, then attempt)."""
+    names = {name.removesuffix(RECORD_SUFFIX) for name in object_names if name.endswith(RECORD_SUFFIX)}
+    ordered = [(key, name) for name in names if (key := _order_key(name)) is not None]
+    return [name for _, name in sorted(ordered, reverse=True)]
+
+
+def objects_to_prune(object_names: Iterable[str], keep_last: int) -> list[str]:
+    """Objects that may go once the newest checkpoint is durable, records before their data.
+
+    Keeps the `keep_last` newest committed checkpoints. Data objects without a record are leftovers of
+    saves that never committed (the writer runs one save at a time, so none is in flight here).
+    """
+    names = list(object_names)
+    committed = committed_checkpoints(names)
+    kept = set(committed[:keep_last])
+    doomed_records = [name + RECORD_SUFFIX for name in committed[keep_last:]]
+    doomed_data = [
+        name
+        for name in names
+        if name.endswith(DATA_SUFFIX)
+        and _order_key(name.removesuffix(DATA_SUFFIX)) is not None
+        and name.removesuffix(DATA_SUFFIX) not in kept
+    ]
+    return doomed_records + sorted(doomed_data)

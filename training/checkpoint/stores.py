@@ -1,0 +1,34 @@
+"""Open the checkpoint store a spec names: a Blob Storage URL or a local folder."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from training.checkpoint.local_store import LocalCheckpointStore
+from training.checkpoint.store import CheckpointStore
+from training.errors import CheckpointError
+
+CONNECTION_STRING_VARIABLE = "RETRAIN_STORAGE_CONNECTION_STRING"
+_BLOB_SCHEMES = ("https://", "http://")
+_ANY_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def open_checkpoint_store(spec: str, environ: Mapping[str, str]) -> CheckpointStore:
+    """A Blob Storage URL opens a blob store, anything else a local folder.
+
+    The blob store authenticates with the connection string in `RETRAIN_STORAGE_CONNECTION_STRING` when it
+    is set (Azurite, development) and with `DefaultAzureCredential` otherwise (managed identity in Azure).
+    """
+    if spec.startswith(_BLOB_SCHEMES):
+        # Imported here so that a local-only run never pays for the Azure SDK.
+        from training.checkpoint.blob_store import open_blob_store
+
+        return open_blob_store(spec, environ.get(CONNECTION_STRING_VARIABLE) or None)
+    if not spec.strip() or _ANY_SCHEME.match(spec):
+        raise CheckpointError(
+            f"checkpoint store {spec!r} is not supported; expected a local folder path or "
+            "https://<account>.blob.core.windows.net/<container>/<prefix>"
+        )
+    return LocalCheckpointStore(Path(spec))

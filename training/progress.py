@@ -1,0 +1,138 @@
+"""Progress of a training run, as events: one dict per step or happening, rendered three ways.
+
+Rank 0 emits events; a renderer shows them as an in-place bar (a terminal), as periodic log lines (a job
+log), or as JSON lines on stdout (for a supervising process, such as the demo or the tests, to follow).
+Events are plain JSON-ready dicts with an "event" key: `start`, `step`, `checkpoint`, `preempted`,
+`resumed`, `done`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TextIO
+
+log = logging.getLogger("retrain.progress")
+
+Event = dict[str, Any]
+
+
+class ProgressRenderer(Protocol):
+    def emit(self, event: Event) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def describe(event: Event) -> str:
+    """One line of text for a non-step event."""
+    kind = event["event"]
+    if kind == "start":
+        origin = f"resuming at step {event['step']}" if event["step"] else "from scratch"
+        return (
+            f"training {event['total_steps']} steps on {event['world_size']} process(es), {origin}; "
+            f"data {event['data_version']}"
+        )
+    if kind == "resumed":
+        return (
+            f"resumed from checkpoint {event['checkpoint']} at step {event['step']} "
+            f"(epoch {event['epoch']}, sample {event['position']} of the epoch)"
+        )
+    if kind == "checkpoint":
+        return (
+            f"checkpoint {event['name']} ({event['reason']}) durable: {event['bytes'] / 1e6:.1f} MB, "
+            f"training blocked {event['blocked_ms']:.1f} ms, written in {event['write_seconds']:.2f} s"
+        )
+    if kind == "preempted":
+        return f"preempted: state saved at step {event['step']}; exiting with code {event['exit_code']}"
+    if kind == "done":
+        return f"done: {event['steps']} steps, validation accuracy {event['validation_accuracy']:.4f}"
+    return json.dumps(event)
+
+
+def _step_text(event: Event) -> str:
+    width = 24
+    done = int(width * event["step"] / max(event["total_steps"], 1))
+    return (
+        f"[{'#' * done}{'.' * (width - done)}] step {event['step']}/{event['total_steps']} "
+        f"epoch {event['epoch']} loss {event['loss']:.4f} {event['samples_per_second']:,.0f} samples/s"
+    )
+
+
+class BarRenderer:
+    """An in-place progress line for a terminal; other events print above it."""
+
+    def __init__(self, stream: TextIO = sys.stderr) -> None:
+        self._stream = stream
+        self._bar_shown = False
+
+    def emit(self, event: Event) -> None:
+        if event["event"] == "step":
+            self._stream.write("\r\x1b[2K" + _step_text(event))
+            self._bar_shown = True
+        else:
+            self._end_bar()
+            self._stream.write(describe(event) + "\n")
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._end_bar()
+        self._stream.flush()
+
+    def _end_bar(self) -> None:
+        if self._bar_shown:
+            self._stream.write("\n")
+            self._bar_shown = False
+
+
+class LogRenderer:
+    """Log lines for a job log: every event, and a step line at most every `interval` seconds."""
+
+    def __init__(self, interval_seconds: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval = interval_seconds
+        self._clock = clock
+        self._last_step_logged = -float("inf")
+
+    def emit(self, event: Event) -> None:
+        if event["event"] != "step":
+            log.info("%s", describe(event))
+            return
+        now = self._clock()
+        if now - self._last_step_logged >= self._interval or event["step"] == event["total_steps"]:
+            self._last_step_logged = now
+            log.info("%s", _step_text(event))
+
+    def close(self) -> None:
+        pass
+
+
+class JsonLinesRenderer:
+    """One JSON object per line on stdout, flushed at once so a reader sees each step as it happens."""
+
+    def __init__(self, stream: TextIO = sys.stdout) -> None:
+        self._stream = stream
+
+    def emit(self, event: Event) -> None:
+        self._stream.write(json.dumps(event) + "\n")
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._stream.flush()
+
+
+class NullRenderer:
+    def emit(self, event: Event) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_renderer(mode: str, is_primary: bool) -> ProgressRenderer:
+    if not is_primary or mode == "none":
+        return NullRenderer()
+    if mode == "auto":
+        mode = "bar" if sys.stderr.isatty() else "log"
+    return {"bar": BarRenderer, "log": LogRenderer, "jsonl": JsonLinesRenderer}[mode]()

@@ -1,0 +1,100 @@
+"""Sample raw data: the digits data set bundled with scikit-learn, written as raw batch files.
+
+This stands in for the data that lands in Blob Storage, so that the whole pipeline runs with no download.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+from training.errors import InputError
+from training.schema import DIGITS_SCHEMA
+
+FILE_FORMATS = ("csv", "parquet")
+# Upstream systems re-deliver records (retries, replays); the sample mimics it so dedupe has work to do.
+OVERLAP_ROWS = 5
+
+
+def digits_table() -> pa.Table:
+    """The 1797 digits images, one row each: `row_key` (digits-0000, ...), `label`, `pixel_0..pixel_63`."""
+    from sklearn.datasets import load_digits  # heavy import, needed only here
+
+    digits = load_digits()
+    pixels = digits.data.astype(np.int64)
+    columns: dict[str, pa.Array] = {
+        DIGITS_SCHEMA.key_column: pa.array([f"digits-{index:04d}" for index in range(len(pixels))]),
+        DIGITS_SCHEMA.label_column: pa.array(digits.target.astype(np.int64)),
+    }
+    for position, name in enumerate(DIGITS_SCHEMA.feature_columns):
+        columns[name] = pa.array(pixels[:, position])
+    return pa.table(columns)
+
+
+def batch_ranges(n_rows: int, batches: int, overlap: int = OVERLAP_ROWS) -> list[range]:
+    """Row ranges of each batch: near-equal consecutive chunks, each after the first also re-delivering
+    the last `overlap` rows of the previous chunk (fewer if that chunk is shorter)."""
+    bounds = np.linspace(0, n_rows, batches + 1).round().astype(int)
+    ranges = []
+    previous_start = 0
+    for start, stop in itertools.pairwise(bounds):
+        re_delivered = min(overlap, start - previous_start)
+        ranges.append(range(int(start - re_delivered), int(stop)))
+        previous_start = start
+    return ranges
+
+
+def batch_file_name(number: int, file_format: str) -> str:
+    """Zero-padded, so that names sort in arrival order."""
+    return f"batch-{number:04d}.{file_format}"
+
+
+def write_sample_batches(out: Path, *, batches: int = 4, file_format: str = "csv") -> list[Path]:
+    """Write the digits data set into `out` as `batches` raw files `batch-0001.<format>`, ...
+
+    Consecutive batches overlap: each batch after the first starts with the last `OVERLAP_ROWS` rows of
+    the batch before it, identical re-deliveries of the same records, as happens with real feeds.
+    Each file appears atomically (written under a hidden temporary name, then renamed), so a watcher never
+    sees a partial file. Existing batch files are never overwritten: that raises InputError.
+    """
+    out = Path(out)
+    if file_format not in FILE_FORMATS:
+        raise InputError(
+            f"file format {file_format!r} is not supported; expected one of {', '.join(FILE_FORMATS)}"
+        )
+    table = digits_table()
+    if isinstance(batches, bool) or not isinstance(batches, int) or not 1 <= batches <= table.num_rows:
+        raise InputError(
+            f"batches={batches!r} is out of range; expected a whole number from 1 to {table.num_rows} "
+            "(the number of rows in the digits data set)"
+        )
+    paths = [out / batch_file_name(number, file_format) for number in range(1, batches + 1)]
+    for path in paths:
+        if path.exists():
+            raise InputError(
+                f"{path}: already exists; raw batch files are never overwritten, choose another --out"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    for path, rows in zip(paths, batch_ranges(table.num_rows, batches), strict=True):
+        _write_atomically(table.slice(rows.start, len(rows)), path, file_format)
+    return paths
+
+
+def _write_atomically(table: pa.Table, path: Path, file_format: str) -> None:
+    # Hidden and without the final suffix, so that neither a watcher nor `prepare` picks it up.
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        if file_format == "parquet":
+            pq.write_table(table, temporary)
+        else:
+            pa_csv.write_csv(table, temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)

@@ -1,0 +1,162 @@
+"""Experiment tracking behind a small protocol: MLflow when configured, nothing otherwise.
+
+Only rank 0 tracks. Step metrics are buffered and sent in batches, asynchronously, so a slow tracking
+store never stalls training; a resumed run continues the same MLflow run (its id travels in the
+checkpoint), so one logical training has one run however often it was evicted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Tracker(Protocol):
+    def start(self, run_id: str | None, params: Mapping[str, Any], tags: Mapping[str, str]) -> str | None:
+        """Start (or continue, given `run_id`) a tracked run; returns its id."""
+        ...
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
+
+    def finish(self, status: str) -> None:
+        """Flush everything; `status` is FINISHED, FAILED or KILLED (preempted, to be resumed)."""
+        ...
+
+
+class NullTracker:
+    def start(self, run_id: str | None, params: Mapping[str, Any], tags: Mapping[str, str]) -> str | None:
+        return run_id
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        pass
+
+    def finish(self, status: str) -> None:
+        pass
+
+
+class MlflowTracker:
+    """Logs to an MLflow tracking store (local SQLite by default, the workspace's in Azure ML)."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        artifact_location: str | None = None,
+        flush_every_seconds: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self._client = MlflowClient(tracking_uri=tracking_uri)
+        self._experiment = experiment
+        self._artifact_location = artifact_location
+        self._flush_every = flush_every_seconds
+        self._clock = clock
+        self._last_flush = clock()
+        self._pending: list[Any] = []
+        self._run_id: str | None = None
+
+    def start(self, run_id: str | None, params: Mapping[str, Any], tags: Mapping[str, str]) -> str | None:
+        from mlflow.entities import Param, RunTag
+
+        if run_id is None:
+            run = self._client.create_run(self._experiment_id(), tags=dict(tags))
+            self._run_id = run.info.run_id
+            self._client.log_batch(
+                self._run_id, params=[Param(key, str(value)) for key, value in sorted(params.items())]
+            )
+        else:
+            self._run_id = run_id
+            self._client.update_run(run_id, status="RUNNING")
+            self._client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
+        return self._run_id
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        timestamp = int(time.time() * 1000)
+        self._pending += [Metric(key, float(value), timestamp, step) for key, value in metrics.items()]
+        if self._clock() - self._last_flush >= self._flush_every:
+            self._flush(synchronous=False)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self._client.log_batch(self._require_run(), tags=[RunTag(key, value) for key, value in tags.items()])
+
+    def finish(self, status: str) -> None:
+        self._flush(synchronous=True)
+        self._client.set_terminated(self._require_run(), status=status)
+
+    def _flush(self, synchronous: bool) -> None:
+        self._last_flush = self._clock()
+        pending, self._pending = self._pending, []
+        # MLflow accepts at most 1000 metrics per batch.
+        for start in range(0, len(pending), 1000):
+            self._client.log_batch(
+                self._require_run(), metrics=pending[start : start + 1000], synchronous=synchronous
+            )
+
+    def _experiment_id(self) -> str:
+        experiment = self._client.get_experiment_by_name(self._experiment)
+        if experiment is not None:
+            return experiment.experiment_id
+        return self._client.create_experiment(self._experiment, artifact_location=self._artifact_location)
+
+    def _require_run(self) -> str:
+        if self._run_id is None:
+            raise RuntimeError("MlflowTracker.start() must be called before logging")
+        return self._run_id
+
+
+class TolerantTracker:
+    """Keeps a tracking outage from killing a training run: failures are logged, training goes on."""
+
+    def __init__(self, inner: Tracker) -> None:
+        self._inner = inner
+        self._failures = 0
+
+    def start(self, run_id: str | None, params: Mapping[str, Any], tags: Mapping[str, str]) -> str | None:
+        return self._call("start", run_id, params, tags, default=run_id)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self._call("log_metrics", metrics, step, default=None)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self._call("set_tags", tags, default=None)
+
+    def finish(self, status: str) -> None:
+        self._call("finish", status, default=None)
+
+    def _call(self, method: str, *args: Any, default: Any) -> Any:
+        try:
+            return getattr(self._inner, method)(*args)
+        except Exception as error:  # tracking is best effort; the checkpoint is the source of truth
+            self._failures += 1
+            level = logging.WARNING if self._failures <= 3 else logging.DEBUG
+            log.log(
+                level,
+                "experiment tracking failed in %s (%d failures so far): %s",
+                method,
+                self._failures,
+                error,
+            )
+            return default
+
+
+def make_tracker(
+    tracking_uri: str | None, experiment: str, artifact_location: str | None, is_primary: bool
+) -> Tracker:
+    if not is_primary or not tracking_uri:
+        return NullTracker()
+    log.info("tracking to MLflow experiment %r", experiment)
+    return TolerantTracker(MlflowTracker(tracking_uri, experiment, artifact_location))
