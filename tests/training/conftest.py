@@ -16,6 +16,7 @@ from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
 from training.prepare import prepare
 from training.sample_data import write_sample_batches
+from training.schema import Manifest
 from training.supervise import TrainingProcess
 
 # A small model and three short epochs: 1421 training rows / 32 = 44 steps per epoch, 132 steps in all.
@@ -52,6 +53,12 @@ def newest_record(checkpoints: str) -> CheckpointRecord:
     store = LocalCheckpointStore(Path(checkpoints))
     name = committed_checkpoints(store.names())[0]
     return CheckpointRecord.from_bytes(store.read(name + RECORD_SUFFIX), name)
+
+
+def train_arguments(data: Path, out: Path, checkpoints: str | Path, nproc: int) -> list[str]:
+    """`retrain train` arguments for the small run."""
+    locations = ["--data", str(data), "--out", str(out), "--checkpoints", str(checkpoints)]
+    return ["--nproc", str(nproc), *locations, *SMALL_RUN]
 
 
 def read_metadata(out: Path) -> dict:
@@ -97,19 +104,7 @@ def start_training(prepared_data: Path, folders: RunFolders) -> Iterator[StartTr
     ) -> TrainingProcess:
         log_file = (folders.logs / f"attempt-{len(started) + 1}.log").open("w")
         process = TrainingProcess(
-            [
-                "--nproc",
-                str(nproc),
-                "--data",
-                str(prepared_data),
-                "--out",
-                str(folders.out),
-                "--checkpoints",
-                folders.checkpoints,
-                *SMALL_RUN,
-                *tracking,
-                *extra,
-            ],
+            [*train_arguments(prepared_data, folders.out, folders.checkpoints, nproc), *tracking, *extra],
             env={**os.environ, **(env or {})},
             stderr=log_file,
         )
@@ -126,20 +121,27 @@ def start_training(prepared_data: Path, folders: RunFolders) -> Iterator[StartTr
 def uninterrupted_run(prepared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The reference: the small run on 2 processes, never interrupted."""
     root = tmp_path_factory.mktemp("uninterrupted")
+    arguments = train_arguments(prepared_data, root / "out", root / "checkpoints", nproc=2)
     process = TrainingProcess(
-        [
-            "--nproc",
-            "2",
-            "--data",
-            str(prepared_data),
-            "--out",
-            str(root / "out"),
-            "--checkpoints",
-            str(root / "checkpoints"),
-            *SMALL_RUN,
-            *NO_TRACKING,
-        ],
+        [*arguments, *NO_TRACKING],
         stderr=(root / "stderr.log").open("w"),
     )
     assert process.finish() == 0, (root / "stderr.log").read_text()[-3000:]
     return read_metadata(root / "out")
+
+
+# Shared by test_prepare.py and test_schema.py: the sample raw batches, and a data version prepared from them
+# once per test module.
+
+
+@pytest.fixture(scope="module")
+def sample_raw(tmp_path_factory) -> Path:
+    raw = tmp_path_factory.mktemp("sample") / "raw"
+    write_sample_batches(raw, batches=4)
+    return raw
+
+
+@pytest.fixture(scope="module")
+def prepared(sample_raw, tmp_path_factory) -> tuple[Manifest, Path]:
+    out = tmp_path_factory.mktemp("prepared") / "v1"
+    return prepare(sample_raw, out), out
