@@ -52,7 +52,11 @@ class TrainOutcome:
 
 
 class ThroughputMeter:
-    """Samples per second over the steps after a short warm-up (start-up costs are not throughput)."""
+    """Samples per second between the end of a short warm-up and the latest step.
+
+    Start-up (first steps, allocations) and what follows the last step (final save, evaluation) are not
+    throughput, so neither is counted.
+    """
 
     def __init__(self, warmup_steps: int = 3, clock: Callable[[], float] = time.perf_counter) -> None:
         self._warmup_steps = warmup_steps
@@ -60,11 +64,13 @@ class ThroughputMeter:
         self._steps = 0
         self._samples = 0
         self._started: float | None = None
+        self._latest: float | None = None
 
     def update(self, samples: int) -> None:
         self._steps += 1
+        self._latest = self._clock()
         if self._steps == self._warmup_steps:
-            self._started = self._clock()
+            self._started = self._latest
         elif self._steps > self._warmup_steps:
             self._samples += samples
 
@@ -73,9 +79,9 @@ class ThroughputMeter:
         return max(0, self._steps - self._warmup_steps)
 
     def samples_per_second(self) -> float:
-        if self._started is None or not self._samples:
+        if self._started is None or self._latest is None or not self._samples:
             return 0.0
-        return self._samples / max(self._clock() - self._started, 1e-9)
+        return self._samples / max(self._latest - self._started, 1e-9)
 
 
 class Trainer:
