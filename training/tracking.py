@@ -51,7 +51,7 @@ class MlflowTracker:
         tracking_uri: str,
         experiment: str,
         artifact_location: str | None = None,
-        flush_every_seconds: float = 2.0,
+        flush_every_seconds: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from mlflow.tracking import MlflowClient
