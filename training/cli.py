@@ -41,6 +41,14 @@ def _train(args: argparse.Namespace) -> int:
     return launch(config, args.nproc, os.environ)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from training.demo import run_demo
+    from training.local_state import state_root
+
+    logging.getLogger().setLevel(logging.WARNING)  # the demo narrates; library INFO lines would interrupt
+    return run_demo(state_root(os.environ, Path.cwd()), sys.stdout, os.environ)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retrain", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -68,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nproc", type=int, default=1, help="data-parallel processes (torchrun when > 1)")
     add_train_arguments(train)
     train.set_defaults(handler=_train)
+
+    demo = commands.add_parser("demo", help="sample data -> prepare -> train, with an eviction and a resume")
+    demo.set_defaults(handler=_demo)
     return parser
 
 

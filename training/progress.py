@@ -55,30 +55,57 @@ def describe(event: Event) -> str:
 def _step_text(event: Event) -> str:
     width = 24
     done = int(width * event["step"] / max(event["total_steps"], 1))
+    rate = event["samples_per_second"]
+    speed = f"{rate:,.0f} samples/s" if rate else "warming up"
     return (
         f"[{'#' * done}{'.' * (width - done)}] step {event['step']}/{event['total_steps']} "
-        f"epoch {event['epoch']} loss {event['loss']:.4f} {event['samples_per_second']:,.0f} samples/s"
+        f"epoch {event['epoch']} loss {event['loss']:.4f} {speed}"
     )
 
 
 class BarRenderer:
-    """An in-place progress line for a terminal; other events print above it."""
+    """A progress line for people: redrawn in place on a terminal, a new line every few seconds otherwise.
 
-    def __init__(self, stream: TextIO = sys.stderr) -> None:
+    Other events print as lines of their own.
+    """
+
+    def __init__(
+        self,
+        stream: TextIO = sys.stderr,
+        indent: str = "",
+        in_place: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._stream = stream
+        self._indent = indent
+        self._in_place = stream.isatty() if in_place is None else in_place
+        self._interval = 0.1 if self._in_place else 5.0
+        self._clock = clock
+        self._last_drawn = -float("inf")
         self._bar_shown = False
 
     def emit(self, event: Event) -> None:
         if event["event"] == "step":
-            self._stream.write("\r\x1b[2K" + _step_text(event))
-            self._bar_shown = True
-        else:
-            self._end_bar()
-            self._stream.write(describe(event) + "\n")
+            self._draw(event)
+            return
+        self._end_bar()
+        self._stream.write(self._indent + describe(event) + "\n")
         self._stream.flush()
 
     def close(self) -> None:
         self._end_bar()
+        self._stream.flush()
+
+    def _draw(self, event: Event) -> None:
+        now = self._clock()
+        if now - self._last_drawn < self._interval and event["step"] != event["total_steps"]:
+            return
+        self._last_drawn = now
+        if self._in_place:
+            self._stream.write("\r\x1b[2K" + self._indent + _step_text(event))
+            self._bar_shown = True
+        else:
+            self._stream.write(self._indent + _step_text(event) + "\n")
         self._stream.flush()
 
     def _end_bar(self) -> None:

@@ -1,0 +1,52 @@
+import io
+import json
+
+from training.progress import BarRenderer, JsonLinesRenderer, describe
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _step(step: int, total: int = 100) -> dict:
+    return {"event": "step", "step": step, "total_steps": total, "epoch": 0, "position": 0, "loss": 0.5,
+            "learning_rate": 0.001, "samples_per_second": 1234.0}  # fmt: skip
+
+
+def test_bar_off_a_terminal_writes_a_line_every_few_seconds_and_always_the_last_step():
+    stream, clock = io.StringIO(), FakeClock()
+    bar = BarRenderer(stream, in_place=False, clock=clock)
+    for step in range(1, 101):
+        clock.now = step * 0.25  # 25 seconds in all
+        bar.emit(_step(step))
+    lines = stream.getvalue().splitlines()
+    assert [line.split()[2] for line in lines] == ["1/100", "21/100", "41/100", "61/100", "81/100", "100/100"]
+    assert "1,234 samples/s" in lines[-1] and "\r" not in stream.getvalue()
+
+
+def test_bar_on_a_terminal_redraws_in_place_and_prints_events_on_their_own_line():
+    stream, clock = io.StringIO(), FakeClock()
+    bar = BarRenderer(stream, in_place=True, clock=clock)
+    bar.emit(_step(1))
+    bar.emit({"event": "preempted", "step": 1, "exit_code": 75})
+    assert stream.getvalue().startswith("\r\x1b[2K[")
+    assert stream.getvalue().endswith("\npreempted: state saved at step 1; exiting with code 75\n")
+
+
+def test_json_lines_carry_every_event_whole():
+    stream = io.StringIO()
+    JsonLinesRenderer(stream).emit(_step(7))
+    assert json.loads(stream.getvalue()) == _step(7) and stream.getvalue().count("\n") == 1
+
+
+def test_checkpoint_events_read_as_a_sentence():
+    text = describe({"event": "checkpoint", "name": "step-0000000010-a001", "reason": "interval",
+                     "bytes": 2_500_000, "blocked_ms": 1.25, "write_seconds": 0.5, "step": 10})  # fmt: skip
+    assert text == (
+        "checkpoint step-0000000010-a001 (interval) durable: 2.5 MB, "
+        "training blocked 1.2 ms, written in 0.50 s"
+    )
