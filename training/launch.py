@@ -16,18 +16,16 @@ import sys
 import uuid
 from collections.abc import Mapping
 
-from training.checkpoint.records import (
-    REASON_PREEMPTED,
-    RECORD_SUFFIX,
-    CheckpointRecord,
-    committed_checkpoints,
-)
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
 from training.checkpoint.stores import open_checkpoint_store
 from training.config import TrainConfig
 from training.errors import InputError
 from training.preemption import PREEMPTED_EXIT_CODE
 from training.sampling import per_rank_batch_size
+from training.schema import read_manifest
 from training.train_args import config_to_argv
+from training.train_state import check_resumable
 from training.worker import LAUNCH_ID_VARIABLE, run_worker
 
 log = logging.getLogger(__name__)
@@ -48,13 +46,21 @@ def torchrun_command(config: TrainConfig, nproc: int) -> list[str]:
     ]
 
 
+def _newest_record(config: TrainConfig, environ: Mapping[str, str]) -> CheckpointRecord | None:
+    return Checkpointer(open_checkpoint_store(config.checkpoints, environ)).newest_record()
+
+
+def refuse_incompatible_resume(config: TrainConfig, environ: Mapping[str, str]) -> None:
+    """Refuse, in one line and before any process starts, a resume every worker would refuse."""
+    record = _newest_record(config, environ)
+    if record is not None:
+        check_resumable(record, config, read_manifest(config.data).data_version)
+
+
 def preempted_in_launch(config: TrainConfig, launch_id: str, environ: Mapping[str, str]) -> bool:
     """Whether the newest committed checkpoint is a preemption save written by this launch."""
-    store = open_checkpoint_store(config.checkpoints, environ)
-    for name in committed_checkpoints(store.names()):
-        record = CheckpointRecord.from_bytes(store.read(name + RECORD_SUFFIX), name)
-        return record.reason == REASON_PREEMPTED and record.launch_id == launch_id
-    return False
+    record = _newest_record(config, environ)
+    return record is not None and record.reason == REASON_PREEMPTED and record.launch_id == launch_id
 
 
 def _run_torchrun(command: list[str], environ: Mapping[str, str]) -> int:
@@ -78,6 +84,7 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     launch_id = uuid.uuid4().hex[:12]
     if nproc == 1:
         return run_worker(config, launch_id, environ)
+    refuse_incompatible_resume(config, environ)
     # One intra-op thread per worker: N workers on N cores, not N x N threads fighting for them.
     environment = {"OMP_NUM_THREADS": "1", **environ, LAUNCH_ID_VARIABLE: launch_id}
     code = _run_torchrun(torchrun_command(config, nproc), environment)

@@ -1,4 +1,4 @@
-"""The eviction notice: SIGTERM means "save now and leave".
+"""The eviction notice: SIGTERM means "save now and leave" (and so does a first Ctrl-C).
 
 Low-priority nodes are reclaimed with about 30 seconds' notice; torchrun forwards SIGTERM to its workers
 and sends SIGKILL after its shutdown timeout (30 s). The handler only raises a flag: the training loop
@@ -20,26 +20,35 @@ PREEMPTED_EXIT_CODE = 75
 
 
 class PreemptionNotice:
-    """Records the first SIGTERM; later ones (the OS and torchrun may both send one) change nothing."""
+    """Records the first stop request: SIGTERM (eviction) or SIGINT (Ctrl-C).
+
+    Repeated SIGTERMs change nothing (the OS and torchrun may both send one). A second SIGINT means the
+    person at the keyboard will not wait for the save: it aborts at once, as Ctrl-C normally does.
+    """
+
+    _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
         self.received_at: float | None = None
-        self._previous_handler: signal.Handlers | None = None
+        self._previous_handlers: dict[int, object] = {}
 
     @property
     def received(self) -> bool:
         return self.received_at is not None
 
     def install(self) -> PreemptionNotice:
-        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        for signum in self._SIGNALS:
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
         return self
 
     def uninstall(self) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.received_at is None:
             self.received_at = time.monotonic()
-            log.warning("eviction notice (SIGTERM): saving after the current step")
+            log.warning("%s received: saving after the current step", signal.Signals(signum).name)
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt

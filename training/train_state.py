@@ -17,6 +17,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from training.checkpoint.checkpointer import LoadedCheckpoint
+from training.checkpoint.records import CheckpointRecord
 from training.config import TrainConfig, trajectory_mismatches
 from training.dataset import PreparedData
 from training.errors import ResumeRefusedError
@@ -126,19 +127,18 @@ def checkpoint_state(objects: TrainingObjects, run: RunState, config: TrainConfi
     }
 
 
-def check_resumable(loaded: LoadedCheckpoint, config: TrainConfig, data_version: str) -> None:
+def check_resumable(record: CheckpointRecord, config: TrainConfig, data_version: str) -> None:
     """Refuse a resume that would silently change the run; the message says how to proceed."""
-    name, state = loaded.record.name, loaded.state
-    mismatches = trajectory_mismatches(state["config"], config)
+    mismatches = trajectory_mismatches(record.trajectory, config)
     if mismatches:
         raise ResumeRefusedError(
-            f"checkpoint {name} was made with other training options: {'; '.join(mismatches)}; use the "
-            "checkpoint's values, or a new --checkpoints location to start over"
+            f"checkpoint {record.name} was made with other training options: {'; '.join(mismatches)}; use "
+            "the checkpoint's values, or a new --checkpoints location to start over"
         )
-    if state["data_version"] != data_version and not config.allow_data_change:
+    if record.data_version != data_version and not config.allow_data_change:
         raise ResumeRefusedError(
-            f"checkpoint {name} was trained on data {state['data_version']}, but --data is {data_version}; "
-            "pass the same data, or --allow-data-change to continue training on the new data"
+            f"checkpoint {record.name} was trained on data {record.data_version}, but --data is "
+            f"{data_version}; pass the same data, or --allow-data-change to continue training on the new data"
         )
 
 

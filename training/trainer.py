@@ -137,7 +137,7 @@ class Trainer:
             self._run = RunState()
             return None
         loaded = self.checkpointer.load(choice)
-        check_resumable(loaded, self.config, self.data.data_version)
+        check_resumable(loaded.record, self.config, self.data.data_version)
         self._run = restore(self._objects, loaded, self.data.data_version)
         return loaded
 
@@ -252,6 +252,7 @@ class Trainer:
             launch_id=self.launch_id,
             world_size=self.context.world_size,
             data_version=self.data.data_version,
+            trajectory=self.config.trajectory(),
         )
         state = checkpoint_state(self._objects, run, self.config, self.data.data_version)
         self._report_durable(self.checkpointer.save(state, meta))

@@ -27,14 +27,14 @@ def _flip_one_bit(data: bytes) -> bytes:
 def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning_and_the_previous_used(
     start_training, folders, damage
 ):
-    process = start_training(nproc=1)
+    process = start_training()
     process.wait_for(is_checkpoint(20))
     kill_process_tree(process)
     newest, previous = committed_checkpoints(LocalCheckpointStore(Path(folders.checkpoints)).names())[:2]
     data_file = Path(folders.checkpoints) / f"{newest}.pt"
     data_file.write_bytes(damage(data_file.read_bytes()))
 
-    restart = start_training(nproc=1)
+    restart = start_training()
     assert restart.finish() == 0
     assert resumed_event(restart)["checkpoint"] == previous
     log_lines = (folders.logs / "attempt-2.log").read_text().splitlines()

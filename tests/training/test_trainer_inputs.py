@@ -113,11 +113,12 @@ def test_a_credential_in_the_checkpoint_url_is_refused_without_echoing_it(prepar
     assert "credentials in the URL" in line and "SECRETSIGNATURE" not in line
 
 
+@pytest.mark.parametrize("nproc", ["1", "2"])  # with 2, the launcher refuses before starting torchrun
 def test_resuming_on_other_data_is_refused_and_leaves_the_checkpoints_intact(
-    trained, other_data_version, tmp_path, capsys
+    trained, other_data_version, tmp_path, capsys, nproc
 ):
     before = _fingerprint(trained["checkpoints"])
-    assert _train(other_data_version, tmp_path / "out", trained["checkpoints"]) == 2
+    assert _train(other_data_version, tmp_path / "out", trained["checkpoints"], "--nproc", nproc) == 2
     line = _one_error_line(capsys)
     old_version = json.loads((trained["out"] / "metadata.json").read_text())["data_version"]
     assert old_version in line and "--allow-data-change" in line
@@ -125,9 +126,12 @@ def test_resuming_on_other_data_is_refused_and_leaves_the_checkpoints_intact(
     assert not (tmp_path / "out").exists()
 
 
-def test_resuming_with_other_training_options_is_refused(trained, prepared_data, tmp_path, capsys):
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_resuming_with_other_training_options_is_refused(trained, prepared_data, tmp_path, capsys, nproc):
     before = _fingerprint(trained["checkpoints"])
-    assert _train(prepared_data, tmp_path / "out", trained["checkpoints"], "--seed", "8") == 2
+    assert (
+        _train(prepared_data, tmp_path / "out", trained["checkpoints"], "--seed", "8", "--nproc", nproc) == 2
+    )
     assert "--seed 8 (checkpoint: 7)" in _one_error_line(capsys)
     assert _fingerprint(trained["checkpoints"]) == before
 

@@ -49,6 +49,7 @@ class CheckpointMeta:
     launch_id: str
     world_size: int
     data_version: str
+    trajectory: dict[str, Any] = field(default_factory=dict)  # the options that decide the run's course
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,15 @@ class Checkpointer:
             self.store.delete(name)
 
     # -- loading ------------------------------------------------------------------------------------
+
+    def newest_record(self) -> CheckpointRecord | None:
+        """The newest readable commit record, without fetching any checkpoint data."""
+        for name in committed_checkpoints(self.store.names()):
+            try:
+                return CheckpointRecord.from_bytes(self.store.read(name + RECORD_SUFFIX), name)
+            except CheckpointError as error:
+                log.warning("skipping checkpoint record %s in %s: %s", name, self.store.location, error)
+        return None
 
     def newest_valid(self) -> LoadedCheckpoint | None:
         """The newest checkpoint that verifies; corrupt or unreadable ones are skipped with a warning."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from training.errors import CheckpointError
 
@@ -50,6 +51,7 @@ class CheckpointRecord:
     sha256: str
     size: int
     created_at: str
+    trajectory: dict[str, Any] = field(default_factory=dict)
     format: str = CHECKPOINT_FORMAT
 
     @property
