@@ -67,15 +67,6 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_sum(values: list[float], context: DistContext) -> list[float]:
-    """Sum a few scalars over all ranks in one collective (identity for a single process)."""
-    if not context.is_distributed:
-        return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=context.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor.tolist()
-
-
 def broadcast_from_primary(value: object, context: DistContext) -> object:
     """Rank 0's value on every rank."""
     if not context.is_distributed:

@@ -24,8 +24,9 @@ import training
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta, LoadedCheckpoint, SaveResult
 from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL, REASON_PREEMPTED
 from training.config import TrainConfig
+from training.consensus import StepConsensus, StepVerdict
 from training.dataset import PreparedData
-from training.distributed import DistContext, all_reduce_sum, barrier, broadcast_from_primary
+from training.distributed import DistContext, barrier, broadcast_from_primary
 from training.outputs import classification_metrics, weights_sha256, write_metadata, write_model
 from training.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
 from training.progress import ProgressRenderer
@@ -186,19 +187,22 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------------
 
     def _train(self) -> str:
-        world_size = self.context.world_size
+        consensus = StepConsensus(self.context)
         while self._run.step < self._total_steps:
             local_loss = self._train_step()
-            loss_sum, eviction_votes = all_reduce_sum(
-                [local_loss, 1.0 if self.notice.received else 0.0], self.context
-            )
             self._meter.update(self.config.global_batch_size)
-            self._report_step(loss_sum / world_size)
-            if eviction_votes > 0:
-                return PREEMPTED
+            verdict = consensus.exchange(
+                self._run.step, local_loss, self.notice.received, self._step_details()
+            )
+            if verdict is not None:
+                self._report_step(verdict)
+                if verdict.stop_requested:  # every rank reads the same verdict here: all stop together
+                    self._report_step(consensus.drain())
+                    return PREEMPTED
             if self._interval_checkpoint_due():
                 self._save(REASON_INTERVAL)
             self._report_durable(self.checkpointer.poll())
+        self._report_step(consensus.drain())
         return COMPLETED
 
     def _train_step(self) -> float:
@@ -356,23 +360,29 @@ class Trainer:
 
     # -- reporting ------------------------------------------------------------------------------------
 
-    def _report_step(self, loss: float) -> None:
-        self._last_loss = loss
-        run = self._run
-        learning_rate = self._objects.scheduler.get_last_lr()[0]
-        rate = self._meter.samples_per_second()
+    def _step_details(self) -> dict[str, Any]:
+        return {
+            "epoch": self._run.cursor.epoch,
+            "position": self._run.cursor.position,
+            "learning_rate": self._objects.scheduler.get_last_lr()[0],
+            "samples_per_second": self._meter.samples_per_second(),
+        }
+
+    def _report_step(self, verdict: StepVerdict | None) -> None:
+        if verdict is None:  # nothing trained in this attempt (it resumed a finished run)
+            return
+        self._last_loss = verdict.mean_loss
+        details = verdict.details
         self._emit(
-            "step",
-            step=run.step,
-            total_steps=self._total_steps,
-            epoch=run.cursor.epoch,
-            position=run.cursor.position,
-            loss=loss,
-            learning_rate=learning_rate,
-            samples_per_second=rate,
+            "step", step=verdict.step, total_steps=self._total_steps, loss=verdict.mean_loss, **details
         )
         self.tracker.log_metrics(
-            {"loss": loss, "learning_rate": learning_rate, "samples_per_second": rate}, step=run.step
+            {
+                "loss": verdict.mean_loss,
+                "learning_rate": details["learning_rate"],
+                "samples_per_second": details["samples_per_second"],
+            },
+            step=verdict.step,
         )
 
     def _emit(self, kind: str, **fields: Any) -> None:

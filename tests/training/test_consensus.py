@@ -1,0 +1,21 @@
+import torch
+
+from training.consensus import StepConsensus
+from training.distributed import DistContext
+
+SINGLE = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+def test_each_verdict_arrives_one_step_later_and_the_last_on_draining():
+    consensus = StepConsensus(SINGLE)
+    assert consensus.exchange(1, 0.5, stop_vote=False, details={"epoch": 0}) is None
+    verdict = consensus.exchange(2, 0.25, stop_vote=True)
+    assert (verdict.step, verdict.mean_loss, verdict.stop_requested, verdict.details) == (
+        1,
+        0.5,
+        False,
+        {"epoch": 0},
+    )
+    last = consensus.drain()
+    assert (last.step, last.mean_loss, last.stop_requested) == (2, 0.25, True)
+    assert consensus.drain() is None
