@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from training.dataset import load_prepared
 from training.model import ModelConfig, TabularClassifier
 
-WARMUP_STEPS = 3  # as training.trainer.ThroughputMeter
+WARMUP_STEPS = 3  # as training.throughput.ThroughputMeter
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-from training.trainer import ThroughputMeter
+from training.throughput import ThroughputMeter
 
 
 class FakeClock:
