@@ -1,0 +1,19 @@
+"""Errors of the pipeline layer: each message is one line naming the bad input and the expected form."""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """Base class: the command line prints the message alone and exits 2."""
+
+
+class SpecError(PipelineError):
+    """A component, environment, compute or pipeline YAML does not say what the code needs."""
+
+
+class SubmissionError(PipelineError):
+    """A run request cannot be submitted as asked (bad request, quota, duplicate)."""
+
+
+class StepFailed(PipelineError):
+    """A pipeline step exited non-zero; the message carries the tail of its log."""

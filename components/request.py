@@ -1,0 +1,127 @@
+"""One retraining, as a value: what to train on, with what, where, and why; and the protocol that runs it.
+
+A `RunRequest` is what the Function App (or `retrain submit`) hands to a `Submitter`. Everything that
+makes the run reproducible is in it: the pinned data version, the component versions, the compute per
+step and the process count. Its run key (model name + data version) names the logical run: the job name
+and the checkpoint path derive from it, so the same data never trains twice and a resubmission resumes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from components.errors import SubmissionError
+
+_MODEL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+_DATA_VERSION = re.compile(r"^[a-z]{2}-[0-9a-f]{16}$")
+_TAG_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_STEP_NAMES = ("prep", "train", "evaluate", "register")
+
+# Submission states, the same words Azure ML uses for jobs.
+QUEUED, RUNNING, COMPLETED, FAILED, CANCELED = "Queued", "Running", "Completed", "Failed", "Canceled"
+TERMINAL_STATES = frozenset({COMPLETED, FAILED, CANCELED})
+
+
+@dataclass(frozen=True)
+class DataRef:
+    """A pinned data version and where it lives: a local folder, or `azureml:<asset>:<version>`."""
+
+    version: str
+    uri: str
+
+    def __post_init__(self) -> None:
+        if not _DATA_VERSION.match(self.version):
+            raise SubmissionError(
+                f"data version {self.version!r}: expected a content-hashed version like 'rd-0123456789abcdef'"
+            )
+        if not self.uri:
+            raise SubmissionError("data uri is empty; expected a folder or azureml:<asset>:<version>")
+
+
+def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    model_name: str
+    data: DataRef
+    trigger: Mapping[str, str] = field(default_factory=dict)
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    processes_per_instance: int = 1
+    instance_count: int = 1
+    compute: Mapping[str, str] = field(default_factory=dict)
+    component_versions: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _MODEL_NAME.match(self.model_name):
+            raise SubmissionError(
+                f"model name {self.model_name!r}: expected 1-40 lowercase letters, digits or '-', "
+                "starting with a letter"
+            )
+        if self.processes_per_instance < 1:
+            raise SubmissionError(
+                f"processes per instance {self.processes_per_instance}: expected a positive GPU count"
+            )
+        if self.instance_count < 1:
+            raise SubmissionError(
+                f"instance count {self.instance_count}: expected a positive number of nodes"
+            )
+        for label, mapping in (("compute", self.compute), ("component version", self.component_versions)):
+            unknown = sorted(set(mapping) - set(_STEP_NAMES))
+            if unknown:
+                raise SubmissionError(f"{label} for {unknown}: expected steps among {list(_STEP_NAMES)}")
+        bad_tags = sorted(key for key in self.trigger if not _TAG_KEY.match(key))
+        if bad_tags:
+            raise SubmissionError(f"trigger keys {bad_tags}: expected letters, digits, '_', '.' or '-'")
+        for name in ("trigger", "parameters", "compute", "component_versions"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+
+    @property
+    def run_key(self) -> str:
+        """The logical run: one model trained on one data version. Stable across resubmissions."""
+        return f"{self.model_name}-{self.data.version}"
+
+    def job_name(self, attempt: int = 0) -> str:
+        """Azure ML job name: the run key, so Azure ML refuses a duplicate; resubmissions add `-rN`."""
+        return f"retrain-{self.run_key}" if attempt == 0 else f"retrain-{self.run_key}-r{attempt}"
+
+    @property
+    def process_count(self) -> int:
+        return self.processes_per_instance * self.instance_count
+
+    def tags(self) -> dict[str, str]:
+        """Lineage tags for the job: the trigger metadata plus what pins the run."""
+        return {
+            **{f"trigger.{key}": str(value) for key, value in self.trigger.items()},
+            "retrain.model_name": self.model_name,
+            "retrain.data_version": self.data.version,
+            "retrain.run_key": self.run_key,
+        }
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a submitter reports: the job it created (or found), on which backend, and its state."""
+
+    job_name: str
+    backend: str
+    status: str
+    run_key: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL_STATES
+
+
+class Submitter(Protocol):
+    """Runs a `RunRequest` somewhere: Azure ML, this machine, or nowhere (dry run)."""
+
+    def submit(self, request: RunRequest) -> Submission: ...
+
+    def status(self, job_name: str) -> Submission: ...
