@@ -49,11 +49,40 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(state_root(os.environ, Path.cwd()), sys.stdout, os.environ)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="retrain", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _evaluate(args: argparse.Namespace) -> int:
+    from training.evaluate import write_evaluation
 
+    write_evaluation(args.model, args.data, args.out)
+    return 0
+
+
+def _register(args: argparse.Namespace) -> int:
+    from training.register import write_registration
+
+    # Azure ML names the pipeline job in the step's environment; the local runner does the same.
+    pipeline_run = os.environ.get("AZUREML_ROOT_RUN_ID") or os.environ.get("RETRAIN_PIPELINE_RUN")
+    write_registration(args.model, args.evaluation, args.model_name, args.trigger, pipeline_run, args.out)
+    return 0
+
+
+def _add_step_commands(commands: argparse._SubParsersAction) -> None:
+    evaluate = commands.add_parser("evaluate", help="score a trained model on its data version's test split")
+    evaluate.add_argument("--model", type=Path, required=True, help="a training's output folder")
+    evaluate.add_argument("--data", type=Path, required=True, help="the prepared data version it trained on")
+    evaluate.add_argument("--out", type=Path, required=True, help="folder for evaluation.json")
+    evaluate.set_defaults(handler=_evaluate)
+
+    register = commands.add_parser("register", help="record an evaluated candidate with its lineage")
+    register.add_argument("--model", type=Path, required=True, help="a training's output folder")
+    register.add_argument("--evaluation", type=Path, required=True, help="the evaluate step's output folder")
+    register.add_argument("--model-name", required=True, help="the registered model's name")
+    register.add_argument("--trigger", default="manual", help="what started the run")
+    register.add_argument("--out", type=Path, required=True, help="folder for registration.json")
+    register.set_defaults(handler=_register)
+
+
+def register_commands(commands: argparse._SubParsersAction) -> None:
+    """Add the training room's subcommands to a `retrain` parser."""
     sample = commands.add_parser("sample-data", help="write the bundled digits data set as raw batch files")
     sample.add_argument("--out", type=Path, required=True, help="folder for the raw batch files")
     sample.add_argument("--batches", type=int, default=4, help="number of batch files (default 4)")
@@ -79,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="sample data -> prepare -> train, with an eviction and a resume")
     demo.set_defaults(handler=_demo)
+    _add_step_commands(commands)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="retrain", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    register_commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     return parser
 
 

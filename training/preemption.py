@@ -8,15 +8,24 @@ finishes its current step, agrees with the other ranks on the step to save, save
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import time
+from collections.abc import Mapping
+from pathlib import Path
 from types import FrameType
 
 log = logging.getLogger(__name__)
 
 # EX_TEMPFAIL from sysexits.h: "temporary failure; the user is invited to retry". The run is resumable.
 PREEMPTED_EXIT_CODE = 75
+
+# torchrun gives each worker this file (under its --log-dir: <run>/attempt_<n>/<local rank>/error.json) for
+# reporting why it failed. torchrun's own exit code is 1 for any worker failure, and when torchrun itself is
+# signalled (an eviction signals every process) it reports only its own SignalException; the workers' files
+# are how a launcher above torchrun learns that they were preempted.
+ELASTIC_ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
 
 
 class PreemptionNotice:
@@ -52,3 +61,19 @@ class PreemptionNotice:
             log.warning("%s received: saving after the current step", signal.Signals(signum).name)
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
+
+
+def report_preemption_to_launcher(environ: Mapping[str, str]) -> None:
+    """Tell torchrun (and whoever reads its error file) that this worker stopped because it was preempted."""
+    path = environ.get(ELASTIC_ERROR_FILE_VARIABLE)
+    if not path:
+        return
+    report = {
+        "message": {
+            "message": "Preempted: the eviction notice was honoured and the state saved; start again",
+            "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))},
+            "errorCode": PREEMPTED_EXIT_CODE,
+        }
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report))

@@ -53,9 +53,14 @@ class MlflowTracker:
         artifact_location: str | None = None,
         flush_every_seconds: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        job_run_id: str | None = None,
     ) -> None:
         from mlflow.tracking import MlflowClient
 
+        # Azure ML gives each job its own MLflow run (MLFLOW_RUN_ID). A first attempt trains in it; a resumed
+        # attempt (a resubmitted job) continues the checkpointed run, and still tags its own job's run, which
+        # is where the pipeline's submitter looks for preemptions.
+        self._job_run_id = job_run_id
         self._client = MlflowClient(tracking_uri=tracking_uri)
         self._experiment = experiment
         self._artifact_location = artifact_location
@@ -69,8 +74,11 @@ class MlflowTracker:
         from mlflow.entities import Param, RunTag
 
         if run_id is None:
-            run = self._client.create_run(self._experiment_id(), tags=dict(tags))
-            self._run_id = run.info.run_id
+            if self._job_run_id is None:
+                self._run_id = self._client.create_run(self._experiment_id(), tags=dict(tags)).info.run_id
+            else:
+                self._run_id = self._job_run_id
+                self._client.log_batch(self._run_id, tags=[RunTag(key, value) for key, value in tags.items()])
             self._client.log_batch(
                 self._run_id, params=[Param(key, str(value)) for key, value in sorted(params.items())]
             )
@@ -91,7 +99,10 @@ class MlflowTracker:
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        self._client.log_batch(self._require_run(), tags=[RunTag(key, value) for key, value in tags.items()])
+        run_tags = [RunTag(key, value) for key, value in tags.items()]
+        self._client.log_batch(self._require_run(), tags=run_tags)
+        if self._job_run_id not in (None, self._run_id):
+            self._client.log_batch(self._job_run_id, tags=run_tags)
 
     def finish(self, status: str) -> None:
         self._flush(synchronous=True)
@@ -154,9 +165,13 @@ class TolerantTracker:
 
 
 def make_tracker(
-    tracking_uri: str | None, experiment: str, artifact_location: str | None, is_primary: bool
+    tracking_uri: str | None,
+    experiment: str,
+    artifact_location: str | None,
+    is_primary: bool,
+    job_run_id: str | None = None,
 ) -> Tracker:
     if not is_primary or not tracking_uri:
         return NullTracker()
     log.info("tracking to MLflow experiment %r", experiment)
-    return TolerantTracker(MlflowTracker(tracking_uri, experiment, artifact_location))
+    return TolerantTracker(MlflowTracker(tracking_uri, experiment, artifact_location, job_run_id=job_run_id))

@@ -86,7 +86,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     report.add_argument(
         "--mlflow-tracking-uri",
-        help="MLflow store (default: $MLFLOW_TRACKING_URI, else SQLite in the state folder)",
+        help="MLflow store, or 'off' (default: $MLFLOW_TRACKING_URI, else SQLite in the state folder)",
     )
     report.add_argument("--no-mlflow", action="store_true", help="do not track the run in MLflow")
     report.add_argument("--mlflow-experiment", default=_DEFAULTS["mlflow_experiment"])
@@ -96,7 +96,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def _tracking(
     args: argparse.Namespace, environ: Mapping[str, str], cwd: Path
 ) -> tuple[str | None, str | None]:
-    if args.no_mlflow:
+    if args.no_mlflow or (args.mlflow_tracking_uri or "").lower() == "off":
         return None, None
     if args.mlflow_tracking_uri:
         return args.mlflow_tracking_uri, args.mlflow_artifact_location

@@ -25,7 +25,7 @@ from training.config import TrainConfig
 from training.dataset import load_prepared
 from training.distributed import init_distributed, shutdown_distributed
 from training.errors import RetrainError
-from training.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
+from training.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice, report_preemption_to_launcher
 from training.progress import make_renderer
 from training.tracking import make_tracker
 from training.train_args import add_train_arguments, config_from_args
@@ -34,6 +34,7 @@ from training.trainer import PREEMPTED, Trainer
 log = logging.getLogger("retrain.worker")
 
 LAUNCH_ID_VARIABLE = "RETRAIN_LAUNCH_ID"
+JOB_RUN_ID_VARIABLE = "MLFLOW_RUN_ID"  # set by Azure ML: the job's own MLflow run
 BAD_INPUT_EXIT_CODE = 2
 
 
@@ -63,6 +64,7 @@ def run_worker(config: TrainConfig, launch_id: str, environ: Mapping[str, str]) 
             config.mlflow_experiment,
             config.mlflow_artifact_location,
             context.is_primary,
+            job_run_id=environ.get(JOB_RUN_ID_VARIABLE),
         )
         renderer = make_renderer(config.progress, context.is_primary)
         trainer = Trainer(config, context, data, checkpointer, tracker, renderer, launch_id, notice)
@@ -71,7 +73,10 @@ def run_worker(config: TrainConfig, launch_id: str, environ: Mapping[str, str]) 
         finally:
             checkpointer.close()
             renderer.close()
-        return PREEMPTED_EXIT_CODE if outcome.status == PREEMPTED else 0
+        if outcome.status != PREEMPTED:
+            return 0
+        report_preemption_to_launcher(environ)
+        return PREEMPTED_EXIT_CODE
     finally:
         shutdown_distributed()
         notice.uninstall()

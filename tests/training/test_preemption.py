@@ -1,9 +1,15 @@
+import json
 import os
 import signal
 
 import pytest
 
-from training.preemption import PreemptionNotice
+from training.preemption import (
+    ELASTIC_ERROR_FILE_VARIABLE,
+    PREEMPTED_EXIT_CODE,
+    PreemptionNotice,
+    report_preemption_to_launcher,
+)
 
 
 @pytest.fixture
@@ -32,3 +38,17 @@ def test_uninstall_restores_the_previous_handlers():
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     PreemptionNotice().install().uninstall()
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_a_preempted_worker_reports_its_exit_code_in_torchruns_error_file(tmp_path):
+    error_file = tmp_path / "attempt_0" / "0" / "error.json"
+    report_preemption_to_launcher({ELASTIC_ERROR_FILE_VARIABLE: str(error_file)})
+    report = json.loads(error_file.read_text())
+    assert report["message"]["errorCode"] == PREEMPTED_EXIT_CODE
+    assert report["message"]["message"].startswith("Preempted")
+
+
+def test_without_torchrun_there_is_no_error_file_to_write(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report_preemption_to_launcher({})
+    assert list(tmp_path.iterdir()) == []
