@@ -19,6 +19,7 @@ lint: $(VENV_STAMP)
 
 bench: $(VENV_STAMP)
 	$(PY) bench/trainer.py
+	$(PY) bench/pipeline.py
 
 $(VENV_STAMP): requirements.txt requirements-dev.txt components/environment/requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

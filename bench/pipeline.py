@@ -1,0 +1,182 @@
+"""Benchmark: the local pipeline runner against running the same step commands directly.
+
+    make bench            (or: .venv/bin/python bench/pipeline.py [--rounds R])
+
+Each round starts two cold state folders and runs the whole pipeline (prep -> train -> evaluate ->
+register, a small training) in each, back to back, alternating which goes first:
+
+- runner: `LocalRunner.run`, with everything it adds: spec loading, code/environment/input hashing, cache
+  lookups, run records rewritten atomically per state change, log files, staging and publishing of
+  outputs, read-only marking;
+- direct: the same substituted command lines (built by the same planning functions, with the same
+  environment and working folder), started one after another with `subprocess.run`, logs to files.
+
+1. runner wall time / direct wall time, the median of each round's pair  (target <= 1.05)
+2. a fully cached rerun's wall time / the first run's wall time           (target <= 0.05)
+
+It also prints the runner's own work per step: its wall time minus the time its step processes ran,
+which the machine's noise disturbs far less than the difference of two whole runs.
+
+Writes bench/out/pipeline.json; exits non-zero if a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+from components.data_version import snapshot_folder
+from components.local import LocalRunner, RunnerOptions
+from components.local.launch import TorchrunReports, step_environment
+from components.local.plan import (
+    durable_outputs,
+    pipeline_values,
+    process_count,
+    step_argv,
+    step_input_values,
+)
+from components.request import COMPLETED, DataRef, RunRequest
+from components.specs import load_pipeline_spec
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+OUT = REPO_ROOT / "bench" / "out" / "pipeline"
+PARAMETERS = {
+    "epochs": 2,
+    "global_batch_size": 32,
+    "hidden_width": 64,
+    "checkpoint_every_steps": 10,
+    "checkpoint_every_seconds": "off",
+    "mlflow_tracking_uri": "off",
+}
+OVERHEAD_TARGET, CACHED_TARGET = 1.05, 0.05
+
+
+def pinned_request() -> RunRequest:
+    from training.sample_data import write_sample_batches
+
+    raw = OUT / "raw"
+    if not raw.is_dir():
+        write_sample_batches(raw, batches=4)
+    manifest, folder = snapshot_folder(raw, OUT / "data")
+    return RunRequest(model_name="digits", data=DataRef(manifest.version, str(folder)), parameters=PARAMETERS)
+
+
+def fresh(folder: Path) -> Path:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def run_with_runner(request: RunRequest, state: Path) -> tuple[float, float, float, int]:
+    """Seconds for a cold run, of it outside the step processes (the runner's own work), and for the
+    fully cached rerun after it; and how many steps the rerun reused."""
+    runner = LocalRunner(RunnerOptions(state_root=state), os.environ, io.StringIO())
+    started = time.perf_counter()
+    first = runner.run(request)
+    cold = time.perf_counter() - started
+    started = time.perf_counter()
+    again = runner.run(request)
+    cached = time.perf_counter() - started
+    if first.status != COMPLETED or again.status != COMPLETED:
+        raise RuntimeError(f"runner: runs ended {first.status} and {again.status}")
+    in_steps = sum(attempt.duration_s for step in first.steps for attempt in step.attempts)
+    return cold, cold - in_steps, cached, sum(step.reused for step in again.steps)
+
+
+def run_directly(request: RunRequest, state: Path) -> float:
+    """Seconds to run the pipeline's substituted commands one after another, as the runner would."""
+    started = time.perf_counter()
+    pipeline = load_pipeline_spec()
+    values = pipeline_values(pipeline, request)
+    produced: dict[tuple[str, str], Path] = {}
+    for name in pipeline.order:
+        step = pipeline.steps[name]
+        folder = state / name
+        outputs = {output: folder / output for output in step.component.outputs}
+        outputs.update({output: state / output / request.run_key for output in durable_outputs(step)})
+        for path in outputs.values():
+            path.mkdir(parents=True, exist_ok=True)
+        inputs = step_input_values(step, values, request.parameters, produced)
+        reports = TorchrunReports.in_folder(folder) if step.distribution is not None else None
+        argv = step_argv(step, inputs, outputs, process_count(step, request), sys.executable, reports)
+        environment = step_environment(os.environ, state, sys.executable, reports, "direct")
+        with (folder / "log.txt").open("ab") as log:
+            code = subprocess.run(
+                argv, cwd=step.component.code, env=environment, stdout=log, stderr=log
+            ).returncode
+        if code != 0:
+            raise RuntimeError(f"direct: step {name} exited {code}; see {folder / 'log.txt'}")
+        produced.update({(name, output): path for output, path in outputs.items()})
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="paired rounds (default 4)")
+    args = parser.parse_args()
+    request = pinned_request()
+
+    rounds = []
+    for number in range(1, args.rounds + 1):
+        runner_state, direct_state = fresh(OUT / "runner-state"), fresh(OUT / "direct-state")
+        if number % 2:
+            runner_cold, own, cached, reused = run_with_runner(request, runner_state)
+            direct = run_directly(request, direct_state)
+        else:
+            direct = run_directly(request, direct_state)
+            runner_cold, own, cached, reused = run_with_runner(request, runner_state)
+        rounds.append(
+            {"runner_s": runner_cold, "runner_own_s": own, "direct_s": direct, "cached_rerun_s": cached,
+             "reused": reused}
+        )  # fmt: skip
+        print(
+            f"round {number}: runner {runner_cold:.2f} s ({own * 1000:.0f} ms outside its steps), direct "
+            f"{direct:.2f} s, cached rerun {cached * 1000:.0f} ms ({reused} steps reused)",
+            flush=True,
+        )
+
+    steps = len(load_pipeline_spec().order)
+    overhead_ratios = [item["runner_s"] / item["direct_s"] for item in rounds]
+    cached_ratios = [item["cached_rerun_s"] / item["runner_s"] for item in rounds]
+    result = {
+        "date": date.today().isoformat(),
+        "parameters": PARAMETERS,
+        "steps": steps,
+        "rounds": rounds,
+        "paired_overhead_ratios": [round(ratio, 4) for ratio in overhead_ratios],
+        "overhead_ratio": statistics.median(overhead_ratios),
+        "overhead_seconds_per_step": statistics.median(
+            (item["runner_s"] - item["direct_s"]) / steps for item in rounds
+        ),
+        "runner_own_seconds_per_step": statistics.median(item["runner_own_s"] / steps for item in rounds),
+        "cached_rerun_seconds": statistics.median(item["cached_rerun_s"] for item in rounds),
+        "cached_ratio": statistics.median(cached_ratios),
+        "all_steps_reused": all(item["reused"] == steps for item in rounds),
+    }
+    (OUT / "pipeline.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    overhead_ok = result["overhead_ratio"] <= OVERHEAD_TARGET
+    cached_ok = result["cached_ratio"] <= CACHED_TARGET and result["all_steps_reused"]
+    print(f"runner / direct   {result['overhead_ratio']:.3f} (target <= {OVERHEAD_TARGET}; "
+          f"{result['overhead_seconds_per_step'] * 1000:+.0f} ms per step): "
+          f"{'ok' if overhead_ok else 'MISSED'}")  # fmt: skip
+    print(f"runner's own work {result['runner_own_seconds_per_step'] * 1000:.1f} ms per step (outside the "
+          "step processes: specs, hashing, records, publishing)")  # fmt: skip
+    print(f"cached / first    {result['cached_ratio']:.4f} (target <= {CACHED_TARGET}): "
+          f"{'ok' if cached_ok else 'MISSED'}")  # fmt: skip
+    return 0 if overhead_ok and cached_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Raw data versions: a manifest of every input file, content-hashed into the version a run pins.
+
+A submission never trains on "whatever is in the folder now". It pins a manifest: each raw file's name,
+size and fingerprint (a sha256 of its bytes locally, its eTag in Blob Storage). The sha256 of the manifest's
+canonical JSON is the raw data version (`rd-<16 hex>`), so the same files give the same version, and any
+added, removed or changed file gives another. Locally the version is an immutable folder copy; on Azure it is
+a snapshot prefix registered as a data asset version (components/blob_snapshot.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from components.errors import PipelineError
+
+RAW_SUFFIXES = (".csv", ".parquet")
+MANIFEST_SUFFIX = ".manifest.json"
+VERSION_PREFIX = "rd-"
+_CHUNK = 1 << 20
+
+
+class DataError(PipelineError):
+    """The raw data to pin is missing, empty or changed while it was read."""
+
+
+@dataclass(frozen=True)
+class DataFile:
+    name: str
+    size: int
+    fingerprint: str
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.fingerprint.startswith(("sha256:", "etag:")):
+            raise DataError(
+                f"{self.name}: fingerprint {self.fingerprint!r}; expected 'sha256:<hex>' or 'etag:<etag>'"
+            )
+
+
+@dataclass(frozen=True)
+class DataManifest:
+    files: tuple[DataFile, ...]
+
+    def __post_init__(self) -> None:
+        if not self.files:
+            raise DataError(f"no raw data files; expected at least one {' or '.join(RAW_SUFFIXES)} file")
+        names = [file.name for file in self.files]
+        if len(set(names)) != len(names):
+            raise DataError("duplicate file names in a data manifest; expected each file once")
+        object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda file: file.name)))
+
+    def _canonical(self) -> bytes:
+        # The source (where a file was read from) is not content: moving data does not change its version.
+        entries = [[file.name, file.size, file.fingerprint] for file in self.files]
+        return json.dumps(entries, separators=(",", ":")).encode()
+
+    @property
+    def version(self) -> str:
+        return VERSION_PREFIX + hashlib.sha256(self._canonical()).hexdigest()[:16]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(file.size for file in self.files)
+
+    def to_json(self) -> str:
+        files = [vars(file) for file in self.files]
+        return json.dumps({"version": self.version, "files": files}, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> DataManifest:
+        try:
+            document = json.loads(text)
+            manifest = cls(tuple(DataFile(**entry) for entry in document["files"]))
+        except (ValueError, KeyError, TypeError) as error:
+            raise DataError(
+                f"data manifest: {error}; expected the JSON written by DataManifest.to_json"
+            ) from None
+        if document.get("version") != manifest.version:
+            raise DataError(f"data manifest: says {document.get('version')}, content is {manifest.version}")
+        return manifest
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _raw_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        raise DataError(
+            f"--data {folder}: no such folder; expected a folder of raw .csv/.parquet batch files"
+        )
+    return sorted(path for path in folder.iterdir() if path.is_file() and path.suffix in RAW_SUFFIXES)
+
+
+def manifest_of_folder(folder: Path) -> DataManifest:
+    """The manifest of the raw files directly inside `folder` (other files are not data)."""
+    folder = Path(folder)
+    files = _raw_files(folder)
+    if not files:
+        raise DataError(f"--data {folder}: no .csv or .parquet files; expected raw batch files")
+    return DataManifest(
+        tuple(
+            DataFile(path.name, path.stat().st_size, f"sha256:{file_sha256(path)}", path.resolve().as_uri())
+            for path in files
+        )
+    )
+
+
+def _copy_verified(manifest: DataManifest, source: Path, staging: Path) -> None:
+    for entry in manifest.files:
+        target = staging / entry.name
+        shutil.copyfile(source / entry.name, target)
+        if f"sha256:{file_sha256(target)}" != entry.fingerprint:
+            raise DataError(
+                f"{source / entry.name}: changed while it was being pinned; try again once it is written"
+            )
+
+
+def snapshot_folder(source: Path, root: Path) -> tuple[DataManifest, Path]:
+    """Pin the raw files of `source` as an immutable folder `root/<version>/`; idempotent.
+
+    The copy is staged beside its final place and renamed into it, and the manifest is written last, so a
+    version folder with a manifest is always complete. A file that changes while it is copied fails the
+    snapshot instead of pinning a mixture.
+    """
+    source, root = Path(source), Path(root)
+    manifest = manifest_of_folder(source)
+    target = root / manifest.version
+    manifest_path = root / f"{manifest.version}{MANIFEST_SUFFIX}"
+    if manifest_path.exists() and target.is_dir():
+        return manifest, target
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=root))
+    try:
+        _copy_verified(manifest, source, staging)
+        if target.exists():
+            shutil.rmtree(target)  # an earlier snapshot interrupted before its manifest: incomplete
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _write_atomically(manifest_path, manifest.to_json())
+    return manifest, target
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

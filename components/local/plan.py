@@ -1,0 +1,122 @@
+"""What each step of a run receives: pipeline input values, step input values, and its command line.
+
+Values come, from strongest to weakest: the run request (its data, model name and trigger, which the
+Azure ML builder sets the same way), the request's `parameters`, the pipeline.yml inputs' defaults, the
+component inputs' defaults. A parameter names a pipeline input (`epochs`) or, locally, also a component
+input that the pipeline leaves unbound (`hidden_width`); an input that reads another step's output cannot
+be overridden.
+
+The same functions serve the runner and the benchmark's direct baseline, so both run identical commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from components.builder import trigger_argument
+from components.errors import SpecError, SubmissionError
+from components.local.commands import render_command
+from components.local.launch import TorchrunReports, launch_argv
+from components.request import RunRequest
+from components.specs import ParentInput, PipelineSpec, StepOutput, StepSpec
+
+DATA_INPUT = "raw_data"  # the pipeline input that receives the request's pinned data
+MODEL_NAME_INPUT = "model_name"
+TRIGGER_INPUT = "trigger"
+_SET_BY_REQUEST = (DATA_INPUT, MODEL_NAME_INPUT, TRIGGER_INPUT)  # as the Azure ML builder reserves them
+
+
+def _overridable_inputs(pipeline: PipelineSpec) -> set[str]:
+    names = set(pipeline.inputs) - set(_SET_BY_REQUEST)
+    for step in pipeline.steps.values():
+        names |= {
+            name
+            for name in step.component.inputs
+            if not isinstance(step.inputs.get(name), ParentInput | StepOutput)
+        }
+    return names
+
+
+def check_parameters(pipeline: PipelineSpec, parameters: Mapping[str, Any]) -> None:
+    for name in parameters:
+        if name in _SET_BY_REQUEST:
+            raise SubmissionError(
+                f"parameter {name}: set by the run itself (--data, --model-name, the trigger); remove it"
+            )
+    unknown = sorted(set(parameters) - _overridable_inputs(pipeline))
+    if unknown:
+        raise SubmissionError(
+            f"parameters {unknown}: not inputs of the pipeline; expected some of "
+            f"{sorted(_overridable_inputs(pipeline))}"
+        )
+
+
+def pipeline_values(pipeline: PipelineSpec, request: RunRequest) -> dict[str, Any]:
+    """The pipeline-level input values of this run."""
+    check_parameters(pipeline, request.parameters)
+    if DATA_INPUT not in pipeline.inputs:
+        raise SpecError(f"{pipeline.path}: no '{DATA_INPUT}' input; the run's data is bound to it")
+    values = dict(pipeline.inputs)
+    values[DATA_INPUT] = request.data.uri
+    if MODEL_NAME_INPUT in values:
+        values[MODEL_NAME_INPUT] = request.model_name
+    if TRIGGER_INPUT in values:
+        values[TRIGGER_INPUT] = trigger_argument(request.trigger)  # the same value an Azure ML job gets
+    values.update({name: value for name, value in request.parameters.items() if name in pipeline.inputs})
+    return values
+
+
+def step_input_values(
+    step: StepSpec,
+    pipeline_inputs: Mapping[str, Any],
+    parameters: Mapping[str, Any],
+    upstream_outputs: Mapping[tuple[str, str], Path],
+) -> dict[str, Any]:
+    """Each declared input of `step` and its value (None: unset). Upstream outputs are given by path."""
+    values: dict[str, Any] = {}
+    for name, port in step.component.inputs.items():
+        binding = step.inputs.get(name)
+        if isinstance(binding, StepOutput):
+            values[name] = upstream_outputs[(binding.step, binding.output)]
+        elif isinstance(binding, ParentInput):
+            if binding.name not in pipeline_inputs:
+                raise SpecError(
+                    f"step '{step.name}': input '{name}' reads pipeline input '{binding.name}', "
+                    "which pipeline.yml does not declare"
+                )
+            values[name] = pipeline_inputs[binding.name]
+        elif name in parameters:
+            values[name] = parameters[name]
+        else:
+            values[name] = binding if binding is not None else port.default
+        if values[name] is None and not port.optional:
+            raise SubmissionError(
+                f"step '{step.name}': input '{name}' is required but unset; pass --param {name}=VALUE or "
+                "give it a default in the component YAML"
+            )
+    return values
+
+
+def durable_outputs(step: StepSpec) -> frozenset[str]:
+    """Outputs the pipeline gives a fixed path (train's checkpoints): kept per run key, never cached."""
+    return frozenset(name for name, setting in step.outputs.items() if setting.path)
+
+
+def process_count(step: StepSpec, request: RunRequest) -> int:
+    return request.process_count if step.distribution is not None else 1
+
+
+def step_argv(
+    step: StepSpec,
+    inputs: Mapping[str, Any],
+    outputs: Mapping[str, Path],
+    nproc: int,
+    python: str,
+    reports: TorchrunReports | None = None,
+) -> list[str]:
+    """The command line of `step`, as the process will be started: `python` is `python`, and a
+    `distribution: pytorch` step runs under torchrun with `nproc` processes."""
+    argv = render_command(step.component.command, inputs, outputs, step.name)
+    return launch_argv(argv, step.distribution, nproc, python, step.name, reports)

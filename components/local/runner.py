@@ -1,0 +1,160 @@
+"""Run the pipeline on this machine: the components' own commands, in dependency order, with step reuse.
+
+Layout under the state folder (`$RETRAIN_HOME`, default `./.retrain`):
+
+    runs/<run_id>/run.json            the run's record, rewritten atomically as steps progress
+    runs/<run_id>/<step>/log.txt      the step's stdout and stderr (and `pid` while it runs)
+    cache/<step>/<key>/<output>/      immutable step outputs, reused by later runs (cache.py)
+    checkpoints/<run key>/            the train step's checkpoints, durable across reruns of a run key
+
+Steps run one at a time in the pipeline's dependency order; the first failure stops the run.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from components.errors import PipelineError, SubmissionError
+from components.local.cache import StepCache
+from components.local.clock import Clock, SystemClock
+from components.local.commands import format_value
+from components.local.execution import LocalStepFailed, PipelineExecution
+from components.local.launch import ProcessLauncher, ProcessStarted, StepExecutor, SubprocessLauncher
+from components.local.plan import pipeline_values
+from components.local.runs import RunRecord, RunStore, StepRecord, new_run_id
+from components.request import RunRequest
+from components.specs import ENVIRONMENT_FILE, PIPELINE_FILE, PipelineSpec, load_pipeline_spec
+
+__all__ = ["LocalRunner", "LocalStepFailed", "RunnerOptions"]
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_NAME_WIDTH = 9
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """Where the runner keeps its state, which specs it runs, and how it treats preemptions."""
+
+    state_root: Path
+    pipeline_file: Path = PIPELINE_FILE
+    environment_file: Path = ENVIRONMENT_FILE
+    code_root: Path | None = None  # instead of every component's `code` folder: try code without editing it
+    max_preemption_restarts: int = 3
+    log_tail_lines: int = 20
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        if self.max_preemption_restarts < 0:
+            raise PipelineError(f"max preemption restarts {self.max_preemption_restarts}: expected 0 or more")
+        if self.log_tail_lines < 1:
+            raise PipelineError(f"log tail lines {self.log_tail_lines}: expected 1 or more")
+        object.__setattr__(self, "state_root", Path(self.state_root).resolve())
+        if self.code_root is not None:
+            object.__setattr__(self, "code_root", Path(self.code_root).resolve())
+
+
+class LocalRunner:
+    """Runs a `RunRequest` through the pipeline's steps on this machine, synchronously."""
+
+    def __init__(
+        self,
+        options: RunnerOptions,
+        environ: Mapping[str, str],
+        progress: TextIO,
+        launcher: ProcessLauncher | None = None,
+        clock: Clock | None = None,
+        on_process_started: ProcessStarted | None = None,
+    ) -> None:
+        self.options = options
+        self.environ = dict(environ)
+        self._progress = progress
+        self._launcher = launcher or SubprocessLauncher()
+        self.clock = clock or SystemClock()
+        self._on_process_started = on_process_started
+        self.runs = RunStore(options.state_root / "runs")
+        self.cache = StepCache(options.state_root / "cache")
+
+    def run(self, request: RunRequest, force_rerun: bool = False) -> RunRecord:
+        """Run every step; the record of a Completed or Canceled run. A failed step raises StepFailed."""
+        pipeline = load_pipeline_spec(self.options.pipeline_file)
+        _check_component_versions(pipeline, request)
+        if not Path(request.data.uri).is_dir():
+            raise SubmissionError(
+                f"data {request.data.uri!r}: not a local folder; local runs read a pinned local copy "
+                "(`retrain run --data FOLDER` makes one)"
+            )
+        values = pipeline_values(pipeline, request)
+        record = self._new_record(pipeline, request, force_rerun)
+        self.runs.create(record)
+        executor = StepExecutor(
+            self._launcher, self.clock, self.options.max_preemption_restarts, self._on_process_started
+        )
+        run = PipelineExecution(self, pipeline, request, values, record, executor, force_rerun)
+        with _forwarding_stop_signals(executor):
+            return run.execute()
+
+    def _new_record(self, pipeline: PipelineSpec, request: RunRequest, force_rerun: bool) -> RunRecord:
+        created_at = self.clock.now()
+        return RunRecord(
+            run_id=new_run_id(created_at),
+            job_name=request.job_name(),
+            run_key=request.run_key,
+            model_name=request.model_name,
+            data_version=request.data.version,
+            data_uri=request.data.uri,
+            created_at=created_at,
+            steps=tuple(
+                StepRecord(
+                    name=name, component=pipeline.steps[name].component.reference.removeprefix("azureml:")
+                )
+                for name in pipeline.order
+            ),
+            parameters={name: format_value(value) for name, value in request.parameters.items()},
+            process_count=request.process_count,
+            forced=force_rerun,
+        )
+
+    def say(self, step: str, message: str) -> None:
+        self._progress.write(f"{step:<{_NAME_WIDTH}} {message}\n")
+        self._progress.flush()
+
+
+def _check_component_versions(pipeline: PipelineSpec, request: RunRequest) -> None:
+    for name, version in request.component_versions.items():
+        if name not in pipeline.steps:
+            raise SubmissionError(
+                f"component version for step '{name}': {pipeline.path} has no such step; "
+                f"expected one of {list(pipeline.order)}"
+            )
+        component = pipeline.steps[name].component
+        if str(version) != component.version:
+            raise SubmissionError(
+                f"step '{name}': the request pins {component.name} version {version}, but {component.path} "
+                f"is version {component.version}; local runs use the YAMLs of this checkout"
+            )
+
+
+@contextmanager
+def _forwarding_stop_signals(executor: StepExecutor) -> Iterator[None]:
+    """SIGTERM/SIGINT to the runner reach the running step (which saves, as on eviction) and stop the run.
+    Python allows signal handlers in the main thread only; elsewhere the caller's handling stands."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, _frame: object) -> None:
+        executor.request_stop(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,0 +1,86 @@
+"""The embedded default Submitter: run the request's pipeline here and now, and report how it ended.
+
+`submit` returns once the run has ended: Completed, Failed (a step exited non-zero; the details name it
+and carry its log tail) or Canceled (the runner was told to stop). Bad requests and bad specs still raise,
+as with any submitter. `status` reads the newest local run record of a job name.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from components.errors import SubmissionError
+from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
+from components.request import RunRequest, Submission
+
+log = logging.getLogger(__name__)
+
+BACKEND = "local"
+
+
+class _LoggingStream(io.TextIOBase):
+    """Progress lines, for a caller with no terminal (the Function App): one log record per line."""
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            if line.strip():
+                log.info("%s", line)
+        return len(text)
+
+
+def _details(record: RunRecord) -> dict[str, Any]:
+    return {
+        "run_id": record.run_id,
+        "outputs": dict(record.outputs),
+        "steps": {step.name: {"status": step.status, "reused": step.reused} for step in record.steps},
+        "failed_step": record.failed_step,
+        "error": record.error,
+    }
+
+
+def _submission(record: RunRecord) -> Submission:
+    return Submission(
+        job_name=record.job_name,
+        backend=BACKEND,
+        status=record.status,
+        run_key=record.run_key,
+        details=_details(record),
+    )
+
+
+class LocalSubmitter:
+    """Runs each request with the local pipeline runner; implements components.request.Submitter."""
+
+    def __init__(
+        self,
+        options: RunnerOptions,
+        environ: Mapping[str, str],
+        progress: TextIO | None = None,
+        force_rerun: bool = False,
+    ) -> None:
+        self._runner = LocalRunner(options, environ, progress or _LoggingStream())
+        self._runs = RunStore(Path(options.state_root) / "runs")
+        self._force_rerun = force_rerun
+
+    def submit(self, request: RunRequest) -> Submission:
+        try:
+            record = self._runner.run(request, force_rerun=self._force_rerun)
+        except LocalStepFailed as failure:
+            log.warning("local run %s failed: %s", failure.run_id, failure.headline)
+            failed = _submission(self._runs.load(failure.run_id))
+            details = {**failed.details, "log": str(failure.log_file), "log_tail": list(failure.log_tail)}
+            return replace(failed, details=details)
+        return _submission(record)
+
+    def status(self, job_name: str) -> Submission:
+        for record in self._runs.list():
+            if record.job_name == job_name:
+                return _submission(record)
+        raise SubmissionError(
+            f"job name {job_name!r}: no local run has it; `retrain runs` lists the local runs"
+        )

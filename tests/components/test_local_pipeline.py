@@ -1,0 +1,198 @@
+"""`retrain run` and `retrain runs` on the real pipeline: prep -> train -> evaluate -> register.
+
+Every step runs its component's real command (training.cli / training.worker under torchrun) with a small
+training. The runs share one state folder, as a developer's runs do; each test states what it expects of
+the cache given what the module's first run left there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SMALL_TRAINING, copy_raw, pinned_request
+
+from components import cli_local
+from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
+from components.local.cache import STAGING_PREFIX
+from components.request import CANCELED, COMPLETED, FAILED
+from components.specs import REPO_ROOT
+
+
+def small_training(epochs: int = SMALL_TRAINING["epochs"]) -> list[str]:
+    """`retrain run` options for the small training."""
+    options = ["--epochs", str(epochs)]
+    for name, value in SMALL_TRAINING.items():
+        if name != "epochs":
+            options += ["--param", f"{name}={value}"]
+    return options
+
+
+def retrain(state: Path, *argv: str) -> tuple[int, str]:
+    """Run a `retrain run|runs` command as the root CLI does, and return its exit code and output."""
+    parser = argparse.ArgumentParser(prog="retrain")
+    cli_local.register_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    args.state_root, args.environ = state, dict(os.environ)
+    out = io.StringIO()
+    try:
+        return args.handler(args, out), out.getvalue()
+    finally:
+        print(out.getvalue())  # shown by pytest when a test fails
+
+
+def newest_run(state: Path) -> RunRecord:
+    return RunStore(state / "runs").list(limit=1)[0]
+
+
+def reused(record: RunRecord) -> dict[str, bool]:
+    return {step.name: step.reused for step in record.steps}
+
+
+def cache_entries(state: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(state)): path.read_bytes()
+        for path in sorted((state / "cache").rglob("*"))
+        if path.is_file() and STAGING_PREFIX not in str(path)
+    }
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pipeline") / "state"
+
+
+@pytest.fixture(scope="module")
+def first_run(state: Path, sample_raw: Path) -> tuple[RunRecord, str]:
+    code, output = retrain(state, "run", "--data", str(sample_raw), *small_training())
+    assert code == 0, output
+    return newest_run(state), output
+
+
+def test_the_first_run_executes_every_components_real_command(first_run):
+    record, output = first_run
+    assert record.status == COMPLETED
+    assert reused(record) == {"prep": False, "train": False, "evaluate": False, "register": False}
+    commands = {step.name: step.command for step in record.steps}
+    assert commands["prep"][:4] == (sys.executable, "-m", "training.cli", "prepare")
+    assert commands["train"][:5] == (
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"
+    )  # fmt: skip
+    assert commands["train"][6:8] == ("-m", "training.worker")
+    assert commands["evaluate"][:4] == (sys.executable, "-m", "training.cli", "evaluate")
+    assert commands["register"][:4] == (sys.executable, "-m", "training.cli", "register")
+
+    model = Path(record.step("train").outputs["model"])
+    metadata = json.loads((model / "metadata.json").read_text())
+    assert (metadata["config"]["epochs"], metadata["config"]["hidden_width"]) == (2, 64)
+    assert (Path(record.step("evaluate").outputs["evaluation"]) / "evaluation.json").is_file()
+    registration = Path(record.outputs["registration"])
+    assert json.loads((registration / "registration.json").read_text())
+    assert output.splitlines()[-2:] == [f"run {record.run_id}: Completed", f"registration: {registration}"]
+    assert [line.split()[:2] for line in output.splitlines()[:8:2]] == [
+        ["prep", "started"], ["train", "started"], ["evaluate", "started"], ["register", "started"]
+    ]  # fmt: skip
+
+
+def test_a_second_run_on_the_same_data_reuses_every_step(state, sample_raw, first_run):
+    code, output = retrain(state, "run", "--data", str(sample_raw), *small_training())
+
+    record = newest_run(state)
+    assert code == 0
+    assert reused(record) == {"prep": True, "train": True, "evaluate": True, "register": True}
+    assert record.outputs == first_run[0].outputs
+    assert output.count(" reused (cache entry ") == 4
+
+
+def test_changing_epochs_reruns_train_evaluate_and_register_but_reuses_prep(state, sample_raw, first_run):
+    code, output = retrain(state, "run", "--data", str(sample_raw), *small_training(epochs=3))
+    record = newest_run(state)
+    assert code == 0
+    assert output.count(" reused (cache entry ") == 1
+
+    assert reused(record) == {"prep": True, "train": False, "evaluate": False, "register": False}
+    model = Path(record.step("train").outputs["model"])
+    assert json.loads((model / "metadata.json").read_text())["config"]["epochs"] == 3
+    # The same logical run (model + data version) keeps its checkpoints: training continued from them.
+    assert "resumed from checkpoint" in Path(record.step("train").log).read_text()
+
+
+def test_changing_the_code_reruns_every_step_and_an_identical_copy_reuses_them(
+    state, sample_raw, first_run, tmp_path
+):
+    code_root = tmp_path / "code"
+    shutil.copytree(REPO_ROOT / "training", code_root / "training")
+    shutil.copy(REPO_ROOT / ".amlignore", code_root / ".amlignore")
+    runner = LocalRunner(RunnerOptions(state_root=state, code_root=code_root), os.environ, io.StringIO())
+    request = pinned_request(state, sample_raw, parameters=SMALL_TRAINING)
+
+    identical = runner.run(request)
+    assert reused(identical) == {"prep": True, "train": True, "evaluate": True, "register": True}
+
+    with (code_root / "training" / "cli.py").open("a") as source:
+        source.write("# a harmless comment\n")
+    edited = runner.run(request)
+    assert reused(edited) == {"prep": False, "train": False, "evaluate": False, "register": False}
+    assert edited.status == COMPLETED
+    assert all(step.command and step.log for step in edited.steps)
+
+
+def test_new_data_reruns_every_step(state, sample_raw, first_run, tmp_path):
+    fewer = copy_raw(sample_raw, tmp_path / "fewer")
+    (fewer / "batch-0004.csv").unlink()
+
+    code, _ = retrain(state, "run", "--data", str(fewer), *small_training())
+
+    record = newest_run(state)
+    assert code == 0
+    assert record.data_version != first_run[0].data_version
+    assert reused(record) == {"prep": False, "train": False, "evaluate": False, "register": False}
+    assert "resumed from checkpoint" not in Path(record.step("train").log).read_text()
+
+
+def test_a_failing_step_fails_the_run_with_its_log_tail_and_leaves_the_cache_intact(
+    state, sample_raw, first_run, tmp_path
+):
+    bad = copy_raw(sample_raw, tmp_path / "bad")
+    header, *rows = (bad / "batch-0001.csv").read_text().splitlines(keepends=True)
+    (bad / "batch-0005.csv").write_text(header.replace("label", "lable", 1) + "".join(rows[:3]))
+    entries_before = cache_entries(state)
+
+    with pytest.raises(LocalStepFailed) as failed:
+        retrain(state, "run", "--data", str(bad), *small_training())
+
+    headline, *tail = str(failed.value).splitlines()
+    assert headline.startswith("step 'prep' failed with exit code 2; its log: ")
+    assert any("retrain: error:" in line and "batch-0005.csv" in line for line in tail)
+    record = newest_run(state)
+    assert (record.run_id, record.status, record.failed_step) == (failed.value.run_id, FAILED, "prep")
+    assert {step.name: step.status for step in record.steps} == {
+        "prep": FAILED, "train": CANCELED, "evaluate": CANCELED, "register": CANCELED
+    }  # fmt: skip
+    assert [path.name for path in (state / "runs" / record.run_id).iterdir() if path.is_dir()] == ["prep"]
+    assert cache_entries(state) == entries_before
+
+    code, _ = retrain(state, "run", "--data", str(sample_raw), *small_training())
+    assert code == 0
+    assert reused(newest_run(state)) == {"prep": True, "train": True, "evaluate": True, "register": True}
+
+
+def test_runs_lists_the_runs_newest_first_with_each_steps_status_and_reuse(state, first_run):
+    code, listed = retrain(state, "runs", "--json", "--limit", "2")
+    records = json.loads(listed)
+    assert code == 0
+    assert len(records) == 2
+    assert records[0]["created_at"] >= records[1]["created_at"]
+    assert records[0]["run_id"] == newest_run(state).run_id
+
+    code, text = retrain(state, "runs", "--limit", "50")
+    first = first_run[0]
+    assert f"{first.run_id}  Completed  {first.run_key}" in text
+    assert "  prep      Completed ran " in text and "  prep      Completed reused " in text
+    assert f"model={first.step('train').outputs['model']}" in text
