@@ -1,0 +1,164 @@
+"""Submit a RunRequest to Azure ML: once per logical run, with a quota check and a dedicated fallback.
+
+The job name is the run key's (`retrain-<model>-<data version>`, then `-r1`, `-r2` for resubmissions), so
+submitting the same request again finds the run instead of starting another. What `submit` does:
+
+- no attempt yet: check the train compute's quota, build and validate the pipeline job, create it;
+- the latest attempt is queued, running or completed: return it (a duplicate submission);
+- it ended unsuccessfully: resubmit only when it was preempted (components/azureml/fallback.py), under
+  the next attempt's name, on the dedicated cluster once the policy says so; otherwise report it.
+
+Every Azure call goes through the `AzureMLWorkspace` seam; azure-ai-ml is imported only when a job is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from components.azureml.fallback import Attempt, FallbackPolicy, decide_next_attempt, train_child
+from components.azureml.quota import check_quota
+from components.azureml.workspace import AzureMLWorkspace, JobRecord
+from components.builder import DEFAULT_DATASTORE, TRAIN_STEP, PipelineBuild, build_pipeline_job
+from components.errors import SubmissionError
+from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, RunRequest, Submission
+
+log = logging.getLogger(__name__)
+
+BACKEND = "azureml"
+_STATUS = {
+    "NotStarted": QUEUED,
+    "Starting": QUEUED,
+    "Provisioning": QUEUED,
+    "Preparing": QUEUED,
+    "Queued": QUEUED,
+    "Paused": QUEUED,
+    "Running": RUNNING,
+    "Finalizing": RUNNING,
+    "CancelRequested": RUNNING,
+    "NotResponding": RUNNING,  # the only state Azure ML may leave again for any earlier one
+    "Completed": COMPLETED,
+    "Failed": FAILED,
+    "Canceled": CANCELED,
+}
+
+
+def submission_status(azure_status: str) -> str:
+    """Azure ML's job state in the five words of components/request.py (unknown states count as queued)."""
+    return _STATUS.get(azure_status, QUEUED)
+
+
+@dataclass(frozen=True)
+class AzureSettings:
+    datastore: str = DEFAULT_DATASTORE
+    registered_components: bool = False
+    check_quota: bool = True
+    fallback: FallbackPolicy = field(default_factory=FallbackPolicy)
+
+
+def _submission(record: JobRecord, run_key: str | None = None, **details: object) -> Submission:
+    return Submission(
+        job_name=record.name,
+        backend=BACKEND,
+        status=submission_status(record.status),
+        run_key=run_key or record.tags.get("retrain.run_key", ""),
+        details={
+            "azure_status": record.status,
+            "attempt": int(record.tags.get("retrain.attempt", "0")),
+            "studio_url": record.studio_url,
+            **details,
+        },
+    )
+
+
+class AzureMLSubmitter:
+    backend = BACKEND
+
+    def __init__(self, workspace: AzureMLWorkspace, settings: AzureSettings | None = None) -> None:
+        self.workspace = workspace
+        self.settings = settings or AzureSettings()
+
+    def submit(self, request: RunRequest) -> Submission:
+        attempts = self._attempts(request)
+        if not attempts:
+            return self._create(request, 0, None, reason="first attempt")
+        latest = attempts[-1]
+        if not latest.ended_unsuccessfully:
+            log.info(
+                "run %s already submitted as %s (%s)", request.run_key, latest.job.name, latest.job.status
+            )
+            return _submission(latest.job, request.run_key, duplicate=True)
+        decision = decide_next_attempt(attempts, self.settings.fallback)
+        if not decision.resubmit:
+            log.info("run %s not resubmitted: %s", request.run_key, decision.reason)
+            return _submission(latest.job, request.run_key, duplicate=True, reason=decision.reason)
+        log.warning("run %s: %s", request.run_key, decision.reason)
+        return self._create(request, decision.attempt, decision.train_compute, reason=decision.reason)
+
+    def status(self, job_name: str) -> Submission:
+        record = self.workspace.get_job(job_name)
+        if record is None:
+            raise SubmissionError(
+                f"job {job_name!r}: not found in the workspace; expected a name printed by `retrain submit`"
+            )
+        return _submission(record)
+
+    # -- attempts -------------------------------------------------------------------------------------
+
+    def _attempts(self, request: RunRequest) -> list[Attempt]:
+        """The attempts made so far for the run, oldest first; train children only where they decide."""
+        attempts: list[Attempt] = []
+        for number in range(self.settings.fallback.max_attempts):
+            record = self.workspace.get_job(request.job_name(number))
+            if record is None:
+                break
+            attempt = Attempt(number, record)
+            if attempt.ended_unsuccessfully:
+                attempt = Attempt(number, record, train_child(self.workspace.child_jobs(record.name)))
+            attempts.append(attempt)
+        return attempts
+
+    def _create(
+        self, request: RunRequest, attempt: int, train_compute: str | None, reason: str
+    ) -> Submission:
+        build = PipelineBuild.for_request(
+            request,
+            attempt,
+            datastore=self.settings.datastore,
+            compute={TRAIN_STEP: train_compute} if train_compute else None,
+            registered_components=self.settings.registered_components,
+        )
+        job = build_pipeline_job(build)
+        compute_name = str(job.jobs[TRAIN_STEP].compute).removeprefix("azureml:")
+        if self.settings.check_quota:
+            self._check_quota(compute_name, request)
+        name = str(build.job_name)
+        try:
+            record = self.workspace.create_job(job)
+        except Exception as error:
+            # Two submitters racing for the same run: whoever lost finds the winner's job under the name.
+            existing = self.workspace.get_job(name)
+            if existing is not None:
+                log.info("job %s was created concurrently; returning it", name)
+                return _submission(existing, request.run_key, duplicate=True)
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise SubmissionError(f"submitting job {name} to Azure ML failed: {first_line}") from error
+        log.info("submitted %s (%s) on %s: %s", name, record.status, compute_name, reason)
+        return _submission(
+            record, request.run_key, duplicate=False, train_compute=compute_name, reason=reason
+        )
+
+    def _check_quota(self, compute_name: str, request: RunRequest) -> None:
+        compute = self.workspace.get_compute(compute_name)
+        if compute is None:
+            raise SubmissionError(
+                f"compute {compute_name}: not in the workspace; create it (`retrain publish --computes`) "
+                "or pass --compute train=<name>"
+            )
+        check_quota(
+            compute,
+            self.workspace.vm_sizes(compute.location),
+            self.workspace.usages(compute.location),
+            instance_count=request.instance_count,
+            processes_per_instance=request.processes_per_instance,
+        )

@@ -1,0 +1,335 @@
+"""Build the Azure ML pipeline job from the same YAMLs the local runner executes.
+
+The step graph, bindings, computes and distribution come from components/pipeline.yml (read as plain data by
+components/specs.py), and each step's component from its YAML through `azure.ai.ml.load_component`, so the
+built job and pipeline.yml cannot drift. What a submission adds is what pins the run: the data input, the
+component versions, the compute per step, the process count, the trigger metadata (tags), the job name
+derived from the run key (Azure ML itself refuses a duplicate), and the train step's checkpoint path, stable
+for the run key so a restarted or resubmitted job resumes.
+
+azure-ai-ml is imported inside the functions that need it: the Function App imports this module.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from components.errors import SpecError, SubmissionError
+from components.request import RunRequest
+from components.specs import (
+    PIPELINE_FILE,
+    ParentInput,
+    PipelineSpec,
+    StepOutput,
+    StepSpec,
+    load_pipeline_spec,
+    load_yaml,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from azure.ai.ml.entities import PipelineJob
+
+DEFAULT_DATASTORE = "workspaceblobstore"
+CHECKPOINTS_ROOT = "retrain/checkpoints"
+TRAIN_STEP = "train"
+CHECKPOINTS_OUTPUT = "checkpoints"
+# Pipeline inputs a submission sets from the request itself, never from --param.
+RESERVED_INPUTS = ("raw_data", "model_name", "trigger")
+
+_AZUREML = "azureml:"
+_PINNED_ASSET = re.compile(r"^azureml:(?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]*):(?P<version>[A-Za-z0-9_.-]+)$")
+_LATEST_ASSET = re.compile(r"^azureml:[A-Za-z0-9_][A-Za-z0-9_.-]*@latest$")
+_DATA_URI_SCHEMES = ("azureml://", "https://", "wasbs://", "abfss://")
+_COMPUTE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{1,31}$")
+_DATASTORE_NAME = re.compile(r"^[A-Za-z0-9_]{1,255}$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_EXPECTED = {"integer": "an integer", "number": "a number", "boolean": "true or false"}
+_UNSAFE_IN_ARGUMENT = re.compile(r"[^A-Za-z0-9_.,:/@=+-]")
+
+
+def checkpoints_path(datastore: str, run_key: str) -> str:
+    """Where a logical run keeps its checkpoints: the same folder for every attempt of that run."""
+    return f"azureml://datastores/{datastore}/paths/{CHECKPOINTS_ROOT}/{run_key}/"
+
+
+def trigger_argument(trigger: Mapping[str, str]) -> str:
+    """The register step's `--trigger` value: 'manual', or the sorted `key=value` pairs, made safe to pass
+    on a command line (the full metadata travels unchanged in the job tags)."""
+    if not trigger:
+        return "manual"
+    pairs = ",".join(f"{key}={value}" for key, value in sorted(trigger.items()))
+    return _UNSAFE_IN_ARGUMENT.sub("_", pairs)
+
+
+def compute_reference(name: str) -> str:
+    plain = name.removeprefix(_AZUREML)
+    if not _COMPUTE_NAME.match(plain):
+        raise SubmissionError(
+            f"compute {name!r}: expected a compute name (a letter, then 2-32 letters, digits or '-'), "
+            "optionally prefixed with 'azureml:'"
+        )
+    return f"{_AZUREML}{plain}"
+
+
+def _check_data_uri(uri: str, allow_latest: bool) -> None:
+    if _PINNED_ASSET.match(uri) or uri.startswith(_DATA_URI_SCHEMES):
+        return
+    if allow_latest and _LATEST_ASSET.match(uri):
+        return
+    latest = ", azureml:<asset>@latest" if allow_latest else ""
+    raise SubmissionError(
+        f"data {uri!r}: expected azureml:<asset>:<version>{latest} or an "
+        "azureml://datastores/<datastore>/paths/<prefix>/ URI"
+    )
+
+
+def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class PipelineBuild:
+    """Everything one built pipeline job depends on, validated before azure-ai-ml is touched."""
+
+    model_name: str
+    data_uri: str
+    checkpoints_path: str
+    job_name: str | None = None
+    display_name: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    trigger: str = "manual"
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    compute: Mapping[str, str] = field(default_factory=dict)
+    processes_per_instance: int = 1
+    instance_count: int = 1
+    component_versions: Mapping[str, str] = field(default_factory=dict)
+    registered_components: bool = False
+    allow_latest_data: bool = False
+
+    def __post_init__(self) -> None:
+        _check_data_uri(self.data_uri, self.allow_latest_data)
+        if not self.checkpoints_path.startswith("azureml://datastores/"):
+            raise SubmissionError(
+                f"checkpoints path {self.checkpoints_path!r}: expected azureml://datastores/<name>/paths/<path>/"
+            )
+        if self.processes_per_instance < 1 or self.instance_count < 1:
+            raise SubmissionError(
+                f"{self.processes_per_instance} processes on {self.instance_count} nodes: expected positive "
+                "counts of GPUs per node and of nodes"
+            )
+        for step, version in self.component_versions.items():
+            if not _VERSION.match(str(version)):
+                raise SubmissionError(
+                    f"component version {step}={version!r}: expected a version such as '1' or '2.0.1'"
+                )
+        for name in ("tags", "parameters", "compute", "component_versions"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+
+    @classmethod
+    def for_request(
+        cls,
+        request: RunRequest,
+        attempt: int = 0,
+        *,
+        datastore: str = DEFAULT_DATASTORE,
+        compute: Mapping[str, str] | None = None,
+        registered_components: bool = False,
+    ) -> PipelineBuild:
+        """The build for one attempt of a request; `compute` overrides the request's per-step compute (the
+        dedicated fallback)."""
+        if not _DATASTORE_NAME.match(datastore):
+            raise SubmissionError(
+                f"datastore {datastore!r}: expected a datastore name (letters, digits, '_')"
+            )
+        pinned = _PINNED_ASSET.match(request.data.uri)
+        if pinned and pinned["version"] != request.data.version:
+            raise SubmissionError(
+                f"data {request.data.uri!r} pins version {pinned['version']}, but the request's data version "
+                f"is {request.data.version}; expected azureml:<asset>:{request.data.version}"
+            )
+        suffix = f" (attempt {attempt})" if attempt else ""
+        return cls(
+            model_name=request.model_name,
+            data_uri=request.data.uri,
+            checkpoints_path=checkpoints_path(datastore, request.run_key),
+            job_name=request.job_name(attempt),
+            display_name=f"retrain {request.model_name} on {request.data.version}{suffix}",
+            tags={**request.tags(), "retrain.attempt": str(attempt)},
+            trigger=trigger_argument(request.trigger),
+            parameters=request.parameters,
+            compute={**request.compute, **(compute or {})},
+            processes_per_instance=request.processes_per_instance,
+            instance_count=request.instance_count,
+            component_versions=request.component_versions,
+            registered_components=registered_components,
+        )
+
+
+# -- pipeline inputs ------------------------------------------------------------------------------------
+
+
+def _input_ports(spec: PipelineSpec) -> dict[str, tuple[str, str, str]]:
+    """pipeline input -> (step, port, port type) of a step input it feeds."""
+    ports: dict[str, tuple[str, str, str]] = {}
+    for step in spec.steps.values():
+        for port, binding in step.inputs.items():
+            if isinstance(binding, ParentInput):
+                ports.setdefault(binding.name, (step.name, port, step.component.inputs[port].type))
+    return ports
+
+
+def _coerce(name: str, value: Any, target: tuple[str, str, str] | None) -> Any:
+    if target is None or not isinstance(value, str):
+        return value
+    step, port, kind = target
+    try:
+        if kind == "integer":
+            return int(value)
+        if kind == "number":
+            return float(value)
+        if kind == "boolean":
+            if value.lower() not in ("true", "false"):
+                raise ValueError(value)
+            return value.lower() == "true"
+    except ValueError:
+        raise SubmissionError(
+            f"parameter {name}={value!r}: expected {_EXPECTED[kind]} (it sets {step}.{port})"
+        ) from None
+    return value
+
+
+def _pipeline_inputs(build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]:
+    from azure.ai.ml import Input
+
+    ports = _input_ports(spec)
+    settable = sorted(set(spec.inputs) - set(RESERVED_INPUTS))
+    inputs = dict(spec.inputs)
+    for name, value in build.parameters.items():
+        if name in RESERVED_INPUTS:
+            raise SubmissionError(
+                f"parameter {name}: set by the run itself (--data, --model-name, --trigger); "
+                f"expected one of {settable}"
+            )
+        if name not in spec.inputs:
+            raise SubmissionError(f"parameter {name}: not a pipeline input; expected one of {settable}")
+        inputs[name] = _coerce(name, value, ports.get(name))
+    inputs["raw_data"] = Input(type="uri_folder", path=build.data_uri)
+    inputs["model_name"] = build.model_name
+    inputs["trigger"] = build.trigger
+    return inputs
+
+
+# -- steps ----------------------------------------------------------------------------------------------
+
+
+def _binding(value: Any) -> Any:
+    if isinstance(value, ParentInput):
+        return f"${{{{parent.inputs.{value.name}}}}}"
+    if isinstance(value, StepOutput):
+        return f"${{{{parent.jobs.{value.step}.outputs.{value.output}}}}}"
+    return value
+
+
+def _component(step: StepSpec, build: PipelineBuild) -> Any:
+    """The loaded YAML component, or a reference to a registered version when the build asks for one."""
+    from azure.ai.ml import load_component
+
+    declared = step.component
+    version = str(build.component_versions.get(step.name, declared.version))
+    if build.registered_components or version != declared.version:
+        # Another version than the YAML's can only be one published earlier: reference it, never guess it.
+        return f"{_AZUREML}{declared.name}:{version}"
+    return load_component(source=declared.path)
+
+
+def _outputs(step: StepSpec, build: PipelineBuild) -> dict[str, Any]:
+    from azure.ai.ml import Output
+
+    outputs: dict[str, Any] = {}
+    for name, setting in step.outputs.items():
+        if setting.parent_output:
+            outputs[name] = f"${{{{parent.outputs.{setting.parent_output}}}}}"
+            continue
+        path = setting.path
+        if (step.name, name) == (TRAIN_STEP, CHECKPOINTS_OUTPUT):
+            path = build.checkpoints_path
+        outputs[name] = Output(type=step.component.outputs[name].type, mode=setting.mode, path=path)
+    if step.name == TRAIN_STEP and CHECKPOINTS_OUTPUT not in outputs:
+        raise SpecError(
+            f"{step.component.path}: the pipeline's train step must set its '{CHECKPOINTS_OUTPUT}' output "
+            "(mode rw_mount) so checkpoints land on a path stable for the run"
+        )
+    return outputs
+
+
+def _node(step: StepSpec, build: PipelineBuild, default_compute: str | None) -> Any:
+    from azure.ai.ml import PyTorchDistribution
+    from azure.ai.ml.entities import Command, JobResourceConfiguration
+
+    compute = build.compute.get(step.name) or step.compute or default_compute
+    node = Command(
+        component=_component(step, build),
+        inputs={name: _binding(value) for name, value in step.inputs.items()},
+        outputs=_outputs(step, build),
+        compute=compute_reference(compute) if compute else None,
+    )
+    node.display_name = step.name  # how a child job names its step, for the fallback's bookkeeping
+    if step.name == TRAIN_STEP:
+        kind = step.distribution.type if step.distribution else "pytorch"
+        if kind != "pytorch":
+            raise SpecError(f"{step.component.path}: train distribution {kind!r}; expected pytorch")
+        node.distribution = PyTorchDistribution(process_count_per_instance=build.processes_per_instance)
+        node.resources = JobResourceConfiguration(instance_count=build.instance_count)
+    elif step.distribution is not None:
+        node.distribution = PyTorchDistribution(
+            process_count_per_instance=step.distribution.process_count_per_instance
+        )
+    if step.name != TRAIN_STEP and step.instance_count != 1:
+        node.resources = JobResourceConfiguration(instance_count=step.instance_count)
+    return node
+
+
+def build_pipeline_job(build: PipelineBuild, pipeline_file: Path = PIPELINE_FILE) -> PipelineJob:
+    """The pipeline job for `build`, validated locally (`PipelineJob._validate()`)."""
+    from azure.ai.ml import Output
+    from azure.ai.ml.entities import PipelineJob
+
+    spec = load_pipeline_spec(pipeline_file)
+    document = load_yaml(spec.path)
+    unknown = sorted(set(build.compute) - set(spec.steps))
+    if unknown:
+        raise SubmissionError(f"compute for {unknown}: expected steps among {list(spec.order)}")
+    settings = dict(document.get("settings") or {})
+    default_compute = spec.default_compute
+    if default_compute:
+        settings["default_compute"] = compute_reference(default_compute)
+    job = PipelineJob(
+        name=build.job_name,
+        display_name=build.display_name or document.get("display_name"),
+        description=document.get("description"),
+        experiment_name=spec.experiment_name,
+        tags=dict(build.tags),
+        inputs=_pipeline_inputs(build, spec),
+        outputs={
+            name: Output(type=(declared or {}).get("type", "uri_folder"))
+            for name, declared in (document.get("outputs") or {}).items()
+        },
+        jobs={name: _node(spec.steps[name], build, default_compute) for name in spec.order},
+        settings=settings,
+    )
+    validate_job(job)
+    return job
+
+
+def validate_job(job: Any) -> None:
+    """Raise a one-line SpecError unless azure-ai-ml's local validation passes."""
+    result = job._validate()
+    if not result.passed:
+        problems = "; ".join(f"{path}: {message}" for path, message in sorted(result.error_messages.items()))
+        raise SpecError(f"pipeline job {job.name or '(unnamed)'} does not validate: {problems}")

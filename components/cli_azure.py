@@ -1,0 +1,276 @@
+"""`retrain submit`, `retrain publish` and `retrain schedule`: the Azure ML side of the command line.
+
+The root CLI calls `register_commands(commands)`; each handler gets `args.state_root` and `args.environ`
+from it. The workspace comes from --subscription/--resource-group/--workspace or the settings
+AZURE_SUBSCRIPTION_ID, AZURE_RESOURCE_GROUP and AZUREML_WORKSPACE; credentials from DefaultAzureCredential.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any
+
+import yaml
+
+from components.azureml.data_assets import build_data_asset, data_asset_reference, register_data_asset
+from components.azureml.fallback import FallbackPolicy
+from components.azureml.publish import publish
+from components.azureml.schedule import build_schedule, create_schedule, scheduled_checkpoints_path
+from components.azureml.submitter import AzureMLSubmitter, AzureSettings
+from components.azureml.workspace import AzureMLWorkspace, MLClientWorkspace, WorkspaceRef
+from components.blob_snapshot import manifest_of_blob_prefix, snapshot_blob_prefix, split_folder_url
+from components.builder import DEFAULT_DATASTORE, PipelineBuild, trigger_argument
+from components.dry_run import DryRunSubmitter
+from components.errors import SubmissionError
+from components.request import DataRef, RunRequest, Submission
+
+if TYPE_CHECKING:
+    from azure.storage.blob import ContainerClient
+
+WorkspaceFactory = Callable[[WorkspaceRef], AzureMLWorkspace]
+ContainerFactory = Callable[[str], "ContainerClient"]
+
+_PINNED_DATA = re.compile(r"^azureml:(?P<asset>[A-Za-z0-9_][A-Za-z0-9_.-]*):(?P<version>[^:]+)$")
+_DATA_FORMS = (
+    "expected azureml:<asset>:<data version> or a blob folder URL to snapshot "
+    "(https://<account>.blob.core.windows.net/<container>/<prefix>/)"
+)
+
+
+def _default_container(container_url: str) -> ContainerClient:
+    from azure.identity import DefaultAzureCredential
+    from azure.storage.blob import ContainerClient
+
+    return ContainerClient.from_container_url(container_url, credential=DefaultAzureCredential())
+
+
+@dataclass(frozen=True)
+class Connectors:
+    """How handlers reach Azure: the workspace seam and Blob Storage containers."""
+
+    workspace: WorkspaceFactory = MLClientWorkspace
+    container: ContainerFactory = _default_container
+
+
+def register_commands(commands: Any, connectors: Connectors | None = None) -> None:
+    connectors = connectors or Connectors()
+    _submit_parser(commands).set_defaults(handler=functools.partial(_submit, connectors=connectors))
+    _publish_parser(commands).set_defaults(handler=functools.partial(_publish, connectors=connectors))
+    _schedule_parser(commands).set_defaults(handler=functools.partial(_schedule, connectors=connectors))
+
+
+# -- parsers ----------------------------------------------------------------------------------------------
+
+
+def _workspace_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "workspace (default: AZURE_SUBSCRIPTION_ID, AZURE_RESOURCE_GROUP, AZUREML_WORKSPACE)"
+    )
+    group.add_argument("--subscription", help="Azure subscription id")
+    group.add_argument("--resource-group", help="resource group of the workspace")
+    group.add_argument("--workspace", help="Azure ML workspace name")
+
+
+def _run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-name", required=True, help="the model to retrain, e.g. digits")
+    parser.add_argument("--gpus", type=int, default=1, help="processes (GPUs) per node for the train step")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes for the train step")
+    parser.add_argument(
+        "--compute", action="append", default=[], metavar="STEP=NAME", help="compute for a step"
+    )
+    parser.add_argument(
+        "--param", action="append", default=[], metavar="K=V", help="a pipeline input, e.g. epochs=10"
+    )
+    parser.add_argument(
+        "--component-version", action="append", default=[], metavar="STEP=VERSION",
+        help="run a step's registered component version instead of the YAML's",
+    )  # fmt: skip
+    parser.add_argument(
+        "--datastore", default=DEFAULT_DATASTORE, help="datastore for snapshots and checkpoints"
+    )
+    parser.add_argument(
+        "--registered-components", action="store_true",
+        help="reference the published components (retrain publish) instead of uploading the YAMLs",
+    )  # fmt: skip
+
+
+def _submit_parser(commands: Any) -> argparse.ArgumentParser:
+    parser = commands.add_parser(
+        "submit", help="submit one retraining run to Azure ML, or record it (--dry-run)"
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--azure", action="store_true", help="submit to the Azure ML workspace")
+    where.add_argument(
+        "--dry-run", action="store_true", help="build, validate and record the job; run nothing"
+    )
+    parser.add_argument("--data", required=True, help="azureml:<asset>:<data version>, or a blob folder URL")
+    parser.add_argument("--trigger", action="append", default=[], metavar="K=V", help="what started the run")
+    parser.add_argument(
+        "--snapshots-prefix", help="where blob data is pinned (default retrain/snapshots/<model>)"
+    )
+    parser.add_argument("--max-preemptions", type=int, default=2, help="spot preemptions before dedicated")
+    parser.add_argument("--dedicated-compute", default="gpu-dedicated", help="the train fallback compute")
+    parser.add_argument("--skip-quota-check", action="store_true", help="submit without checking vCPU quota")
+    _run_options(parser)
+    _workspace_options(parser)
+    return parser
+
+
+def _publish_parser(commands: Any) -> argparse.ArgumentParser:
+    parser = commands.add_parser("publish", help="register the environment and components in a workspace")
+    parser.add_argument("--computes", action="store_true", help="also create or update the three computes")
+    _workspace_options(parser)
+    return parser
+
+
+def _schedule_parser(commands: Any) -> argparse.ArgumentParser:
+    parser = commands.add_parser("schedule", help="create an Azure ML cron schedule for the pipeline")
+    parser.add_argument("--cron", required=True, help="5-field cron expression, e.g. '0 3 * * *'")
+    parser.add_argument("--time-zone", default="UTC", help="Windows time zone name (default UTC)")
+    parser.add_argument("--name", help="schedule name (default retrain-<model>)")
+    parser.add_argument("--data", help="what each firing reads (default azureml:<model>-raw@latest)")
+    parser.add_argument("--dry-run", action="store_true", help="print the validated schedule; create nothing")
+    _run_options(parser)
+    _workspace_options(parser)
+    return parser
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+
+
+def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, equals, item = value.partition("=")
+        if not equals or not key.strip():
+            raise SubmissionError(f"{flag} {value!r}: expected KEY=VALUE")
+        pairs[key.strip()] = item.strip()
+    return pairs
+
+
+def _workspace(args: argparse.Namespace, connectors: Connectors) -> AzureMLWorkspace:
+    ref = WorkspaceRef.from_settings(args.environ, args.subscription, args.resource_group, args.workspace)
+    return connectors.workspace(ref)
+
+
+def _check_datastore(workspace: AzureMLWorkspace, name: str, container: ContainerClient) -> None:
+    """A data asset path is datastore-relative: the data must be in the datastore's own container."""
+    datastore = workspace.get_datastore(name)
+    if datastore is None:
+        raise SubmissionError(f"--datastore {name}: not in the workspace; expected a blob datastore's name")
+    if (datastore.account_name, datastore.container_name) != (
+        container.account_name,
+        container.container_name,
+    ):
+        raise SubmissionError(
+            f"--data container {container.account_name}/{container.container_name} is not datastore {name}'s "
+            f"({datastore.account_name}/{datastore.container_name}); use that container or pass --datastore"
+        )
+
+
+def _data_ref(
+    args: argparse.Namespace, connectors: Connectors, workspace: AzureMLWorkspace | None
+) -> DataRef:
+    pinned = _PINNED_DATA.match(args.data)
+    if pinned:
+        return DataRef(pinned["version"], args.data)
+    if not args.data.startswith(("https://", "http://")):
+        raise SubmissionError(f"--data {args.data!r}: {_DATA_FORMS}")
+    container_url, prefix = split_folder_url(args.data)
+    container = connectors.container(container_url)
+    if workspace is None:  # a dry run reads the data's manifest, and copies nothing
+        manifest = manifest_of_blob_prefix(container, prefix)
+        return DataRef(manifest.version, data_asset_reference(args.model_name, manifest.version))
+    _check_datastore(workspace, args.datastore, container)
+    snapshots = args.snapshots_prefix or f"retrain/snapshots/{args.model_name}"
+    manifest, snapshot = snapshot_blob_prefix(container, prefix, snapshots)
+    register_data_asset(workspace, build_data_asset(args.model_name, manifest, args.datastore, snapshot))
+    return DataRef(manifest.version, data_asset_reference(args.model_name, manifest.version))
+
+
+def _request(args: argparse.Namespace, data: DataRef) -> RunRequest:
+    return RunRequest(
+        model_name=args.model_name,
+        data=data,
+        trigger=_pairs(args.trigger, "--trigger") or {"source": "cli"},
+        parameters=_pairs(args.param, "--param"),
+        processes_per_instance=args.gpus,
+        instance_count=args.nodes,
+        compute=_pairs(args.compute, "--compute"),
+        component_versions=_pairs(args.component_version, "--component-version"),
+    )
+
+
+def _report(submission: Submission, out: IO[str]) -> None:
+    verb = "found" if submission.details.get("duplicate") else "submitted"
+    if submission.backend == "dry-run" and not submission.details.get("duplicate"):
+        verb = "recorded"
+    line = f"{verb} {submission.job_name} on {submission.backend}: {submission.status}"
+    if submission.details.get("reason"):
+        line += f" ({submission.details['reason']})"
+    where = submission.details.get("studio_url") or submission.details.get("job_file")
+    print(line + (f"\n  {where}" if where else ""), file=out)
+
+
+# -- handlers --------------------------------------------------------------------------------------------
+
+
+def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | None = None) -> int:
+    out = out or sys.stdout
+    if args.dry_run:
+        request = _request(args, _data_ref(args, connectors, None))
+        submitter: DryRunSubmitter | AzureMLSubmitter = DryRunSubmitter(
+            args.state_root, datastore=args.datastore, registered_components=args.registered_components
+        )
+    else:
+        workspace = _workspace(args, connectors)
+        request = _request(args, _data_ref(args, connectors, workspace))
+        settings = AzureSettings(
+            datastore=args.datastore,
+            registered_components=args.registered_components,
+            check_quota=not args.skip_quota_check,
+            fallback=FallbackPolicy(
+                max_preemptions=args.max_preemptions, dedicated_compute=args.dedicated_compute
+            ),
+        )
+        submitter = AzureMLSubmitter(workspace, settings)
+    _report(submitter.submit(request), out)
+    return 0
+
+
+def _publish(args: argparse.Namespace, connectors: Connectors, out: IO[str] | None = None) -> int:
+    out = out or sys.stdout
+    for record in publish(_workspace(args, connectors), computes=args.computes):
+        version = f":{record.version}" if record.version else ""
+        print(f"published {record.kind} {record.name}{version}", file=out)
+    return 0
+
+
+def _schedule(args: argparse.Namespace, connectors: Connectors, out: IO[str] | None = None) -> int:
+    out = out or sys.stdout
+    build = PipelineBuild(
+        model_name=args.model_name,
+        data_uri=args.data or f"azureml:{args.model_name}-raw@latest",
+        checkpoints_path=scheduled_checkpoints_path(args.datastore, args.model_name),
+        tags={"retrain.model_name": args.model_name, "trigger.source": "schedule"},
+        trigger=trigger_argument({"source": "schedule"}),
+        parameters=_pairs(args.param, "--param"),
+        compute=_pairs(args.compute, "--compute"),
+        processes_per_instance=args.gpus,
+        instance_count=args.nodes,
+        component_versions=_pairs(args.component_version, "--component-version"),
+        registered_components=args.registered_components,
+        allow_latest_data=True,
+    )
+    schedule = build_schedule(args.name or f"retrain-{args.model_name}", args.cron, args.time_zone, build)
+    if args.dry_run:
+        print(yaml.safe_dump(schedule._to_dict(), sort_keys=False), file=out, end="")
+        return 0
+    record = create_schedule(_workspace(args, connectors), schedule)
+    print(f"scheduled {record.name}: {schedule.trigger.expression!r} ({args.time_zone})", file=out)
+    return 0

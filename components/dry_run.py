@@ -1,0 +1,141 @@
+"""A submitter that runs nothing: it builds and validates the Azure ML pipeline job, and records it.
+
+`retrain submit --dry-run` shows exactly what `--azure` would send (the job as YAML, and the request it
+came from) without an Azure account. Each record is a folder `<state root>/dry-runs/<job name>/`, written
+complete or not at all; submitting the same request again finds it, like Azure ML finds a job by name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from components.builder import DEFAULT_DATASTORE, PipelineBuild, build_pipeline_job
+from components.errors import SubmissionError
+from components.request import COMPLETED, RunRequest, Submission
+from components.specs import PIPELINE_FILE
+
+log = logging.getLogger(__name__)
+
+BACKEND = "dry-run"
+DRY_RUN_DIR = "dry-runs"
+JOB_FILE = "job.yml"
+REQUEST_FILE = "request.json"
+SUBMISSION_FILE = "submission.json"
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,254}$")
+
+
+def request_to_dict(request: RunRequest) -> dict[str, Any]:
+    return {
+        "model_name": request.model_name,
+        "data": {"version": request.data.version, "uri": request.data.uri},
+        "trigger": dict(request.trigger),
+        "parameters": dict(request.parameters),
+        "processes_per_instance": request.processes_per_instance,
+        "instance_count": request.instance_count,
+        "compute": dict(request.compute),
+        "component_versions": dict(request.component_versions),
+        "run_key": request.run_key,
+    }
+
+
+class DryRunSubmitter:
+    """Records what would be submitted to Azure ML under the state root; runs nothing."""
+
+    backend = BACKEND
+
+    def __init__(
+        self,
+        state_root: Path,
+        *,
+        datastore: str = DEFAULT_DATASTORE,
+        registered_components: bool = False,
+        pipeline_file: Path = PIPELINE_FILE,
+    ) -> None:
+        self.root = Path(state_root) / DRY_RUN_DIR
+        self.datastore = datastore
+        self.registered_components = registered_components
+        self.pipeline_file = pipeline_file
+
+    def submit(self, request: RunRequest) -> Submission:
+        build = PipelineBuild.for_request(
+            request, datastore=self.datastore, registered_components=self.registered_components
+        )
+        name = str(build.job_name)
+        folder = self.root / name
+        if (folder / SUBMISSION_FILE).exists():
+            log.info("dry run %s already recorded at %s", name, folder)
+            return self._read(folder, duplicate=True)
+        job = build_pipeline_job(build, self.pipeline_file)
+        submission = Submission(
+            job_name=name,
+            backend=BACKEND,
+            status=COMPLETED,  # the dry run's work (build, validate, record) is done; nothing was started
+            run_key=request.run_key,
+            details={"recorded": str(folder), "job_file": str(folder / JOB_FILE)},
+        )
+        self._write(
+            folder,
+            {
+                JOB_FILE: yaml.safe_dump(job._to_dict(), sort_keys=False),
+                REQUEST_FILE: json.dumps(request_to_dict(request), indent=2) + "\n",
+                SUBMISSION_FILE: json.dumps(_submission_to_dict(submission), indent=2) + "\n",
+            },
+        )
+        log.info("dry run: recorded %s at %s", name, folder)
+        return submission
+
+    def status(self, job_name: str) -> Submission:
+        if not _JOB_NAME.match(job_name):
+            raise SubmissionError(f"job name {job_name!r}: expected letters, digits, '-' or '_'")
+        folder = self.root / job_name
+        if not (folder / SUBMISSION_FILE).exists():
+            raise SubmissionError(
+                f"dry run {job_name!r}: not recorded under {self.root}; expected a job name printed by "
+                "`retrain submit --dry-run`"
+            )
+        return self._read(folder, duplicate=False)
+
+    def job_document(self, job_name: str) -> dict[str, Any]:
+        """The recorded pipeline job, as the YAML mapping azure-ai-ml serialized."""
+        self.status(job_name)
+        return yaml.safe_load((self.root / job_name / JOB_FILE).read_text())
+
+    def _read(self, folder: Path, duplicate: bool) -> Submission:
+        document = json.loads((folder / SUBMISSION_FILE).read_text())
+        details = {**document["details"], "duplicate": duplicate}
+        return Submission(
+            document["job_name"], document["backend"], document["status"], document["run_key"], details
+        )
+
+    def _write(self, folder: Path, files: dict[str, str]) -> None:
+        """Stage every file beside the final folder, then rename it into place: complete or absent."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=self.root))
+        try:
+            for name, text in files.items():
+                (staging / name).write_text(text)
+            os.replace(staging, folder)
+        except BaseException as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(error, OSError) and (folder / SUBMISSION_FILE).exists():
+                return  # a concurrent dry run of the same request recorded it first
+            raise
+
+
+def _submission_to_dict(submission: Submission) -> dict[str, Any]:
+    return {
+        "job_name": submission.job_name,
+        "backend": submission.backend,
+        "status": submission.status,
+        "run_key": submission.run_key,
+        "details": dict(submission.details),
+    }

@@ -1,0 +1,219 @@
+"""`retrain submit|publish|schedule` end to end: real parsing, real Azurite for blob data, the seam faked."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import yaml
+from azure.storage.blob import ContainerClient
+from azure_fakes import RecordingWorkspace
+
+from components.azureml.workspace import DatastoreRecord, WorkspaceRef
+from components.cli_azure import Connectors, register_commands
+from components.data_version import DataError
+from components.errors import SubmissionError
+
+SETTINGS = {"AZURE_SUBSCRIPTION_ID": "sub-1", "AZURE_RESOURCE_GROUP": "rg-1", "AZUREML_WORKSPACE": "ws-1"}
+VERSION = "rd-0f1e2d3c4b5a6978"
+CSV = b"id,x,label\n1,0.5,a\n2,0.25,b\n"
+
+
+class Harness:
+    """The root CLI's part: a parser with our commands, and the namespace it hands to handlers."""
+
+    def __init__(self, azurite, workspace: RecordingWorkspace, state_root) -> None:
+        self.workspace = workspace
+        self.state_root = state_root
+        self.refs: list[WorkspaceRef] = []
+
+        def open_workspace(ref: WorkspaceRef) -> RecordingWorkspace:
+            self.refs.append(ref)
+            return workspace
+
+        def open_container(url: str) -> ContainerClient:
+            return ContainerClient.from_connection_string(azurite.connection_string, url.rsplit("/", 1)[1])
+
+        self.parser = argparse.ArgumentParser(prog="retrain")
+        register_commands(
+            self.parser.add_subparsers(dest="command", required=True),
+            Connectors(open_workspace, open_container),
+        )
+
+    def run(self, *argv: str, environ: dict[str, str] | None = None) -> int:
+        args = self.parser.parse_args(argv)
+        args.state_root = self.state_root
+        args.environ = dict(SETTINGS if environ is None else environ)
+        return args.handler(args)
+
+
+@pytest.fixture
+def harness(azurite, tmp_path):
+    return Harness(azurite, RecordingWorkspace(), tmp_path / "state")
+
+
+@pytest.fixture
+def landing(blob_container, harness):
+    for name in ("a.csv", "b.csv"):
+        blob_container.get_blob_client(f"landing/{name}").upload_blob(CSV)
+    harness.workspace.datastores["workspaceblobstore"] = DatastoreRecord(
+        "workspaceblobstore", blob_container.account_name, blob_container.container_name
+    )
+    return blob_container
+
+
+def test_a_dry_run_records_the_job_with_every_option_applied(harness, capsys):
+    code = harness.run(
+        "submit", "--dry-run", "--data", f"azureml:digits-raw:{VERSION}", "--model-name", "digits",
+        "--gpus", "1", "--nodes", "2", "--compute", "train=gpu-dedicated", "--param", "epochs=3",
+        "--trigger", "source=manual", "--trigger", "who=ops",
+    )  # fmt: skip
+
+    assert code == 0
+    name = f"retrain-digits-{VERSION}"
+    assert capsys.readouterr().out.splitlines()[0] == f"recorded {name} on dry-run: Completed"
+    job = yaml.safe_load((harness.state_root / "dry-runs" / name / "job.yml").read_text())
+    assert job["jobs"]["train"]["compute"] == "azureml:gpu-dedicated"
+    assert job["jobs"]["train"]["resources"] == {"instance_count": 2}
+    assert job["inputs"]["epochs"] == 3
+    assert job["inputs"]["trigger"] == "source=manual,who=ops"
+    assert harness.refs == []  # a dry run never opens the workspace
+
+
+def test_a_dry_run_of_blob_data_pins_its_version_without_copying(harness, landing, capsys):
+    harness.run("submit", "--dry-run", "--data", f"{landing.url}/landing/", "--model-name", "digits")
+
+    job_file = capsys.readouterr().out.splitlines()[1].strip()
+    raw_data = yaml.safe_load(Path(job_file).read_text())["inputs"]["raw_data"]["path"]
+    assert raw_data.startswith("azureml:digits-raw:rd-")
+    assert sorted(blob.name for blob in landing.list_blobs()) == ["landing/a.csv", "landing/b.csv"]
+
+
+def test_submitting_blob_data_snapshots_registers_and_submits(harness, landing, capsys):
+    code = harness.run("submit", "--azure", "--data", f"{landing.url}/landing", "--model-name", "digits")
+
+    assert code == 0
+    assert harness.refs == [WorkspaceRef("sub-1", "rg-1", "ws-1")]
+    ((name, version),) = harness.workspace.called("create_data")
+    snapshot = f"retrain/snapshots/digits/{version}/"
+    assert {blob.name for blob in landing.list_blobs(name_starts_with="retrain/")} == {
+        f"{snapshot}a.csv", f"{snapshot}b.csv", f"retrain/snapshots/digits/{version}.manifest.json",
+    }  # fmt: skip
+    data, job = harness.workspace.sent
+    assert (name, data.path) == ("digits-raw", f"azureml://datastores/workspaceblobstore/paths/{snapshot}")
+    sent = job._to_dict()
+    assert sent["inputs"]["raw_data"]["path"] == f"azureml:digits-raw:{version}"
+    assert sent["tags"]["trigger.source"] == "cli"
+    assert [method for method, _ in harness.workspace.calls] == [
+        "get_datastore", "get_data", "create_data",
+        "get_job", "get_compute", "vm_sizes", "usages", "create_job",
+    ]  # fmt: skip
+    assert (
+        capsys.readouterr().out.splitlines()[0]
+        == f"submitted retrain-digits-{version} on azureml: Queued (first attempt)"
+    )
+
+
+def test_data_outside_the_datastores_container_is_refused_before_copying(harness, landing):
+    harness.workspace.datastores["workspaceblobstore"] = DatastoreRecord(
+        "workspaceblobstore", "lakeacct", "raw"
+    )
+    with pytest.raises(
+        SubmissionError, match=r"--data container .* is not datastore workspaceblobstore's \(lakeacct/raw\)"
+    ):
+        harness.run("submit", "--azure", "--data", f"{landing.url}/landing/", "--model-name", "digits")
+    assert not list(landing.list_blobs(name_starts_with="retrain/"))
+    assert harness.workspace.called("create_job") == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "error", "message"),
+    [
+        (
+            ["--data", "digits-raw"],
+            SubmissionError,
+            r"--data 'digits-raw': expected azureml:<asset>:<data version> or",
+        ),
+        (
+            ["--data", "azureml:digits-raw:7"],
+            SubmissionError,
+            r"data version '7': expected a content-hashed version",
+        ),
+        (["--data", "https://acct.blob.core.windows.net/landing"], DataError, r"expected a blob folder URL"),
+        (
+            ["--data", f"azureml:digits-raw:{VERSION}", "--param", "epochs"],
+            SubmissionError,
+            r"--param 'epochs': expected KEY=VALUE",
+        ),
+    ],
+)
+def test_bad_submit_input_is_a_one_line_error(harness, argv, error, message):
+    with pytest.raises(error, match=message) as raised:
+        harness.run("submit", "--dry-run", "--model-name", "digits", *argv)
+    assert "\n" not in str(raised.value)
+
+
+def test_an_unknown_datastore_is_named(harness, landing):
+    with pytest.raises(SubmissionError, match=r"--datastore lake: not in the workspace"):
+        harness.run(
+            "submit",
+            "--azure",
+            "--data",
+            f"{landing.url}/landing/",
+            "--model-name",
+            "digits",
+            "--datastore",
+            "lake",
+        )
+
+
+def test_submitting_without_a_workspace_names_the_missing_settings(harness):
+    with pytest.raises(SubmissionError, match=r"missing --subscription \(or AZURE_SUBSCRIPTION_ID\)"):
+        harness.run(
+            "submit", "--azure", "--data", f"azureml:digits-raw:{VERSION}", "--model-name", "d", environ={}
+        )
+
+
+def test_submit_needs_azure_or_dry_run(harness, capsys):
+    with pytest.raises(SystemExit) as raised:
+        harness.run("submit", "--data", f"azureml:digits-raw:{VERSION}", "--model-name", "digits")
+    assert raised.value.code == 2
+    assert "one of the arguments --azure --dry-run is required" in capsys.readouterr().err
+
+
+def test_publish_reports_what_it_registered(harness, capsys):
+    assert harness.run("publish", "--computes", "--workspace", "ws-flag") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "published environment retrain-training:1"
+    assert "published component retrain_train:1" in lines
+    assert lines[-3:] == [
+        "published compute cpu-cluster",
+        "published compute gpu-spot",
+        "published compute gpu-dedicated",
+    ]
+    assert harness.refs == [WorkspaceRef("sub-1", "rg-1", "ws-flag")]
+
+
+def test_schedule_dry_run_prints_the_validated_schedule(harness, capsys):
+    assert (
+        harness.run("schedule", "--cron", "0 3 * * *", "--model-name", "digits", "--nodes", "2", "--dry-run")
+        == 0
+    )
+    document = yaml.safe_load(capsys.readouterr().out)
+    assert document["name"] == "retrain-digits"
+    assert document["trigger"] == {"type": "cron", "expression": "0 3 * * *", "time_zone": "UTC"}
+    assert document["create_job"]["inputs"]["raw_data"]["path"] == "azureml:digits-raw@latest"
+    assert harness.workspace.calls == []
+
+
+def test_schedule_creates_it_through_the_workspace(harness, capsys):
+    harness.run("schedule", "--cron", "*/30 * * * *", "--model-name", "digits", "--name", "digits-halfhourly")
+    assert harness.workspace.calls == [("create_schedule", "digits-halfhourly")]
+    assert capsys.readouterr().out == "scheduled digits-halfhourly: '*/30 * * * *' (UTC)\n"
+
+
+def test_a_bad_cron_expression_creates_nothing(harness):
+    with pytest.raises(SubmissionError, match=r"--cron '0 3 \* \*': 4 fields"):
+        harness.run("schedule", "--cron", "0 3 * *", "--model-name", "digits")
+    assert harness.workspace.calls == []

@@ -1,0 +1,225 @@
+"""The Azure ML submitter, tested up to the SDK call: the job it would send is real and validated; only
+the workspace seam is a recording fake."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from azure_fakes import RecordingWorkspace
+
+from components.azureml.fallback import PREEMPTION_TAG, FallbackPolicy
+from components.azureml.submitter import AzureMLSubmitter, AzureSettings, submission_status
+from components.azureml.workspace import JobRecord, UsageRecord
+from components.errors import SubmissionError
+from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, DataRef, RunRequest
+from components.specs import REPO_ROOT
+
+VERSION = "rd-a1b2c3d4e5f60718"
+RUN_KEY = f"digits-{VERSION}"
+CHECKPOINTS = f"azureml://datastores/workspaceblobstore/paths/retrain/checkpoints/{RUN_KEY}/"
+
+
+def make_request(**changes) -> RunRequest:
+    fields = {
+        "model_name": "digits",
+        "data": DataRef(VERSION, f"azureml:digits-raw:{VERSION}"),
+        "trigger": {"source": "blob", "etag": "0x8DC"},
+        "instance_count": 2,
+    }
+    return RunRequest(**{**fields, **changes})
+
+
+def name(attempt: int = 0) -> str:
+    return make_request().job_name(attempt)
+
+
+def ended(attempt: int, status: str = "Failed", preempted: bool = True) -> tuple[JobRecord, list[JobRecord]]:
+    """A finished attempt, and its child jobs as Azure ML lists them."""
+    tags = {PREEMPTION_TAG: "120"} if preempted else {}
+    train = JobRecord(f"{name(attempt)}-train-child", status, display_name="train", tags=tags)
+    prep = JobRecord(f"{name(attempt)}-prep-child", "Completed", display_name="prep")
+    return JobRecord(name(attempt), status, tags={"retrain.attempt": str(attempt)}), [prep, train]
+
+
+def with_history(*attempts: tuple[JobRecord, list[JobRecord]]) -> RecordingWorkspace:
+    workspace = RecordingWorkspace()
+    for job, children in attempts:
+        workspace.jobs[job.name] = job
+        workspace.children[job.name] = children
+    return workspace
+
+
+def test_importing_the_azure_side_does_not_import_azure_ai_ml():
+    modules = (
+        "components.azureml.submitter, components.cli_azure, components.dry_run, components.blob_snapshot"
+    )
+    code = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.startswith('azure.ai.ml')))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_a_first_submission_checks_quota_then_sends_the_validated_job():
+    workspace = RecordingWorkspace()
+
+    submission = AzureMLSubmitter(workspace).submit(make_request())
+
+    assert [method for method, _ in workspace.calls] == [
+        "get_job", "get_compute", "vm_sizes", "usages", "create_job",
+    ]  # fmt: skip
+    assert workspace.called("get_compute") == ["gpu-spot"]
+    assert workspace.called("vm_sizes") == ["westeurope"]
+    (job,) = workspace.sent
+    assert job._validate().passed
+    sent = job._to_dict()
+    assert sent["name"] == name(0)
+    assert sent["tags"]["trigger.etag"] == "0x8DC"
+    assert sent["jobs"]["train"]["compute"] == "azureml:gpu-spot"
+    assert sent["jobs"]["train"]["resources"] == {"instance_count": 2}
+    assert sent["jobs"]["train"]["outputs"]["checkpoints"]["path"] == CHECKPOINTS
+    assert (submission.job_name, submission.backend, submission.status) == (name(0), "azureml", QUEUED)
+    assert submission.run_key == RUN_KEY
+    assert submission.details["duplicate"] is False
+    assert submission.details["studio_url"] == f"https://ml.azure.com/runs/{name(0)}"
+
+
+@pytest.mark.parametrize("status", ["Queued", "Running", "Completed"])
+def test_a_duplicate_submission_returns_the_existing_job(status):
+    workspace = with_history((JobRecord(name(0), status, tags={"retrain.run_key": RUN_KEY}), []))
+
+    submission = AzureMLSubmitter(workspace).submit(make_request())
+
+    assert workspace.called("create_job") == []
+    assert (submission.job_name, submission.status) == (name(0), submission_status(status))
+    assert submission.details["duplicate"] is True
+
+
+def test_losing_a_race_to_create_the_job_returns_the_winner():
+    workspace = RecordingWorkspace(created_concurrently=JobRecord("x", "Running"))
+
+    submission = AzureMLSubmitter(workspace).submit(make_request())
+
+    assert (submission.job_name, submission.status) == (name(0), RUNNING)
+    assert submission.details["duplicate"] is True
+    assert workspace.called("get_job") == [name(0), name(0)]
+
+
+def test_a_failed_create_is_a_one_line_error():
+    workspace = RecordingWorkspace(
+        create_job_error=RuntimeError("(AuthorizationFailed) no access\nmore detail")
+    )
+    with pytest.raises(
+        SubmissionError, match=rf"submitting job {name(0)} to Azure ML failed: \(Author"
+    ) as raised:
+        AzureMLSubmitter(workspace).submit(make_request())
+    assert "\n" not in str(raised.value)
+
+
+def test_quota_refusal_sends_nothing():
+    low_priority_pool = UsageRecord("Total Cluster LowPriority Regional vCPUs", "lowPriorityCores", 0, 24)
+    workspace = RecordingWorkspace(usage_rows=[low_priority_pool])
+    with pytest.raises(
+        SubmissionError, match=r"quota: the train step needs 48 low-priority vCPUs .* allows 24"
+    ):
+        AzureMLSubmitter(workspace).submit(make_request())
+    assert workspace.called("create_job") == []
+
+
+def test_a_missing_train_compute_is_named():
+    workspace = RecordingWorkspace()
+    with pytest.raises(SubmissionError, match=r"compute gpu-big: not in the workspace; create it"):
+        AzureMLSubmitter(workspace).submit(make_request(compute={"train": "gpu-big"}))
+
+
+def test_the_quota_check_can_be_skipped():
+    workspace = RecordingWorkspace()
+    AzureMLSubmitter(workspace, AzureSettings(check_quota=False)).submit(make_request(instance_count=5))
+    assert workspace.called("get_compute") == []
+    assert workspace.called("create_job") == [name(0)]
+
+
+def test_a_preempted_attempt_is_resubmitted_on_the_same_compute_under_the_next_name():
+    workspace = with_history(ended(0))
+
+    submission = AzureMLSubmitter(workspace).submit(make_request())
+
+    assert workspace.called("child_jobs") == [name(0)]
+    (job,) = workspace.sent
+    sent = job._to_dict()
+    assert sent["name"] == name(1) == f"retrain-{RUN_KEY}-r1"
+    assert sent["tags"]["retrain.attempt"] == "1"
+    assert sent["jobs"]["train"]["compute"] == "azureml:gpu-spot"
+    assert sent["jobs"]["train"]["outputs"]["checkpoints"]["path"] == CHECKPOINTS  # it resumes
+    assert submission.details["reason"] == "preempted 1 times; resuming on the same compute"
+
+
+def test_after_enough_preemptions_the_run_falls_back_to_dedicated_compute():
+    workspace = with_history(ended(0), ended(1))
+
+    submission = AzureMLSubmitter(workspace).submit(make_request())
+
+    (job,) = workspace.sent
+    sent = job._to_dict()
+    assert sent["name"] == name(2)
+    assert sent["jobs"]["train"]["compute"] == "azureml:gpu-dedicated"
+    assert sent["jobs"]["train"]["outputs"]["checkpoints"]["path"] == CHECKPOINTS
+    assert workspace.called("get_compute") == ["gpu-dedicated"]  # the quota checked is the dedicated one
+    assert submission.details["train_compute"] == "gpu-dedicated"
+
+
+def test_the_fallback_threshold_and_cluster_are_configurable():
+    workspace = with_history(ended(0))
+    settings = AzureSettings(fallback=FallbackPolicy(max_preemptions=1, dedicated_compute="cpu-cluster"))
+
+    AzureMLSubmitter(workspace, settings).submit(make_request(instance_count=1))
+
+    assert workspace.sent[0]._to_dict()["jobs"]["train"]["compute"] == "azureml:cpu-cluster"
+
+
+def test_a_failure_that_is_not_a_preemption_is_reported_not_resubmitted():
+    workspace = with_history(ended(0, preempted=False))
+
+    submission = AzureMLSubmitter(workspace).submit(make_request())
+
+    assert workspace.called("create_job") == []
+    assert (submission.job_name, submission.status) == (name(0), FAILED)
+    assert submission.details["reason"] == f"{name(0)} failed, not preempted"
+
+
+def test_a_run_stops_being_resubmitted_at_the_attempt_limit():
+    workspace = with_history(ended(0), ended(1), ended(2))
+    settings = AzureSettings(fallback=FallbackPolicy(max_preemptions=2, max_attempts=3))
+
+    submission = AzureMLSubmitter(workspace, settings).submit(make_request())
+
+    assert workspace.called("create_job") == []
+    assert submission.job_name == name(2)
+    assert "3 attempts made, at most 3 allowed" in submission.details["reason"]
+
+
+def test_a_running_resubmission_is_found_not_duplicated():
+    workspace = with_history(ended(0), (JobRecord(name(1), "Running"), []))
+
+    submission = AzureMLSubmitter(workspace).submit(make_request())
+
+    assert workspace.called("create_job") == []
+    assert (submission.job_name, submission.status) == (name(1), RUNNING)
+
+
+def test_status_maps_azure_states_and_unknown_jobs_are_errors():
+    workspace = with_history(
+        (JobRecord(name(0), "Finalizing", tags={"retrain.run_key": RUN_KEY, "retrain.attempt": "0"}), [])
+    )
+    submitter = AzureMLSubmitter(workspace)
+
+    status = submitter.status(name(0))
+
+    assert (status.status, status.run_key, status.details["azure_status"]) == (RUNNING, RUN_KEY, "Finalizing")
+    with pytest.raises(SubmissionError, match=r"job 'retrain-other': not found in the workspace"):
+        submitter.status("retrain-other")
+    assert [submission_status(state) for state in ("Preparing", "Completed", "Failed", "Canceled")] == [
+        QUEUED, COMPLETED, FAILED, CANCELED,
+    ]  # fmt: skip

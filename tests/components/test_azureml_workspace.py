@@ -1,0 +1,98 @@
+"""The seam's real side: which workspace, and how SDK entities become the plain records decisions use."""
+
+from __future__ import annotations
+
+import pytest
+from azure.ai.ml import load_compute
+from azure.ai.ml._restclient.arm_ml_service.models import Usage as RestUsage
+from azure.ai.ml._restclient.arm_ml_service.models import VirtualMachineSize as RestVmSize
+from azure.ai.ml.entities import Usage, VmSize
+from azure.identity import DefaultAzureCredential
+
+from components.azureml.workspace import (
+    JobRecord,
+    MLClientWorkspace,
+    UsageRecord,
+    VmSizeRecord,
+    WorkspaceRef,
+    compute_record,
+    job_record,
+    usage_record,
+    vm_size_record,
+)
+from components.errors import SubmissionError
+from components.specs import COMPUTE_FILES
+
+SETTINGS = {
+    "AZURE_SUBSCRIPTION_ID": "sub-from-env",
+    "AZURE_RESOURCE_GROUP": "rg-env",
+    "AZUREML_WORKSPACE": "ws-env",
+}
+
+
+def test_the_workspace_comes_from_settings_and_flags_win():
+    assert WorkspaceRef.from_settings(SETTINGS) == WorkspaceRef("sub-from-env", "rg-env", "ws-env")
+    assert WorkspaceRef.from_settings(SETTINGS, workspace="ws-flag").workspace == "ws-flag"
+
+
+def test_a_missing_workspace_setting_is_a_one_line_error_naming_flag_and_setting():
+    with pytest.raises(SubmissionError) as raised:
+        WorkspaceRef.from_settings({"AZURE_SUBSCRIPTION_ID": "s"})
+    assert str(raised.value) == (
+        "Azure ML workspace: missing --resource-group (or AZURE_RESOURCE_GROUP), --workspace (or "
+        "AZUREML_WORKSPACE); set them to submit"
+    )
+
+
+def test_the_client_is_created_on_first_use_for_that_workspace():
+    workspace = MLClientWorkspace(WorkspaceRef("sub", "rg", "ws"), credential=DefaultAzureCredential())
+    client = workspace.client
+    assert (client.subscription_id, client.resource_group_name, client.workspace_name) == ("sub", "rg", "ws")
+    assert workspace.client is client
+
+
+def test_usage_rows_are_read_from_the_wire_names_the_sdk_leaves_behind():
+    rest = RestUsage(
+        {
+            "type": "Microsoft.MachineLearningServices/vmFamily/usages",
+            "currentValue": 12,
+            "limit": 24,
+            "name": {"value": "Standard NC Family Cluster Dedicated vCPUs", "localizedValue": "NC"},
+            "unit": "Count",
+        }
+    )
+    entity = Usage._from_rest_object(rest)
+    assert entity.current_value is None  # azure-ai-ml 1.35 copies camelCase keys; the record must not care
+    assert usage_record(entity) == UsageRecord(
+        "Standard NC Family Cluster Dedicated vCPUs",
+        "Microsoft.MachineLearningServices/vmFamily/usages",
+        12,
+        24,
+    )
+
+
+def test_vm_sizes_carry_family_vcpus_and_gpus():
+    rest = RestVmSize(
+        {"name": "Standard_NC24ads_A100_v4", "family": "standardNCADSA100v4Family", "vCPUs": 24, "gpus": 1}
+    )
+    assert vm_size_record(VmSize._from_rest_object(rest)) == VmSizeRecord(
+        "Standard_NC24ads_A100_v4", "standardNCADSA100v4Family", 24, 1
+    )
+
+
+def test_computes_carry_size_tier_and_scale():
+    spot = compute_record(load_compute(source=COMPUTE_FILES["gpu_spot"]))
+    dedicated = compute_record(load_compute(source=COMPUTE_FILES["gpu_dedicated"]))
+    assert (spot.name, spot.size, spot.max_instances, spot.low_priority) == (
+        "gpu-spot", "Standard_NC24ads_A100_v4", 4, True,
+    )  # fmt: skip
+    assert (dedicated.name, dedicated.max_instances, dedicated.low_priority) == ("gpu-dedicated", 2, False)
+
+
+def test_jobs_become_records_with_frozen_tags():
+    from azure.ai.ml.entities import PipelineJob
+
+    record = job_record(PipelineJob(name="retrain-x", tags={"retrain.attempt": 1}, jobs={}))
+    assert record == JobRecord("retrain-x", "Unknown", tags={"retrain.attempt": "1"})
+    with pytest.raises(TypeError):
+        record.tags["retrain.attempt"] = "2"  # type: ignore[index]

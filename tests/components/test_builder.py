@@ -1,0 +1,231 @@
+"""The pipeline job built from the YAMLs: validated locally, pinned, and in agreement with pipeline.yml."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from azure.ai.ml import Input, load_job
+from azure.ai.ml.entities import Command, PipelineJob
+
+from components.builder import (
+    PipelineBuild,
+    build_pipeline_job,
+    checkpoints_path,
+    trigger_argument,
+    validate_job,
+)
+from components.errors import SpecError, SubmissionError
+from components.request import DataRef, RunRequest
+from components.specs import PIPELINE_FILE, REPO_ROOT, load_component_spec, load_pipeline_spec
+
+VERSION = "rd-0123456789abcdef"
+ASSET = f"azureml:digits-raw:{VERSION}"
+
+
+def make_request(**changes) -> RunRequest:
+    fields = {
+        "model_name": "digits",
+        "data": DataRef(VERSION, ASSET),
+        "trigger": {"source": "blob", "event_id": "evt-42"},
+        "parameters": {"epochs": "7"},
+        "processes_per_instance": 4,
+        "instance_count": 2,
+        "compute": {"prep": "cpu-big"},
+        "component_versions": {"evaluate": "2", "train": "1"},
+    }
+    return RunRequest(**{**fields, **changes})
+
+
+@pytest.fixture(scope="module")
+def built() -> dict:
+    job = build_pipeline_job(PipelineBuild.for_request(make_request(), attempt=0))
+    return {"job": job, "dict": job._to_dict()}
+
+
+@pytest.fixture(scope="module")
+def from_yaml() -> dict:
+    return load_job(PIPELINE_FILE)._to_dict()
+
+
+def test_the_built_job_validates_locally(built):
+    job = built["job"]
+    assert isinstance(job, PipelineJob)
+    assert job._validate().passed
+
+
+def test_the_job_name_derives_from_model_and_data_version(built):
+    assert built["dict"]["name"] == f"retrain-digits-{VERSION}"
+    again = PipelineBuild.for_request(make_request(trigger={"source": "http"}), attempt=0)
+    assert again.job_name == built["dict"]["name"]  # another trigger for the same data: the same job
+    assert PipelineBuild.for_request(make_request(), attempt=2).job_name == f"retrain-digits-{VERSION}-r2"
+
+
+def test_each_step_names_its_compute(built):
+    computes = {name: step["compute"] for name, step in built["dict"]["jobs"].items()}
+    assert computes == {
+        "prep": "azureml:cpu-big",  # the request's override
+        "train": "azureml:gpu-spot",  # pipeline.yml's
+        "evaluate": "azureml:cpu-cluster",  # the pipeline's default compute
+        "register": "azureml:cpu-cluster",
+    }
+
+
+def test_the_train_step_is_distributed_over_the_requested_gpus_and_nodes(built):
+    train = built["dict"]["jobs"]["train"]
+    assert train["distribution"] == {"type": "pytorch", "process_count_per_instance": 4}
+    assert train["resources"] == {"instance_count": 2}
+
+
+def test_component_versions_are_pinned(built):
+    jobs = built["dict"]["jobs"]
+    for step in ("prep", "train", "register"):
+        declared = load_component_spec(REPO_ROOT / "components" / f"{step}.yml")
+        assert (jobs[step]["component"]["name"], jobs[step]["component"]["version"]) == (
+            declared.name,
+            declared.version,
+        )
+        assert jobs[step]["component"]["environment"] == "azureml:retrain-training:1"
+    # A version other than the YAML's can only be a registered one: the step references it.
+    assert jobs["evaluate"]["component"] == "azureml:retrain_evaluate:2"
+
+
+def test_registered_components_reference_the_published_versions():
+    job = build_pipeline_job(PipelineBuild.for_request(make_request(), registered_components=True))
+    components = {name: step["component"] for name, step in job._to_dict()["jobs"].items()}
+    assert components == {
+        "prep": "azureml:retrain_prep:1",
+        "train": "azureml:retrain_train:1",
+        "evaluate": "azureml:retrain_evaluate:2",
+        "register": "azureml:retrain_register:1",
+    }
+
+
+def test_checkpoints_go_to_a_read_write_path_stable_for_the_run(built):
+    checkpoints = built["dict"]["jobs"]["train"]["outputs"]["checkpoints"]
+    expected = f"azureml://datastores/workspaceblobstore/paths/retrain/checkpoints/digits-{VERSION}/"
+    assert checkpoints == {"type": "uri_folder", "mode": "rw_mount", "path": expected}
+    resubmitted = PipelineBuild.for_request(make_request(), attempt=3, compute={"train": "gpu-dedicated"})
+    assert resubmitted.checkpoints_path == expected
+    assert checkpoints_path("lake", "m-rd-1") == "azureml://datastores/lake/paths/retrain/checkpoints/m-rd-1/"
+
+
+def test_inputs_carry_the_data_model_trigger_and_parameters(built):
+    inputs = built["dict"]["inputs"]
+    assert inputs["raw_data"] == {"type": "uri_folder", "path": ASSET}
+    assert inputs["model_name"] == "digits"
+    assert inputs["trigger"] == "event_id=evt-42,source=blob"
+    assert inputs["epochs"] == 7  # coerced to the train step's integer input
+    assert inputs["checkpoint_every_seconds"] == 300  # pipeline.yml's default
+
+
+def test_trigger_metadata_goes_into_tags(built):
+    assert built["dict"]["tags"] == {
+        "trigger.source": "blob",
+        "trigger.event_id": "evt-42",
+        "retrain.model_name": "digits",
+        "retrain.data_version": VERSION,
+        "retrain.run_key": f"digits-{VERSION}",
+        "retrain.attempt": "0",
+    }
+
+
+def test_each_node_is_named_after_its_step(built):
+    assert {name: node.display_name for name, node in built["job"].jobs.items()} == {
+        name: name for name in ("prep", "train", "evaluate", "register")
+    }
+
+
+def test_the_built_job_agrees_with_pipeline_yml(built, from_yaml):
+    """Same steps, bindings, components, distribution and computes as `az ml job create -f pipeline.yml`."""
+    default = PipelineBuild.for_request(
+        make_request(processes_per_instance=1, instance_count=1, compute={}, component_versions={})
+    )
+    ours = build_pipeline_job(default)._to_dict()
+    default_compute = from_yaml["settings"]["default_compute"]
+    assert ours["settings"] == from_yaml["settings"]
+    assert set(ours["jobs"]) == set(from_yaml["jobs"])
+    for name, theirs in from_yaml["jobs"].items():
+        mine = ours["jobs"][name]
+        assert mine["inputs"] == theirs["inputs"], name
+        assert mine.get("distribution") == theirs.get("distribution"), name
+        assert mine.get("resources") == theirs.get("resources"), name
+        assert mine["compute"] == theirs.get("compute", default_compute), name
+        for key in ("command", "environment", "version", "inputs", "outputs", "code"):
+            assert mine["component"][key] == theirs["component"][key], (name, key)
+        for output, setting in theirs.get("outputs", {}).items():
+            if isinstance(setting, str):
+                assert mine["outputs"][output] == setting
+            else:
+                assert mine["outputs"][output]["mode"] == setting["mode"]
+    assert set(ours["inputs"]) == set(from_yaml["inputs"])
+    assert ours["outputs"] == from_yaml["outputs"]
+
+
+def test_the_same_component_version_as_the_yaml_uses_the_yaml():
+    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "1"})))
+    assert job._to_dict()["jobs"]["prep"]["component"]["command"].startswith("python -m training.cli prepare")
+
+
+def test_trigger_arguments_are_safe_on_a_command_line():
+    assert trigger_argument({}) == "manual"
+    assert trigger_argument({"note": "it's new; rm -rf"}) == "note=it_s_new__rm_-rf"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"parameters": {"epochz": "3"}}, r"parameter epochz: not a pipeline input; expected one of \["),
+        ({"parameters": {"model_name": "x"}}, r"parameter model_name: set by the run itself"),
+        (
+            {"parameters": {"epochs": "many"}},
+            r"parameter epochs='many': expected an integer \(it sets train\.epochs\)",
+        ),
+        ({"compute": {"train": "gpu spot"}}, r"compute 'gpu spot': expected a compute name"),
+        ({"component_versions": {"train": "v 2"}}, r"component version train='v 2': expected a version"),
+        ({"data": DataRef(VERSION, "/tmp/raw")}, r"data '/tmp/raw': expected azureml:<asset>:<version> or"),
+        ({"data": DataRef(VERSION, "azureml:digits-raw@latest")}, r"expected azureml:<asset>:<version> or"),
+        (
+            {"data": DataRef(VERSION, "azureml:digits-raw:rd-ffffffffffffffff")},
+            r"pins version rd-ffffffffffffffff, but the request's data version is rd-0123456789abcdef",
+        ),
+    ],
+)
+def test_bad_input_is_a_one_line_error(changes, message):
+    with pytest.raises(SubmissionError, match=message) as raised:
+        build_pipeline_job(PipelineBuild.for_request(make_request(**changes)))
+    assert "\n" not in str(raised.value)
+
+
+def test_a_compute_for_an_unknown_step_is_refused():
+    build = PipelineBuild.for_request(make_request(compute={}), compute={"deploy": "cpu-cluster"})
+    with pytest.raises(SubmissionError, match=r"compute for \['deploy'\]: expected steps among \['prep'"):
+        build_pipeline_job(build)
+
+
+def test_a_job_that_does_not_validate_is_a_one_line_spec_error():
+    spec = load_pipeline_spec()
+    from azure.ai.ml import load_component
+
+    node = Command(
+        component=load_component(source=spec.steps["prep"].component.path),
+        inputs={},
+        compute="azureml:cpu-cluster",
+    )
+    job = PipelineJob(
+        name="broken", jobs={"prep": node}, inputs={"raw_data": Input(type="uri_folder", path=ASSET)}
+    )
+    with pytest.raises(
+        SpecError, match=r"does not validate: jobs.prep.inputs.raw_data: Required input"
+    ) as raised:
+        validate_job(job)
+    assert "\n" not in str(raised.value)
+
+
+def test_importing_the_builder_does_not_import_azure_ai_ml():
+    code = "import sys, components.builder; print('azure.ai.ml' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"

@@ -1,0 +1,89 @@
+"""The dry-run submitter: the validated job and its request, recorded under the state root; nothing run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.dry_run import DRY_RUN_DIR, DryRunSubmitter
+from components.errors import SubmissionError
+from components.request import COMPLETED, DataRef, RunRequest
+
+VERSION = "rd-00112233445566ff"
+
+
+def make_request(**changes) -> RunRequest:
+    fields = {
+        "model_name": "digits",
+        "data": DataRef(VERSION, f"azureml:digits-raw:{VERSION}"),
+        "trigger": {"source": "http"},
+        "parameters": {"epochs": 2},
+        "processes_per_instance": 2,
+        "compute": {"train": "gpu-dedicated"},
+    }
+    return RunRequest(**{**fields, **changes})
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    submitter = DryRunSubmitter(tmp_path_factory.mktemp("state"))
+    return submitter, submitter.submit(make_request())
+
+
+def test_a_dry_run_records_the_validated_job_and_the_request(recorded):
+    submitter, submission = recorded
+    name = f"retrain-digits-{VERSION}"
+    folder = submitter.root / name
+    assert (submission.job_name, submission.backend, submission.status) == (name, "dry-run", COMPLETED)
+    assert submission.run_key == f"digits-{VERSION}"
+    assert submission.details["recorded"] == str(folder)
+    assert sorted(path.name for path in folder.iterdir()) == ["job.yml", "request.json", "submission.json"]
+
+    job = submitter.job_document(name)
+    assert job["name"] == name
+    assert job["jobs"]["train"]["compute"] == "azureml:gpu-dedicated"
+    assert job["jobs"]["train"]["distribution"]["process_count_per_instance"] == 2
+    assert job["inputs"]["raw_data"]["path"] == f"azureml:digits-raw:{VERSION}"
+    assert job["inputs"]["epochs"] == 2
+    request = json.loads((folder / "request.json").read_text())
+    assert request["trigger"] == {"source": "http"}
+    assert request["run_key"] == f"digits-{VERSION}"
+
+
+def test_status_reads_the_record_back(recorded):
+    submitter, submission = recorded
+    again = DryRunSubmitter(submitter.root.parent).status(submission.job_name)
+    assert (again.job_name, again.status, again.run_key) == (
+        submission.job_name,
+        COMPLETED,
+        submission.run_key,
+    )
+    assert again.details["job_file"] == submission.details["job_file"]
+
+
+def test_the_same_request_again_finds_the_record_instead_of_rewriting_it(recorded):
+    submitter, submission = recorded
+    job_file = submitter.root / submission.job_name / "job.yml"
+    before = job_file.stat().st_mtime_ns
+
+    again = submitter.submit(make_request(trigger={"source": "blob"}))
+
+    assert again.job_name == submission.job_name
+    assert again.details["duplicate"] is True
+    assert job_file.stat().st_mtime_ns == before
+
+
+def test_status_of_an_unknown_job_is_a_one_line_error(tmp_path):
+    submitter = DryRunSubmitter(tmp_path)
+    with pytest.raises(SubmissionError, match=r"dry run 'retrain-nope': not recorded under .*dry-runs"):
+        submitter.status("retrain-nope")
+    with pytest.raises(SubmissionError, match=r"job name '\.\./etc': expected letters"):
+        submitter.status("../etc")
+
+
+def test_a_request_that_does_not_build_leaves_nothing_behind(tmp_path):
+    submitter = DryRunSubmitter(tmp_path)
+    with pytest.raises(SubmissionError, match="parameter epochs='lots': expected an integer"):
+        submitter.submit(make_request(parameters={"epochs": "lots"}))
+    assert not (tmp_path / DRY_RUN_DIR).exists() or list((tmp_path / DRY_RUN_DIR).iterdir()) == []
