@@ -1,0 +1,53 @@
+"""The `retrain` command: the one place that knows every room and puts their subcommands side by side.
+
+`training.cli` contributes the commands that run inside a step (prepare, train, evaluate, register, demo);
+`components.cli_local` the local pipeline runner (run, runs); `components.cli_azure` the Azure ML side
+(submit, publish, schedule). Each handler gets the local state folder and the environment on its arguments,
+so no library code reads os.environ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from components import cli_azure, cli_local
+from components.errors import PipelineError
+from training import cli as training_cli
+from training.errors import RetrainError
+from training.local_state import state_root
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="retrain", description=training_cli.__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    training_cli.register_commands(commands)
+    cli_local.register_commands(commands)
+    cli_azure.register_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # azure-ai-ml announces its own experimental schema classes while loading any job; nothing to act on.
+    logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
+    args.environ = dict(os.environ)
+    args.state_root = state_root(args.environ, Path.cwd())
+    try:
+        return args.handler(args)
+    except (RetrainError, PipelineError) as error:
+        print(f"retrain: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
