@@ -204,6 +204,28 @@ def _coerce(name: str, value: Any, target: tuple[str, str, str] | None) -> Any:
     return value
 
 
+def _unbound_component_inputs(spec: PipelineSpec) -> dict[str, tuple[str, str, str]]:
+    """Component inputs no step binds (train's optional checkpoint_every_steps): name -> (step, port, type).
+
+    Azure ML pipeline YAML has no optional pipeline inputs, so optional component inputs stay unbound there
+    and a run sets them on the step itself."""
+    return {
+        name: (step.name, name, port.type)
+        for step in spec.steps.values()
+        for name, port in step.component.inputs.items()
+        if name not in step.inputs
+    }
+
+
+def _step_literals(step: StepSpec, build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]:
+    unbound = _unbound_component_inputs(spec)
+    return {
+        name: _coerce(name, value, unbound[name])
+        for name, value in build.parameters.items()
+        if name in unbound and unbound[name][0] == step.name
+    }
+
+
 def _pipeline_inputs(build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]:
     from azure.ai.ml import Input
 
@@ -216,8 +238,13 @@ def _pipeline_inputs(build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]
                 f"parameter {name}: set by the run itself (--data, --model-name, --trigger); "
                 f"expected one of {settable}"
             )
+        if name in _unbound_component_inputs(spec):
+            continue  # set on the step that declares it (_node), as the local runner does
         if name not in spec.inputs:
-            raise SubmissionError(f"parameter {name}: not a pipeline input; expected one of {settable}")
+            expected = sorted({*settable, *_unbound_component_inputs(spec)})
+            raise SubmissionError(
+                f"parameter {name}: not an input of the pipeline; expected one of {expected}"
+            )
         inputs[name] = _coerce(name, value, ports.get(name))
     inputs["raw_data"] = Input(type="uri_folder", path=build.data_uri)
     inputs["model_name"] = build.model_name
@@ -268,14 +295,17 @@ def _outputs(step: StepSpec, build: PipelineBuild) -> dict[str, Any]:
     return outputs
 
 
-def _node(step: StepSpec, build: PipelineBuild, default_compute: str | None) -> Any:
+def _node(step: StepSpec, build: PipelineBuild, spec: PipelineSpec) -> Any:
     from azure.ai.ml import PyTorchDistribution
     from azure.ai.ml.entities import Command, JobResourceConfiguration
 
-    compute = build.compute.get(step.name) or step.compute or default_compute
+    compute = build.compute.get(step.name) or step.compute or spec.default_compute
     node = Command(
         component=_component(step, build),
-        inputs={name: _binding(value) for name, value in step.inputs.items()},
+        inputs={
+            **{name: _binding(value) for name, value in step.inputs.items()},
+            **_step_literals(step, build, spec),
+        },
         outputs=_outputs(step, build),
         compute=compute_reference(compute) if compute else None,
     )
@@ -320,7 +350,7 @@ def build_pipeline_job(build: PipelineBuild, pipeline_file: Path = PIPELINE_FILE
             name: Output(type=(declared or {}).get("type", "uri_folder"))
             for name, declared in (document.get("outputs") or {}).items()
         },
-        jobs={name: _node(spec.steps[name], build, default_compute) for name in spec.order},
+        jobs={name: _node(spec.steps[name], build, spec) for name in spec.order},
         settings=settings,
     )
     validate_job(job)

@@ -2,9 +2,9 @@
 
 Values come, from strongest to weakest: the run request (its data, model name and trigger, which the
 Azure ML builder sets the same way), the request's `parameters`, the pipeline.yml inputs' defaults, the
-component inputs' defaults. A parameter names a pipeline input (`epochs`) or, locally, also a component
-input that the pipeline leaves unbound (`hidden_width`); an input that reads another step's output cannot
-be overridden.
+component inputs' defaults. A parameter names a pipeline input (`epochs`) or a component input that the
+pipeline leaves unbound (`checkpoint_every_steps`; Azure ML pipelines have no optional inputs), exactly as
+the Azure ML builder accepts them; an input that reads another step's output cannot be overridden.
 
 The same functions serve the runner and the benchmark's direct baseline, so both run identical commands.
 """

@@ -29,7 +29,7 @@ def make_request(**changes) -> RunRequest:
         "model_name": "digits",
         "data": DataRef(VERSION, ASSET),
         "trigger": {"source": "blob", "event_id": "evt-42"},
-        "parameters": {"epochs": "7"},
+        "parameters": {"epochs": "7", "hidden_width": "64", "checkpoint_every_steps": "25"},
         "processes_per_instance": 4,
         "instance_count": 2,
         "compute": {"prep": "cpu-big"},
@@ -118,6 +118,13 @@ def test_inputs_carry_the_data_model_trigger_and_parameters(built):
     assert inputs["trigger"] == "event_id=evt-42,source=blob"
     assert inputs["epochs"] == 7  # coerced to the train step's integer input
     assert inputs["checkpoint_every_seconds"] == 300  # pipeline.yml's default
+    assert inputs["hidden_width"] == 64
+
+
+def test_an_optional_component_input_is_set_on_its_step(built):
+    # Pipeline YAML has no optional pipeline inputs; the train step's own input carries it.
+    assert built["dict"]["jobs"]["train"]["inputs"]["checkpoint_every_steps"] == 25
+    assert "checkpoint_every_steps" not in built["dict"]["inputs"]
 
 
 def test_trigger_metadata_goes_into_tags(built):
@@ -140,7 +147,9 @@ def test_each_node_is_named_after_its_step(built):
 def test_the_built_job_agrees_with_pipeline_yml(built, from_yaml):
     """Same steps, bindings, components, distribution and computes as `az ml job create -f pipeline.yml`."""
     default = PipelineBuild.for_request(
-        make_request(processes_per_instance=1, instance_count=1, compute={}, component_versions={})
+        make_request(
+            processes_per_instance=1, instance_count=1, compute={}, component_versions={}, parameters={}
+        )
     )
     ours = build_pipeline_job(default)._to_dict()
     default_compute = from_yaml["settings"]["default_compute"]
@@ -176,7 +185,10 @@ def test_trigger_arguments_are_safe_on_a_command_line():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"parameters": {"epochz": "3"}}, r"parameter epochz: not a pipeline input; expected one of \["),
+        (
+            {"parameters": {"epochz": "3"}},
+            r"parameter epochz: not an input of the pipeline; expected one of \[",
+        ),
         ({"parameters": {"model_name": "x"}}, r"parameter model_name: set by the run itself"),
         (
             {"parameters": {"epochs": "many"}},
