@@ -20,6 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 from components.errors import SpecError, SubmissionError
 from components.request import RunRequest
+from components.run_inputs import (
+    DATA_INPUT,
+    DATA_VERSION_INPUT,
+    ENVIRONMENT_VERSION_INPUT,
+    MODEL_NAME_INPUT,
+    RESERVED_INPUTS,
+    TRIGGER_INPUT,
+    UNPINNED_DATA_VERSION,
+    environment_version,
+    trigger_argument,
+)
 from components.specs import (
     PIPELINE_FILE,
     ParentInput,
@@ -39,8 +50,6 @@ DEFAULT_DATASTORE = "workspaceblobstore"
 CHECKPOINTS_ROOT = "retrain/checkpoints"
 TRAIN_STEP = "train"
 CHECKPOINTS_OUTPUT = "checkpoints"
-# Pipeline inputs a submission sets from the request itself, never from --param.
-RESERVED_INPUTS = ("raw_data", "model_name", "trigger")
 
 _AZUREML = "azureml:"
 _PINNED_ASSET = re.compile(r"^azureml:(?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]*):(?P<version>[A-Za-z0-9_.-]+)$")
@@ -50,21 +59,11 @@ _COMPUTE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{1,31}$")
 _DATASTORE_NAME = re.compile(r"^[A-Za-z0-9_]{1,255}$")
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _EXPECTED = {"integer": "an integer", "number": "a number", "boolean": "true or false"}
-_UNSAFE_IN_ARGUMENT = re.compile(r"[^A-Za-z0-9_.,:/@=+-]")
 
 
 def checkpoints_path(datastore: str, run_key: str) -> str:
     """Where a logical run keeps its checkpoints: the same folder for every attempt of that run."""
     return f"azureml://datastores/{datastore}/paths/{CHECKPOINTS_ROOT}/{run_key}/"
-
-
-def trigger_argument(trigger: Mapping[str, str]) -> str:
-    """The register step's `--trigger` value: 'manual', or the sorted `key=value` pairs, made safe to pass
-    on a command line (the full metadata travels unchanged in the job tags)."""
-    if not trigger:
-        return "manual"
-    pairs = ",".join(f"{key}={value}" for key, value in sorted(trigger.items()))
-    return _UNSAFE_IN_ARGUMENT.sub("_", pairs)
 
 
 def compute_reference(name: str) -> str:
@@ -104,6 +103,7 @@ class PipelineBuild:
     display_name: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     trigger: str = "manual"
+    raw_data_version: str = UNPINNED_DATA_VERSION
     parameters: Mapping[str, Any] = field(default_factory=dict)
     compute: Mapping[str, str] = field(default_factory=dict)
     processes_per_instance: int = 1
@@ -162,6 +162,7 @@ class PipelineBuild:
             display_name=f"retrain {request.model_name} on {request.data.version}{suffix}",
             tags={**request.tags(), "retrain.attempt": str(attempt)},
             trigger=trigger_argument(request.trigger),
+            raw_data_version=request.data.version,
             parameters=request.parameters,
             compute={**request.compute, **(compute or {})},
             processes_per_instance=request.processes_per_instance,
@@ -246,9 +247,14 @@ def _pipeline_inputs(build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]
                 f"parameter {name}: not an input of the pipeline; expected one of {expected}"
             )
         inputs[name] = _coerce(name, value, ports.get(name))
-    inputs["raw_data"] = Input(type="uri_folder", path=build.data_uri)
-    inputs["model_name"] = build.model_name
-    inputs["trigger"] = build.trigger
+    reserved = {
+        DATA_INPUT: Input(type="uri_folder", path=build.data_uri),
+        MODEL_NAME_INPUT: build.model_name,
+        TRIGGER_INPUT: build.trigger,
+        DATA_VERSION_INPUT: build.raw_data_version,
+        ENVIRONMENT_VERSION_INPUT: environment_version(),
+    }
+    inputs.update({name: value for name, value in reserved.items() if name in spec.inputs})
     return inputs
 
 

@@ -24,10 +24,11 @@ from components.azureml.schedule import build_schedule, create_schedule, schedul
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings
 from components.azureml.workspace import AzureMLWorkspace, MLClientWorkspace, WorkspaceRef
 from components.blob_snapshot import manifest_of_blob_prefix, snapshot_blob_prefix, split_folder_url
-from components.builder import DEFAULT_DATASTORE, PipelineBuild, trigger_argument
+from components.builder import DEFAULT_DATASTORE, PipelineBuild
 from components.dry_run import DryRunSubmitter
 from components.errors import SubmissionError
 from components.request import DataRef, RunRequest, Submission
+from components.run_inputs import trigger_argument
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient

@@ -15,21 +15,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from components.builder import trigger_argument
 from components.errors import SpecError, SubmissionError
 from components.local.commands import render_command
 from components.local.launch import TorchrunReports, launch_argv
 from components.request import RunRequest
+from components.run_inputs import DATA_INPUT, RESERVED_INPUTS, reserved_values
 from components.specs import ParentInput, PipelineSpec, StepOutput, StepSpec
-
-DATA_INPUT = "raw_data"  # the pipeline input that receives the request's pinned data
-MODEL_NAME_INPUT = "model_name"
-TRIGGER_INPUT = "trigger"
-_SET_BY_REQUEST = (DATA_INPUT, MODEL_NAME_INPUT, TRIGGER_INPUT)  # as the Azure ML builder reserves them
 
 
 def _overridable_inputs(pipeline: PipelineSpec) -> set[str]:
-    names = set(pipeline.inputs) - set(_SET_BY_REQUEST)
+    names = set(pipeline.inputs) - set(RESERVED_INPUTS)
     for step in pipeline.steps.values():
         names |= {
             name
@@ -41,7 +36,7 @@ def _overridable_inputs(pipeline: PipelineSpec) -> set[str]:
 
 def check_parameters(pipeline: PipelineSpec, parameters: Mapping[str, Any]) -> None:
     for name in parameters:
-        if name in _SET_BY_REQUEST:
+        if name in RESERVED_INPUTS:
             raise SubmissionError(
                 f"parameter {name}: set by the run itself (--data, --model-name, the trigger); remove it"
             )
@@ -60,10 +55,9 @@ def pipeline_values(pipeline: PipelineSpec, request: RunRequest) -> dict[str, An
         raise SpecError(f"{pipeline.path}: no '{DATA_INPUT}' input; the run's data is bound to it")
     values = dict(pipeline.inputs)
     values[DATA_INPUT] = request.data.uri
-    if MODEL_NAME_INPUT in values:
-        values[MODEL_NAME_INPUT] = request.model_name
-    if TRIGGER_INPUT in values:
-        values[TRIGGER_INPUT] = trigger_argument(request.trigger)  # the same value an Azure ML job gets
+    # The same values an Azure ML job gets (components/run_inputs.py).
+    reserved = reserved_values(request.model_name, request.data.version, request.trigger)
+    values.update({name: value for name, value in reserved.items() if name in pipeline.inputs})
     values.update({name: value for name, value in request.parameters.items() if name in pipeline.inputs})
     return values
 

@@ -30,12 +30,17 @@ from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
+# Azure's answer to a block whose id length differs from the blob's other (uncommitted) blocks.
+_MIXED_BLOCK_ID_LENGTHS = "InvalidBlobOrBlock"
+
 DEFAULT_SPOOL_LIMIT_BYTES = 64 * 1024 * 1024
 UPLOAD_CONCURRENCY = 4
 EXPECTED_URL_FORM = (
     "https://<account>.blob.core.windows.net/<container>/<prefix> "
     "(or http://127.0.0.1:<port>/<account>/<container>/<prefix> for the Azurite emulator)"
 )
+
+CHECKPOINT_URL = "checkpoint store URL"  # how errors name the URL unless the caller says otherwise
 
 _SECRET_PATTERNS = (
     re.compile(r"(?i)(AccountKey=)[^;\s'\"]+"),
@@ -165,19 +170,31 @@ class BlobCheckpointStore:
                 # Put Blob with If-None-Match: * may count the staged blocks of an upload that died before
                 # committing as an existing blob (Azurite does); Put Block List counts only committed ones.
                 self._commit_as_one_block(blob, spool, length, name)
+            except HttpResponseError as err:
+                if err.error_code != _MIXED_BLOCK_ID_LENGTHS:
+                    raise
+                # Blocks left by an upload that died under another SDK version, whose block ids have
+                # another length: stage one block with an id of their length instead.
+                self._commit_as_one_block(blob, spool, length, name)
         log.debug("published checkpoint object %s in %s (%d bytes)", name, self.location, length)
 
     def _commit_as_one_block(
         self, blob: BlobClient, spool: tempfile.SpooledTemporaryFile[bytes], length: int, name: str
     ) -> None:
-        # All block ids of one blob must have the same length, so use the form the SDK's own uploads use.
-        block_id = f"{uuid.uuid4().int:048d}"
+        block_id = self._block_id_like_leftovers(blob)
         spool.seek(0)
         blob.stage_block(block_id, spool, length=length)
         try:
             blob.commit_block_list([BlobBlock(block_id)], match_condition=MatchConditions.IfMissing)
         except (ResourceExistsError, ResourceModifiedError):
             raise self._exists_error(name) from None
+
+    @staticmethod
+    def _block_id_like_leftovers(blob: BlobClient) -> str:
+        # All block ids of one blob, committed or not, must have the same length.
+        _, uncommitted = blob.get_block_list("uncommitted")
+        width = len(uncommitted[0].id) if uncommitted else 48
+        return f"{uuid.uuid4().int:0{width}d}"[-width:]
 
     def _blob_path(self, name: str) -> str:
         return self._folder + check_object_name(name)
@@ -229,18 +246,20 @@ class BlobUrl:
         return f"{container_url}/{self.prefix}" if self.prefix else container_url
 
 
-def parse_blob_url(url: str) -> BlobUrl:
-    """Split a checkpoint store URL (see `EXPECTED_URL_FORM`) into account, container and prefix."""
+def parse_blob_url(url: str, what: str = CHECKPOINT_URL) -> BlobUrl:
+    """Split a blob URL (see `EXPECTED_URL_FORM`) into account, container and prefix; `what` names the URL
+    in error messages."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        raise _bad_url(url, "it cannot be parsed") from None
+        raise _bad_url(url, "it cannot be parsed", what) from None
     if parts.query or parts.fragment or "@" in parts.netloc:
         raise _bad_url(
             url,
             "credentials do not belong in the URL (they would end up in logs); use a connection string "
             "or a managed identity",
+            what,
         )
     host = parts.hostname or ""
     segments = parts.path.removeprefix("/").removesuffix("/").split("/")
@@ -252,16 +271,22 @@ def parse_blob_url(url: str) -> BlobUrl:
         netloc = f"{host}:{port}" if port else host
         account_url = f"{parts.scheme}://{netloc}/{account}"
     else:
-        raise _bad_url(url, "the host is neither an Azure Blob Storage account over https nor the emulator")
+        raise _bad_url(
+            url, "the host is neither an Azure Blob Storage account over https nor the emulator", what
+        )
     if not _ACCOUNT_NAME.fullmatch(account):
-        raise _bad_url(url, f"{account!r} is not a storage account name (3-24 lowercase letters or digits)")
+        raise _bad_url(
+            url, f"{account!r} is not a storage account name (3-24 lowercase letters or digits)", what
+        )
     container = segments[0] if segments else ""
     if not _CONTAINER_NAME.fullmatch(container):
-        raise _bad_url(url, f"{container!r} is not a container name (3-63 lowercase letters, digits or '-')")
+        raise _bad_url(
+            url, f"{container!r} is not a container name (3-63 lowercase letters, digits or '-')", what
+        )
     try:
         prefix = check_prefix("/".join(segments[1:]))
     except CheckpointError as err:
-        raise _bad_url(url, str(err)) from None
+        raise _bad_url(url, str(err), what) from None
     is_emulator = host in _EMULATOR_HOSTS
     return BlobUrl(account, account_url, container, prefix, is_emulator)
 
@@ -271,22 +296,30 @@ def open_blob_store(url: str, connection_string: str | None = None) -> BlobCheck
 
     The connection string is meant for Azurite and development; in Azure the managed identity is used.
     """
-    target = parse_blob_url(url)
+    container, prefix = open_container(url, connection_string)
+    return BlobCheckpointStore(container, prefix)
+
+
+def open_container(
+    url: str, connection_string: str | None = None, what: str = CHECKPOINT_URL
+) -> tuple[ContainerClient, str]:
+    """The container `url` names and the prefix inside it, authenticated as `open_blob_store` does."""
+    target = parse_blob_url(url, what)
     if connection_string:
-        container = _container_from_connection_string(target, connection_string)
+        container = _container_from_connection_string(target, connection_string, what)
     elif target.is_emulator:
         raise CheckpointError(
-            f"checkpoint store URL {target.url} points at the emulator, which needs a connection string; "
+            f"{what} {target.url} points at the emulator, which needs a connection string; "
             "expected one for the emulator's account"
         )
     else:
         from azure.identity import DefaultAzureCredential  # heavy import, and only needed in Azure
 
         container = ContainerClient(target.account_url, target.container, credential=DefaultAzureCredential())
-    return BlobCheckpointStore(container, target.prefix)
+    return container, target.prefix
 
 
-def _container_from_connection_string(target: BlobUrl, connection_string: str) -> ContainerClient:
+def _container_from_connection_string(target: BlobUrl, connection_string: str, what: str) -> ContainerClient:
     try:
         service = BlobServiceClient.from_connection_string(connection_string)
     except ValueError:
@@ -299,16 +332,15 @@ def _container_from_connection_string(target: BlobUrl, connection_string: str) -
     if service.account_name != target.account or endpoint != target.account_url:
         raise CheckpointError(
             f"the storage connection string is for account {service.account_name!r} at {endpoint}, but the "
-            f"checkpoint store URL {target.url} is in account {target.account!r} at {target.account_url}; "
+            f"{what} {target.url} is in account {target.account!r} at {target.account_url}; "
             "expected a connection string for the URL's account"
         )
     return service.get_container_client(target.container)
 
 
-def _bad_url(url: str, reason: str) -> CheckpointError:
+def _bad_url(url: str, reason: str, what: str) -> CheckpointError:
     return CheckpointError(
-        f"checkpoint store URL {_displayable_url(url)!r} is not usable: {reason}; "
-        f"expected {EXPECTED_URL_FORM}"
+        f"{what} {_displayable_url(url)!r} is not usable: {reason}; expected {EXPECTED_URL_FORM}"
     )
 
 
