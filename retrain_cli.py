@@ -1,6 +1,7 @@
 """The `retrain` command: the one place that knows every room and puts their subcommands side by side.
 
-`training.cli` contributes the commands that run inside a step (prepare, train, evaluate, register, demo);
+`training.cli` contributes the commands that run inside a step (sample-data, prepare, train, evaluate,
+register, demo) and those that read the model registry (models, lineage, rollback);
 `components.cli_local` the local pipeline runner (run, runs); `components.cli_azure` the Azure ML side
 (submit, publish, schedule). Each handler gets the local state folder and the environment on its arguments,
 so no library code reads os.environ.
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    training_cli.quiet_library_output(os.environ)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -6,10 +6,12 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
+from training import registry_cli
 from training.errors import RetrainError
+from training.local_state import state_root
 from training.train_args import add_train_arguments
 
 log = logging.getLogger("retrain")
@@ -18,7 +20,9 @@ log = logging.getLogger("retrain")
 def _sample_data(args: argparse.Namespace) -> int:
     from training.sample_data import write_sample_batches
 
-    paths = write_sample_batches(args.out, batches=args.batches, file_format=args.format)
+    paths = write_sample_batches(
+        args.out, batches=args.batches, file_format=args.format, label_noise=args.label_noise
+    )
     log.info("wrote %d raw batch files to %s", len(paths), args.out)
     return 0
 
@@ -43,42 +47,9 @@ def _train(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from training.demo import run_demo
-    from training.local_state import state_root
 
     logging.getLogger().setLevel(logging.WARNING)  # the demo narrates; library INFO lines would interrupt
     return run_demo(state_root(os.environ, Path.cwd()), sys.stdout, os.environ)
-
-
-def _evaluate(args: argparse.Namespace) -> int:
-    from training.evaluate import write_evaluation
-
-    write_evaluation(args.model, args.data, args.out)
-    return 0
-
-
-def _register(args: argparse.Namespace) -> int:
-    from training.register import write_registration
-
-    # Azure ML names the pipeline job in the step's environment; the local runner does the same.
-    pipeline_run = os.environ.get("AZUREML_ROOT_RUN_ID") or os.environ.get("RETRAIN_PIPELINE_RUN")
-    write_registration(args.model, args.evaluation, args.model_name, args.trigger, pipeline_run, args.out)
-    return 0
-
-
-def _add_step_commands(commands: argparse._SubParsersAction) -> None:
-    evaluate = commands.add_parser("evaluate", help="score a trained model on its data version's test split")
-    evaluate.add_argument("--model", type=Path, required=True, help="a training's output folder")
-    evaluate.add_argument("--data", type=Path, required=True, help="the prepared data version it trained on")
-    evaluate.add_argument("--out", type=Path, required=True, help="folder for evaluation.json")
-    evaluate.set_defaults(handler=_evaluate)
-
-    register = commands.add_parser("register", help="record an evaluated candidate with its lineage")
-    register.add_argument("--model", type=Path, required=True, help="a training's output folder")
-    register.add_argument("--evaluation", type=Path, required=True, help="the evaluate step's output folder")
-    register.add_argument("--model-name", required=True, help="the registered model's name")
-    register.add_argument("--trigger", default="manual", help="what started the run")
-    register.add_argument("--out", type=Path, required=True, help="folder for registration.json")
-    register.set_defaults(handler=_register)
 
 
 def register_commands(commands: argparse._SubParsersAction) -> None:
@@ -87,6 +58,13 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     sample.add_argument("--out", type=Path, required=True, help="folder for the raw batch files")
     sample.add_argument("--batches", type=int, default=4, help="number of batch files (default 4)")
     sample.add_argument("--format", choices=("csv", "parquet"), default="csv", help="file format")
+    sample.add_argument(
+        "--label-noise",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="relabel this fraction of rows to another class: a deliberately degraded data set",
+    )
     sample.set_defaults(handler=_sample_data)
 
     prep = commands.add_parser("prepare", help="validate, dedupe and split raw batches into a data version")
@@ -108,7 +86,7 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
 
     demo = commands.add_parser("demo", help="sample data -> prepare -> train, with an eviction and a resume")
     demo.set_defaults(handler=_demo)
-    _add_step_commands(commands)
+    registry_cli.add_commands(commands)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,12 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_library_output(environ: MutableMapping[str, str]) -> None:
+    """Progress bars belong on a terminal, not in step logs: MLflow draws one per artifact download."""
+    environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_library_output(os.environ)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    args.environ = dict(os.environ)
+    args.state_root = state_root(args.environ, Path.cwd())
     try:
         return args.handler(args)
     except RetrainError as error:

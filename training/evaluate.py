@@ -1,8 +1,10 @@
-"""Score a trained candidate on the held-out test split of the data version it was trained on.
+"""Score the candidate and the current champion on the same held-out test split, the candidate's own.
 
 The evaluation is the evidence the registration gate reads: which weights (by their sha256), on which data
-version and split, with which metrics. A candidate is only ever scored on its own data version's test split;
-scoring it elsewhere would make its numbers incomparable with its training record.
+version and split, with which metrics, for the candidate and for the version holding the `champion` alias
+(or why there is none to compare with: no champion yet, or one that cannot be loaded). Both are scored by
+the same function on the same rows, so their numbers are comparable by construction. No policy applies
+here; the gate decides at registration.
 """
 
 from __future__ import annotations
@@ -15,23 +17,27 @@ from typing import Any
 
 import torch
 
-from training.dataset import load_prepared
+from training.dataset import PreparedData, SplitData, load_prepared
 from training.errors import InputError
+from training.gate import LOADED, NO_CHAMPION, UNLOADABLE, Champion, Scored
+from training.metrics import score_classifier
 from training.model import ModelConfig, TabularClassifier
-from training.outputs import (
-    METADATA_FILE,
-    MODEL_FILE,
-    MODEL_FORMAT,
-    classification_metrics,
-    weights_sha256,
-    write_atomically,
+from training.outputs import METADATA_FILE, MODEL_FILE, MODEL_FORMAT, weights_sha256, write_atomically
+from training.registry import (
+    CHAMPION,
+    ModelLoadError,
+    ModelRegistry,
+    RegistryError,
+    VersionInfo,
+    check_model_name,
 )
 
 log = logging.getLogger(__name__)
 
 EVALUATION_FILE = "evaluation.json"
-EVALUATION_FORMAT = "retrain-evaluation/1"
+EVALUATION_FORMAT = "retrain-evaluation/2"
 EVALUATED_SPLIT = "test"
+RUN_METRIC_PREFIX = "test_"
 
 
 @dataclass(frozen=True)
@@ -74,41 +80,123 @@ def load_trained_model(model_dir: Path) -> TrainedModel:
     return TrainedModel(model, metadata)
 
 
-def evaluate_candidate(model_dir: Path, data_dir: Path) -> dict[str, Any]:
-    candidate = load_trained_model(model_dir)
+def load_matching_data(candidate: TrainedModel, data_dir: Path) -> PreparedData:
+    """The prepared data version the candidate was trained on; any other is refused."""
     data = load_prepared(data_dir)
     if candidate.metadata.get("data_version") != data.data_version:
         raise InputError(
             f"--data {data_dir}: data version {data.data_version}, but the model was trained on "
             f"{candidate.metadata.get('data_version')}; evaluate on the data version it was trained on"
         )
+    return data
+
+
+def score_version(
+    registry: ModelRegistry, holder: VersionInfo, split: SplitData, data_version: str
+) -> Champion:
+    """A registered version scored on `split`; unloadable (with the reason) when it cannot be loaded."""
+    try:
+        model = registry.load_model(holder)
+    except ModelLoadError as error:
+        log.warning("champion %s is unloadable: %s", holder.uri, error)
+        return Champion.unloadable(holder.version, str(error))
+    metrics = score_classifier(model, split.features, split.labels)
+    return Champion.loaded(holder.version, Scored(metrics, data_version, str(holder.weights_sha256)))
+
+
+def champion_document(champion: Champion) -> dict[str, Any]:
+    scored = champion.scored
+    return {
+        "state": champion.state,
+        "version": champion.version,
+        "weights_sha256": scored.weights_sha256 if scored else None,
+        "metrics": dict(scored.metrics) if scored else None,
+        "error": champion.error,
+    }
+
+
+def champion_from_document(document: dict[str, Any], data_version: str) -> Champion:
+    """The champion an evaluation recorded, scored on `data_version` (the evaluation's own).
+
+    Raises KeyError for a missing field, ValueError or TypeError for one of the wrong form.
+    """
+    state = document["state"]
+    if state == LOADED:
+        scored = Scored(dict(document["metrics"]), data_version, str(document["weights_sha256"]))
+        return Champion.loaded(str(document["version"]), scored)
+    if state == UNLOADABLE:
+        return Champion.unloadable(str(document["version"]), str(document["error"]))
+    if state == NO_CHAMPION and document["version"] is None:
+        return Champion.none()
+    raise ValueError(f"champion state {state!r} with version {document['version']!r}")
+
+
+def evaluate(model_dir: Path, data_dir: Path, model_name: str, registry: ModelRegistry) -> dict[str, Any]:
+    check_model_name(model_name)
+    candidate = load_trained_model(model_dir)
+    data = load_matching_data(candidate, data_dir)
     split = data.split(EVALUATED_SPLIT)
-    with torch.no_grad():
-        metrics = classification_metrics(candidate.model, split.features, split.labels)
+    metrics = score_classifier(candidate.model, split.features, split.labels)
+    holder = registry.alias_holder(model_name, CHAMPION)
+    champion = (
+        Champion.none() if holder is None else score_version(registry, holder, split, data.data_version)
+    )
     return {
         "format": EVALUATION_FORMAT,
+        "model_name": model_name,
+        "data_version": data.data_version,
+        "split": EVALUATED_SPLIT,
+        "rows": len(split),
         "candidate": {
             "weights_sha256": candidate.weights_sha256,
             "mlflow_run_id": candidate.metadata.get("mlflow_run_id"),
             "code_version": candidate.metadata.get("code_version"),
+            "metrics": metrics,
         },
-        "data_version": data.data_version,
-        "split": EVALUATED_SPLIT,
-        "rows": len(split),
-        "metrics": metrics,
+        "champion": champion_document(champion),
     }
 
 
-def write_evaluation(model_dir: Path, data_dir: Path, out: Path) -> dict[str, Any]:
-    evaluation = evaluate_candidate(model_dir, data_dir)
+def write_evaluation(
+    model_dir: Path, data_dir: Path, model_name: str, registry: ModelRegistry, out: Path
+) -> dict[str, Any]:
+    """Evaluate, write evaluation.json, and log the candidate's test metrics and the file to its run."""
+    evaluation = evaluate(model_dir, data_dir, model_name, registry)
+    path = Path(out) / EVALUATION_FILE
     text = json.dumps(evaluation, indent=2, sort_keys=True) + "\n"
-    write_atomically(Path(out) / EVALUATION_FILE, lambda handle: handle.write(text.encode()))
+    write_atomically(path, lambda handle: handle.write(text.encode()))
+    candidate, champion = evaluation["candidate"], evaluation["champion"]
+    _log_to_candidate_run(registry, candidate, path)
     log.info(
-        "candidate %s on %s %s: accuracy %.4f, loss %.4f",
-        evaluation["candidate"]["weights_sha256"][:12],
+        "candidate %s on %s %s: macro-F1 %.4f, accuracy %.4f; champion: %s",
+        candidate["weights_sha256"][:12],
         evaluation["data_version"],
         EVALUATED_SPLIT,
-        evaluation["metrics"]["accuracy"],
-        evaluation["metrics"]["loss"],
+        candidate["metrics"]["macro_f1"],
+        candidate["metrics"]["accuracy"],
+        _describe_champion(champion),
     )
     return evaluation
+
+
+def _log_to_candidate_run(registry: ModelRegistry, candidate: dict[str, Any], path: Path) -> None:
+    """The candidate's test scores and evaluation.json on its training run, when it has one in this store.
+    The evaluation file is the evidence the gate reads, so a failure here is reported, not fatal."""
+    run_id = candidate["mlflow_run_id"]
+    metrics = {f"{RUN_METRIC_PREFIX}{name}": value for name, value in candidate["metrics"].items()}
+    try:
+        if registry.run_exists(run_id):
+            registry.log_run_results(run_id, metrics, [path])
+            return
+    except RegistryError as error:
+        log.warning("the evaluation is not on the candidate's run %s: %s", run_id, error)
+        return
+    log.info("the candidate has no MLflow run in this store; its evaluation is in %s only", path)
+
+
+def _describe_champion(champion: dict[str, Any]) -> str:
+    if champion["state"] == LOADED:
+        return f"v{champion['version']} macro-F1 {champion['metrics']['macro_f1']:.4f}"
+    if champion["version"] is None:
+        return "none yet"
+    return f"v{champion['version']} {champion['state']} ({champion['error']})"

@@ -23,3 +23,13 @@ def default_mlflow_tracking_uri(root: Path) -> str:
 
 def default_mlflow_artifact_location(root: Path) -> str:
     return (root / "mlartifacts").as_uri()
+
+
+def artifacts_beside(tracking_uri: str) -> str | None:
+    """A SQLite store keeps its artifacts next to the database file, as the state folder does (MLflow's own
+    default, ./mlruns, would land in whatever the working directory is); any other store decides itself."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    # sqlite:////abs/m.db names an absolute path, sqlite:///m.db one relative to the working directory.
+    database = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
+    return (database.parent / "mlartifacts").as_uri()

@@ -56,7 +56,25 @@ def batch_file_name(number: int, file_format: str) -> str:
     return f"batch-{number:04d}.{file_format}"
 
 
-def write_sample_batches(out: Path, *, batches: int = 4, file_format: str = "csv") -> list[Path]:
+def with_label_noise(table: pa.Table, fraction: float, seed: int = 0) -> pa.Table:
+    """The table with `fraction` of its rows relabelled to another class: a deliberately degraded data set
+    (a broken upstream labeller), on which a candidate should fail the registration gate."""
+    if not 0.0 <= fraction <= 1.0:
+        raise InputError(f"--label-noise {fraction}: expected a fraction of rows from 0 to 1")
+    labels = table.column(DIGITS_SCHEMA.label_column).to_numpy().copy()
+    classes = np.unique(labels)
+    rng = np.random.default_rng(seed)
+    chosen = rng.choice(len(labels), size=round(fraction * len(labels)), replace=False)
+    # Shift by 1..n-1 classes, so that every chosen row really changes label.
+    shifts = rng.integers(1, len(classes), size=len(chosen))
+    labels[chosen] = classes[(np.searchsorted(classes, labels[chosen]) + shifts) % len(classes)]
+    position = table.schema.get_field_index(DIGITS_SCHEMA.label_column)
+    return table.set_column(position, DIGITS_SCHEMA.label_column, pa.array(labels))
+
+
+def write_sample_batches(
+    out: Path, *, batches: int = 4, file_format: str = "csv", label_noise: float = 0.0
+) -> list[Path]:
     """Write the digits data set into `out` as `batches` raw files `batch-0001.<format>`, ...
 
     Consecutive batches overlap: each batch after the first starts with the last `OVERLAP_ROWS` rows of
@@ -69,7 +87,7 @@ def write_sample_batches(out: Path, *, batches: int = 4, file_format: str = "csv
         raise InputError(
             f"file format {file_format!r} is not supported; expected one of {', '.join(FILE_FORMATS)}"
         )
-    table = digits_table()
+    table = with_label_noise(digits_table(), label_noise) if label_noise else digits_table()
     if isinstance(batches, bool) or not isinstance(batches, int) or not 1 <= batches <= table.num_rows:
         raise InputError(
             f"batches={batches!r} is out of range; expected a whole number from 1 to {table.num_rows} "

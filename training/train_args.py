@@ -14,7 +14,12 @@ from pathlib import Path
 
 from training.config import PROGRESS_MODES, TrainConfig
 from training.errors import InputError
-from training.local_state import default_mlflow_artifact_location, default_mlflow_tracking_uri, state_root
+from training.local_state import (
+    artifacts_beside,
+    default_mlflow_artifact_location,
+    default_mlflow_tracking_uri,
+    state_root,
+)
 
 _DEFAULTS = {field.name: field.default for field in fields(TrainConfig)}
 
@@ -99,7 +104,8 @@ def _tracking(
     if args.no_mlflow or (args.mlflow_tracking_uri or "").lower() == "off":
         return None, None
     if args.mlflow_tracking_uri:
-        return args.mlflow_tracking_uri, args.mlflow_artifact_location
+        uri = args.mlflow_tracking_uri
+        return uri, args.mlflow_artifact_location or artifacts_beside(uri)
     if environ.get("MLFLOW_TRACKING_URI"):
         return environ["MLFLOW_TRACKING_URI"], args.mlflow_artifact_location
     root = state_root(environ, cwd)

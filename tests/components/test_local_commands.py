@@ -119,7 +119,7 @@ def test_a_parameter_that_is_not_a_settable_input_is_refused(parameters, message
 def test_a_required_input_left_unset_is_a_one_line_error_naming_step_and_input():
     register = PIPELINE.steps["register"]
     unbound = replace(register, inputs={k: v for k, v in register.inputs.items() if k != "model_name"})
-    upstream = {("train", "model"): "/m", ("evaluate", "evaluation"): "/e"}
+    upstream = {("train", "model"): "/m", ("evaluate", "evaluation"): "/e", ("prep", "prepared_data"): "/p"}
     with pytest.raises(
         SubmissionError, match=r"^step 'register': input 'model_name' is required but unset; pass"
     ):

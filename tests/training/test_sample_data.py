@@ -10,7 +10,13 @@ from sklearn.datasets import load_digits
 
 from training.cli import main
 from training.errors import InputError
-from training.sample_data import OVERLAP_ROWS, batch_ranges, write_sample_batches
+from training.sample_data import (
+    OVERLAP_ROWS,
+    batch_ranges,
+    digits_table,
+    with_label_noise,
+    write_sample_batches,
+)
 from training.schema import DIGITS_SCHEMA
 
 N_DIGITS = 1797
@@ -109,4 +115,21 @@ def test_cli_reports_a_bad_batch_count_on_one_line(tmp_path, capsys):
     assert code != 0
     assert len(lines) == 1
     assert lines[0].startswith("retrain: error: batches=0 is out of range")
+    assert not (tmp_path / "raw").exists()
+
+
+def test_label_noise_relabels_exactly_that_fraction_to_other_classes_deterministically():
+    clean = digits_table()
+    noisy = with_label_noise(clean, 0.25, seed=3)
+    before = clean.column("label").to_numpy()
+    after = noisy.column("label").to_numpy()
+    assert (before != after).sum() == round(0.25 * clean.num_rows)
+    assert set(after) <= set(before)
+    assert noisy.drop_columns(["label"]).equals(clean.drop_columns(["label"]))
+    assert with_label_noise(clean, 0.25, seed=3).equals(noisy)
+
+
+def test_label_noise_outside_zero_to_one_is_refused(tmp_path):
+    with pytest.raises(InputError, match=r"--label-noise 1.5: expected a fraction of rows from 0 to 1"):
+        write_sample_batches(tmp_path / "raw", label_noise=1.5)
     assert not (tmp_path / "raw").exists()

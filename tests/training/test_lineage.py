@@ -1,0 +1,88 @@
+"""The lineage schema: the trigger argument, the code version, and tags read back as written."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import training
+from training import lineage
+from training.errors import InputError
+from training.lineage import (
+    Trigger,
+    code_version,
+    decision_tags,
+    describe_tags,
+    metric_tags,
+    metrics_from_tags,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_manual_is_its_own_kind_without_an_event():
+    trigger = Trigger.parse("manual")
+    assert (trigger.kind, trigger.event_id) == ("manual", "none")
+    assert trigger.tags()[lineage.TRIGGER] == "manual"
+
+
+def test_pairs_name_the_kind_and_event_and_keep_every_pair():
+    trigger = Trigger.parse("event_id=evt-42,kind=blob,url=https://acct/c/a.csv")
+    assert (trigger.kind, trigger.event_id) == ("blob", "evt-42")
+    assert trigger.tags() == {
+        "retrain.trigger": "event_id=evt-42,kind=blob,url=https://acct/c/a.csv",
+        "retrain.trigger.event_id": "evt-42",
+        "retrain.trigger.kind": "blob",
+        "retrain.trigger.url": "https://acct/c/a.csv",
+    }
+
+
+def test_a_value_may_contain_commas_and_a_source_stands_in_for_the_kind():
+    trigger = Trigger.parse("files=a.csv,b.csv,source=schedule")
+    assert dict(trigger.fields) == {"files": "a.csv,b.csv", "source": "schedule"}
+    assert (trigger.kind, trigger.event_id) == ("schedule", "none")
+
+
+@pytest.mark.parametrize("text", ["", "blob", "=x", "bad key=1"])
+def test_a_malformed_trigger_is_refused(text: str):
+    with pytest.raises(InputError, match=r"expected 'manual' or KEY=VALUE\[,KEY=VALUE...\]"):
+        Trigger.parse(text)
+
+
+def test_the_code_version_is_the_commit_of_the_packages_own_work_tree():
+    if not (REPO_ROOT / ".git").exists() or shutil.which("git") is None:
+        assert code_version() == ("package", training.__version__)
+        return
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert code_version() == ("git", head.stdout.strip())
+
+
+def test_a_package_inside_another_repository_reports_its_package_version(tmp_path: Path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    package = tmp_path / "venv" / "site-packages" / "training"
+    package.mkdir(parents=True)
+    assert code_version(package) == ("package", training.__version__)
+
+
+def test_metrics_and_decisions_read_back_as_written():
+    metrics = {"accuracy": 0.9734042553191489, "recall_3": 1.0, "loss": 0.0988}
+    assert metrics_from_tags(metric_tags(metrics)) == metrics
+    decision = {"accepted": False, "reasons": ["a; b", "c"], "champion_version": None}
+    described = describe_tags(decision_tags(decision, {"primary_metric": "macro_f1"}))
+    assert described["gate"] == {
+        "accepted": False,
+        "reasons": ["a; b", "c"],
+        "champion_version": "none",
+        "policy": {"primary_metric": "macro_f1"},
+    }
+
+
+def test_hand_edited_tags_are_shown_rather_than_failing():
+    described = describe_tags({lineage.GATE_REASONS: "edited by hand", "retrain.metric.accuracy": "high"})
+    assert described["gate"]["reasons"] == ["edited by hand"]
+    assert metrics_from_tags({"retrain.metric.accuracy": "high"}) == {}

@@ -1,0 +1,230 @@
+"""The gate against a real MLflow registry (SQLite), with models from the real trainer.
+
+Four models, trained once for the module on the sample data, in increasing order of quality: `weak` (one
+epoch of a tiny network, far below every floor), `mid`, `strong` and `best`. One MLflow store serves the
+whole module; each test registers under a model name of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from registry_harness import MODELS, Harness, build_harness, evaluation_document
+
+from training import lineage as tags
+from training.dataset import load_prepared
+from training.evaluate import EVALUATION_FILE, load_trained_model
+from training.register import REGISTRATION_FILE
+from training.registry import CHAMPION, PREVIOUS, ModelLoadError
+
+
+@pytest.fixture(scope="module")
+def harness(prepared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Harness:
+    # mid is trained with MLflow tracking: evaluate and register then log to and tag its run.
+    return build_harness(tmp_path_factory.mktemp("registry"), prepared_data, tuple(MODELS), tracked="mid")
+
+
+# -- the gate's outcomes --------------------------------------------------------------------------------
+
+
+def test_the_first_model_must_meet_the_floors(harness: Harness):
+    record = harness.evaluate_and_register("weak", "first-floor")
+    decision = record["decision"]
+    assert decision["accepted"] is False and record["registered_version"] is None
+    assert any("is below the floor 0.8" in reason for reason in decision["reasons"]), decision
+    assert any("below the first-model floor 0.9" in reason for reason in decision["reasons"]), decision
+    assert harness.registry.versions("first-floor") == []
+
+
+def test_a_better_candidate_takes_champion_and_the_old_champion_becomes_previous(harness: Harness):
+    first = harness.evaluate_and_register("mid", "better")
+    assert first["decision"]["accepted"] is True
+    assert first["decision"]["reasons"] == ["no champion yet; first-model floors met"]
+    assert first["registered_version"] == "1"
+
+    evaluation = harness.evaluate("strong", "better")
+    champion = evaluation_document(evaluation)["champion"]
+    assert (champion["state"], champion["version"], champion["weights_sha256"]) == (
+        "loaded",
+        "1",
+        harness.weights("mid"),
+    )
+    second = harness.register("strong", evaluation, "better")
+    assert second["decision"]["accepted"] is True
+    assert second["registered_version"] == "2"
+    assert second["champion_compared"]["scores_from"] == "the evaluation"
+    assert harness.registry.aliases("better") == {CHAMPION: "2", PREVIOUS: "1"}
+    assert harness.champion_weights("better") == harness.weights("strong")
+
+
+def test_a_registered_version_loads_as_the_same_model_with_signature_and_input_example(
+    harness: Harness, tmp_path: Path
+):
+    record = harness.evaluate_and_register("strong", "loadable")
+    info = harness.registry.version("loadable", record["registered_version"])
+    test = load_prepared(harness.data).split("test")
+    with torch.no_grad():
+        expected = load_trained_model(harness.models["strong"]).model(test.features)
+        assert torch.allclose(harness.registry.load_model(info)(test.features), expected, atol=1e-6)
+    mlmodel = yaml.safe_load(harness.registry.download_model_file(info, "MLmodel", tmp_path).read_text())
+    assert "pytorch" in mlmodel["flavors"]
+    assert json.loads(mlmodel["signature"]["inputs"])[0]["tensor-spec"]["shape"] == [-1, 64]
+    assert mlmodel["saved_input_example_info"]["type"] == "ndarray"
+    manifest = harness.registry.download_model_file(info, "extra_files/manifest.json", tmp_path / "m")
+    assert manifest.read_bytes() == (harness.data / "manifest.json").read_bytes()
+
+
+def test_a_worse_candidate_is_not_registered_and_the_decision_is_on_its_run(harness: Harness):
+    harness.evaluate_and_register("strong", "worse")
+    record = harness.evaluate_and_register("mid", "worse")
+    decision = record["decision"]
+    assert decision["accepted"] is False and record["registered_version"] is None
+    assert "does not beat champion v1's" in decision["reasons"][0]
+    assert [info.version for info in harness.registry.versions("worse")] == ["1"]
+    assert harness.registry.aliases("worse") == {CHAMPION: "1"}
+
+    run_id = load_trained_model(harness.models["mid"]).metadata["mlflow_run_id"]
+    run = harness.client.get_run(run_id)
+    assert run.data.tags[tags.GATE_ACCEPTED] == "false"
+    assert json.loads(run.data.tags[tags.GATE_REASONS]) == decision["reasons"]
+    assert run.data.tags[tags.REGISTERED_VERSION] == "none"
+    assert json.loads(run.data.tags[tags.GATE_POLICY])["primary_metric"] == "macro_f1"
+    # The evaluate step logged the candidate's test scores and its evaluation.json to the same run.
+    assert run.data.metrics["test_macro_f1"] == pytest.approx(record["metrics"]["macro_f1"])
+    artifacts = [entry.path for entry in harness.client.list_artifacts(run_id)]
+    assert EVALUATION_FILE in artifacts
+
+
+def test_an_improvement_inside_the_margin_is_not_registered(harness: Harness):
+    harness.evaluate_and_register("mid", "margin")
+    record = harness.evaluate_and_register("strong", "margin", "--min-improvement", "0.05")
+    decision = record["decision"]
+    assert decision["accepted"] is False
+    improvement = decision["candidate_value"] - decision["champion_value"]
+    assert 0 < improvement < 0.05  # a real improvement, just not enough
+    assert "by the margin 0.05" in decision["reasons"][0]
+    assert record["decision"]["policy"]["min_improvement"] == "0.05"
+    assert harness.registry.aliases("margin") == {CHAMPION: "1"}
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        (lambda metrics: metrics.update(macro_f1=math.nan), "candidate's macro_f1 is not a finite number"),
+        (lambda metrics: metrics.pop("macro_f1"), "candidate has no macro_f1"),
+    ],
+    ids=["nan", "missing"],
+)
+def test_nan_or_missing_metrics_are_rejected(harness: Harness, tamper, reason: str):
+    model_name = f"unusable-{len(reason)}"
+    evaluation = harness.evaluate("strong", model_name)
+    document = evaluation_document(evaluation)
+    tamper(document["candidate"]["metrics"])
+    (evaluation / EVALUATION_FILE).write_text(json.dumps(document))
+    record = harness.register("strong", evaluation, model_name)
+    assert record["decision"]["accepted"] is False
+    assert record["decision"]["reasons"] == [reason]
+    assert harness.registry.versions(model_name) == []
+
+
+# -- the compare-and-set --------------------------------------------------------------------------------
+
+
+def test_a_candidate_is_refused_when_a_better_champion_appeared_after_its_evaluation(harness: Harness):
+    harness.evaluate_and_register("mid", "interleaved")
+    evaluated_a = harness.evaluate("strong", "interleaved")  # A: compared with v1 (mid), which it beats
+    evaluated_b = harness.evaluate("best", "interleaved")  # B: compared with v1 too
+    assert evaluation_document(evaluated_a)["champion"]["version"] == "1"
+
+    b = harness.register("best", evaluated_b, "interleaved")
+    assert b["registered_version"] == "2"
+    a = harness.register("strong", evaluated_a, "interleaved")
+
+    assert a["decision"]["accepted"] is False and a["registered_version"] is None
+    assert a["decision"]["champion_version"] == "2"
+    assert "does not beat champion v2's" in a["decision"]["reasons"][0]
+    compared = a["champion_compared"]
+    assert compared["scores_from"] == "re-read under the lock"
+    # Re-scored on the candidate's split by the same code: exactly B's own evaluation numbers.
+    assert compared["metrics"] == evaluation_document(evaluated_b)["candidate"]["metrics"]
+    assert harness.registry.aliases("interleaved") == {CHAMPION: "2", PREVIOUS: "1"}
+
+
+def test_two_registrations_racing_for_the_alias_leave_the_better_model_as_champion(harness: Harness):
+    evaluations = {model: harness.evaluate(model, "race") for model in ("mid", "strong")}
+    outs = {model: harness.folder("registration") for model in evaluations}
+    logs = {model: (harness.root / f"race-{model}.log").open("w") for model in evaluations}
+    processes = {
+        model: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "training.cli",
+                *harness.register_argv(model, evaluation, "race", outs[model]),
+            ],
+            stdout=logs[model],
+            stderr=subprocess.STDOUT,
+        )
+        for model, evaluation in evaluations.items()
+    }
+    for model, process in processes.items():
+        assert process.wait(timeout=240) == 0, (harness.root / f"race-{model}.log").read_text()[-3000:]
+        logs[model].close()
+
+    records = {model: json.loads((out / REGISTRATION_FILE).read_text()) for model, out in outs.items()}
+    assert harness.champion_weights("race") == harness.weights("strong")
+    assert records["strong"]["decision"]["accepted"] is True
+    versions = harness.registry.versions("race")
+    if records["mid"]["decision"]["accepted"]:  # mid got the lock first: strong then beat it
+        assert [info.weights_sha256 for info in versions] == [
+            harness.weights("strong"),
+            harness.weights("mid"),
+        ]
+        assert harness.registry.aliases("race") == {CHAMPION: "2", PREVIOUS: "1"}
+        assert records["strong"]["champion_compared"]["scores_from"] == "re-read under the lock"
+    else:  # strong got it first: mid, re-scored against it, lost
+        assert [info.weights_sha256 for info in versions] == [harness.weights("strong")]
+        assert "does not beat champion v1's" in records["mid"]["decision"]["reasons"][0]
+
+
+# -- unloadable champions -------------------------------------------------------------------------------
+
+
+def test_an_unloadable_champion_blocks_registration_unless_bootstrapped(harness: Harness):
+    harness.evaluate_and_register("mid", "broken")
+    info = harness.registry.version("broken", "1")
+    model_id = info.source.removeprefix("models:/")
+    location = harness.client.get_logged_model(model_id).artifact_location
+    (Path(location.removeprefix("file://")) / "data" / "model.pt2").unlink()  # the artifact store lost it
+
+    evaluation = harness.evaluate("strong", "broken")
+    champion = evaluation_document(evaluation)["champion"]
+    assert (champion["state"], champion["version"], champion["metrics"]) == ("unloadable", "1", None)
+    assert "models:/broken/1 cannot be loaded" in champion["error"]
+
+    refused = harness.register("strong", evaluation, "broken")
+    assert refused["decision"]["accepted"] is False
+    assert "champion v1 cannot be loaded" in refused["decision"]["reasons"][0]
+    assert "allow a bootstrap" in refused["decision"]["reasons"][0]
+
+    bootstrapped = harness.register("strong", evaluation, "broken", "--bootstrap-unloadable-champion", "true")
+    assert bootstrapped["decision"]["accepted"] is True
+    assert bootstrapped["decision"]["reasons"] == [
+        "bootstrap over unloadable champion v1; first-model floors met"
+    ]
+    assert harness.registry.aliases("broken") == {CHAMPION: "2", PREVIOUS: "1"}
+
+
+def test_a_version_whose_weights_differ_from_its_tag_does_not_load(harness: Harness):
+    record = harness.evaluate_and_register("mid", "tampered")
+    harness.registry.tag_version("tampered", record["registered_version"], {tags.WEIGHTS_SHA256: "0" * 64})
+    info = harness.registry.version("tampered", record["registered_version"])
+    with pytest.raises(ModelLoadError, match="not the registered 000000000000; its artifacts were changed"):
+        harness.registry.load_model(info)
