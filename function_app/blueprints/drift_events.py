@@ -1,0 +1,22 @@
+"""Event Grid: drift alerts (Azure ML model monitoring, v1 dataset drift, and our own drift check)."""
+
+from __future__ import annotations
+
+import logging
+
+import azure.functions as func
+
+from function_app.blueprints.event_payload import event_payload
+from function_app.requests import KIND_DRIFT
+from function_app.runtime import front_door
+
+log = logging.getLogger(__name__)
+blueprint = func.Blueprint()
+
+
+@blueprint.function_name("on_drift_alert")
+@blueprint.event_grid_trigger(arg_name="event")
+# Annotated EventGridEvent (the worker checks it); a CloudEvents delivery arrives as func.CloudEvent.
+def on_drift_alert(event: func.EventGridEvent) -> None:
+    outcome = front_door().deliver(event_payload(event), family=KIND_DRIFT)
+    log.info("drift event %s: %s (%s)", outcome.event_id, outcome.decision, outcome.reason)

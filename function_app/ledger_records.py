@@ -1,0 +1,365 @@
+"""The ledger's records: events and their decisions, submissions and the inputs they pin, with the rules
+for replacing them, and the JSON both ledgers store (function_app/ledger.py, function_app/blob_ledger.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, TERMINAL_STATES
+from function_app.policy_state import ModelState, PolicyError
+from function_app.requests import DECISIONS, KINDS, SUBMITTED, TriggerRequest
+
+SUBMITTING = "Submitting"  # recorded before the submitter has accepted the job
+SUBMISSION_STATUSES = (SUBMITTING, QUEUED, RUNNING, COMPLETED, FAILED, CANCELED)
+EVENTS, SUBMISSIONS, MODELS = "events", "submissions", "models"
+_RECORD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_DATA_VERSION = re.compile(r"[a-z]{2}-[0-9a-f]{16}")
+_SECRETS = (
+    re.compile(r"(?i)(AccountKey=)[^;\s'\"]+"),
+    re.compile(r"(?i)(SharedAccessSignature=)[^;\s'\"]+"),
+    re.compile(r"(?i)(\bsig=)[^&;\s'\"]+"),
+    re.compile(r"(?i)(\bSharedKey(?:Lite)?\s+[^:\s]+:)[^\s'\"]+"),
+)
+_Record = TypeVar("_Record")
+
+
+class LedgerError(Exception):
+    """The ledger cannot be used as asked; the one-line, secret-free message says what to change."""
+
+
+class LedgerBusyError(LedgerError):
+    """A record kept changing under a compare-and-set update; transient: retry the event."""
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with account keys, SAS tokens and signatures replaced by '***'."""
+    for pattern in _SECRETS:
+        text = pattern.sub(r"\1***", text)
+    return text
+
+
+def event_id_for_key(dedupe_key: str) -> str:
+    """The record id an event is claimed under: a hash, since dedupe keys hold URLs and other characters."""
+    return "k-" + hashlib.sha256(dedupe_key.encode()).hexdigest()[:40]
+
+
+def new_delivery_id() -> str:
+    """A fresh record id for one delivery (a rejection, a duplicate): never claims, never collides."""
+    return "d-" + uuid.uuid4().hex
+
+
+def check_record_id(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _RECORD_ID.fullmatch(value):
+        raise LedgerError(f"{what} {value!r}: expected 1-128 letters, digits, '.', '_' or '-'")
+    return value
+
+
+def _aware(value: Any, what: str) -> datetime:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = datetime.fromisoformat(value)
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise LedgerError(f"{what} {value!r}: expected a timezone-aware time (ISO 8601 with an offset)")
+    return value.astimezone(UTC)
+
+
+def _details(value: Mapping[str, Any] | None, what: str) -> Mapping[str, Any]:
+    try:
+        return MappingProxyType(json.loads(json.dumps(dict(value or {}))))
+    except (TypeError, ValueError):
+        raise LedgerError(
+            f"{what} details: expected a mapping of JSON values (text, numbers, lists)"
+        ) from None
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One event and what was decided about it. `id` is `event_id_for_key(dedupe_key)` for a claimed event
+    (see `claim`), or a `new_delivery_id()` for a delivery recorded as it is (see `delivery`)."""
+
+    id: str
+    kind: str
+    decision: str
+    reason: str
+    received_at: datetime
+    model_name: str | None = None
+    event_id: str | None = None
+    dedupe_key: str | None = None
+    submission: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+    applied: bool = True  # False: claimed, but its item may not have reached the model's state yet
+
+    def __post_init__(self) -> None:
+        check_record_id(self.id, "event record id")
+        if not isinstance(self.applied, bool):
+            raise LedgerError(f"event {self.id} applied {self.applied!r}: expected true or false")
+        if self.kind not in KINDS:
+            raise LedgerError(f"event {self.id} kind {self.kind!r}: expected one of {list(KINDS)}")
+        if self.decision not in DECISIONS:
+            raise LedgerError(
+                f"event {self.id} decision {self.decision!r}: expected one of {list(DECISIONS)}"
+            )
+        if not isinstance(self.reason, str):
+            raise LedgerError(f"event {self.id} reason {self.reason!r}: expected text")
+        if self.submission is not None:
+            check_record_id(self.submission, f"event {self.id} submission id")
+        elif self.decision == SUBMITTED:
+            raise LedgerError(f"event {self.id} is 'submitted' without a submission id; expected one")
+        if self.id.startswith("k-") and (
+            self.dedupe_key is None or self.id != event_id_for_key(self.dedupe_key)
+        ):
+            raise LedgerError(
+                f"event record id {self.id} is not the claim id of its dedupe key; build it with "
+                "EventRecord.claim, or use a delivery id"
+            )
+        object.__setattr__(self, "received_at", _aware(self.received_at, f"event {self.id} received_at"))
+        object.__setattr__(self, "details", _details(self.details, f"event {self.id}"))
+
+    @classmethod
+    def claim(
+        cls,
+        request: TriggerRequest,
+        decision: str,
+        reason: str,
+        *,
+        submission: str | None = None,
+        details: Mapping[str, Any] | None = None,
+        applied: bool = False,
+    ) -> EventRecord:
+        """The record that claims `request`'s dedupe key; written before the item is added to the model's
+        state, so not yet `applied` (see `with_decision`)."""
+        return cls(
+            id=event_id_for_key(request.dedupe_key),
+            kind=request.kind,
+            decision=decision,
+            reason=reason,
+            received_at=request.received_at,
+            model_name=request.model_name,
+            event_id=request.event_id,
+            dedupe_key=request.dedupe_key,
+            submission=submission,
+            details=details or {},
+            applied=applied,
+        )
+
+    @classmethod
+    def delivery(
+        cls, kind: str, decision: str, reason: str, received_at: datetime, **fields: Any
+    ) -> EventRecord:
+        """A record of one delivery under a fresh id (for rejections and duplicates); `fields` are the
+        optional ones (model_name, event_id, dedupe_key, details)."""
+        return cls(new_delivery_id(), kind, decision, reason, received_at, **fields)
+
+    def with_decision(
+        self,
+        decision: str,
+        reason: str,
+        submission: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> EventRecord:
+        """The policy's decision about this event, which says its item reached the model's state."""
+        changes = {"decision": decision, "reason": reason, "submission": submission, "applied": True}
+        return replace(self, **changes, details=details or self.details)
+
+    @property
+    def needs_apply(self) -> bool:
+        """Claimed, but the claimer may have stopped before adding its item to the model's state: a
+        redelivery should apply it (on_arrival's own dedupe makes that safe while the item is held)."""
+        return not self.applied and self.submission is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "decision": self.decision,
+            "reason": self.reason,
+            "submission": self.submission,
+            "received_at": self.received_at.isoformat(),
+            "model_name": self.model_name,
+            "event_id": self.event_id,
+            "dedupe_key": self.dedupe_key,
+            "details": dict(self.details),
+            "applied": self.applied,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EventRecord:
+        return cls(**{name: data[name] for name in _EVENT_FIELDS})
+
+
+_EVENT_FIELDS = (
+    *("id", "kind", "decision", "reason", "received_at"),
+    *("model_name", "event_id", "dedupe_key", "submission", "details", "applied"),
+)
+
+
+@dataclass(frozen=True)
+class InputPin:
+    """One input a submission pins: where it is, and its fingerprint ('etag:<etag>' or 'sha256:<hex>')."""
+
+    url: str
+    fingerprint: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url:
+            raise LedgerError(f"input url {self.url!r}: expected a blob URL or a file URI")
+        if not isinstance(self.fingerprint, str) or not self.fingerprint.startswith(("etag:", "sha256:")):
+            raise LedgerError(
+                f"input {self.url} fingerprint {self.fingerprint!r}: expected 'etag:..' or 'sha256:..'"
+            )
+
+    @classmethod
+    def of_manifest(cls, manifest: Any) -> tuple[InputPin, ...]:
+        """The pins of a components.data_version.DataManifest: each file's source and fingerprint."""
+        return tuple(cls(file.source, file.fingerprint) for file in manifest.files)
+
+
+@dataclass(frozen=True)
+class SubmissionRecord:
+    """One submission: the batch's kind, the data it pins (`inputs`, hashed into `data_version`), the events
+    that ride in it, and the job's status as the submitter last reported it."""
+
+    id: str
+    model_name: str
+    kind: str
+    status: str
+    created_at: datetime
+    updated_at: datetime
+    data_version: str | None = None
+    inputs: tuple[InputPin, ...] = ()
+    events: tuple[str, ...] = ()
+    job_name: str | None = None
+    backend: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_record_id(self.id, "submission id")
+        if self.kind not in KINDS:
+            raise LedgerError(f"submission {self.id} kind {self.kind!r}: expected one of {list(KINDS)}")
+        if self.status not in SUBMISSION_STATUSES:
+            raise LedgerError(
+                f"submission {self.id} status {self.status!r}: expected one of {list(SUBMISSION_STATUSES)}"
+            )
+        if self.data_version is not None and not _DATA_VERSION.fullmatch(str(self.data_version)):
+            raise LedgerError(
+                f"submission {self.id} data version {self.data_version!r}: expected 'rd-<16 hex digits>'"
+            )
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        if not all(isinstance(pin, InputPin) for pin in self.inputs):
+            raise LedgerError(f"submission {self.id} inputs: expected InputPin(url, fingerprint) values")
+        object.__setattr__(
+            self, "events", tuple(check_record_id(e, "submission event id") for e in self.events)
+        )
+        for name in ("created_at", "updated_at"):
+            object.__setattr__(self, name, _aware(getattr(self, name), f"submission {self.id} {name}"))
+        object.__setattr__(self, "details", _details(self.details, f"submission {self.id}"))
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL_STATES
+
+    def with_status(self, status: str, now: datetime, **changes: Any) -> SubmissionRecord:
+        """This record with a new status at `now`; `changes` may set job_name, backend, details,
+        data_version and inputs."""
+        return replace(self, status=status, updated_at=now, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "data_version": self.data_version,
+            "inputs": [pin.url for pin in self.inputs],
+            "status": self.status,
+            "model_name": self.model_name,
+            "job_name": self.job_name,
+            "backend": self.backend,
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+            "events": list(self.events),
+            "pins": [{"url": pin.url, "fingerprint": pin.fingerprint} for pin in self.inputs],
+            "details": dict(self.details),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SubmissionRecord:
+        names = ("id", "model_name", "kind", "status", "created_at", "updated_at", "data_version")
+        values = {name: data[name] for name in (*names, "job_name", "backend", "details")}
+        pins = tuple(InputPin(pin["url"], pin["fingerprint"]) for pin in data["pins"])
+        return cls(**values, inputs=pins, events=tuple(data["events"]))
+
+
+def check_claim(record: EventRecord) -> None:
+    if record.dedupe_key is None or record.id != event_id_for_key(record.dedupe_key):
+        raise LedgerError(f"event {record.id} is not a claim; expected EventRecord.claim(request, ...)")
+
+
+def event_replaceable(old: EventRecord, new: EventRecord) -> bool:
+    """Whether `new` may replace `old`; raises if they are not the same event."""
+    for name in ("kind", "model_name", "event_id", "dedupe_key", "received_at"):
+        if getattr(old, name) != getattr(new, name):
+            raise LedgerError(f"event {old.id}: an update changes its {name}; expected the same event")
+    taken_back = (old.submission is not None and new.submission is None) or (old.applied and not new.applied)
+    return not taken_back
+
+
+def submission_replaceable(old: SubmissionRecord, new: SubmissionRecord) -> bool:
+    """Whether `new` may replace `old`; raises if it rewrites what the submission is or pins."""
+    for name in ("model_name", "kind", "created_at", "data_version", "inputs"):
+        before = getattr(old, name)
+        if before not in (None, ()) and before != getattr(new, name):
+            raise LedgerError(
+                f"submission {old.id}: an update changes its {name}; a submission's pins are fixed"
+            )
+    return not (old.finished and new.status != old.status)
+
+
+def parse_record(name: str, data: bytes, parse: Callable[[Any], _Record]) -> _Record:
+    """A stored record, or a one-line LedgerError naming it."""
+    try:
+        return parse(json.loads(data))
+    except (ValueError, KeyError, TypeError, LedgerError, PolicyError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise LedgerError(
+            f"ledger record {name} is unreadable ({reason}); expected the ledger's JSON"
+        ) from None
+
+
+def encode(payload: Mapping[str, Any]) -> bytes:
+    return json.dumps(payload, indent=1, sort_keys=False).encode() + b"\n"
+
+
+def build_snapshot(events: list[EventRecord], submissions: list[SubmissionRecord]) -> dict[str, Any]:
+    return {
+        "events": [e.to_dict() for e in sorted(events, key=lambda e: (e.received_at, e.id))],
+        "submissions": [s.to_dict() for s in sorted(submissions, key=lambda s: (s.created_at, s.id))],
+    }
+
+
+def stored_state(data: Any) -> ModelState:
+    """A model's state as a ledger stores it: `{"state": ModelState.to_dict(), ...}`."""
+    return ModelState.from_dict(data["state"])
+
+
+def versioned_state(data: Any) -> tuple[int, ModelState]:
+    """The local ledger's state record, which also carries its version (the compare-and-set token)."""
+    version = data["version"]
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise LedgerError(f"state version {version!r}: expected a whole number >= 1")
+    return version, ModelState.from_dict(data["state"])
+
+
+def check_model(model_name: str, state: ModelState) -> None:
+    if state.model_name != model_name:
+        raise LedgerError(
+            f"state of model {state.model_name!r} given for {model_name!r}; expected the same model"
+        )

@@ -1,0 +1,223 @@
+"""The front door's settings: the Function App's environment variables in, one validated frozen value out.
+
+Functions passes app settings as environment variables, so `AppSettings.from_environ` is the only place
+that reads them; nothing deeper reads the environment. An invalid setting raises `SettingsError`, whose
+one-line message names the variable and the expected form: it stops start-up instead of rejecting every
+event later. An empty variable counts as unset (an app setting cleared in the portal stays, empty).
+
+The storage connection string is for the Azurite emulator only (in Azure the managed identity is used): it
+is kept out of `repr`, and every text that could quote it goes through `mask_secrets`. The storage
+settings' own rules (endpoints, containers, prefixes, the ledger) are in function_app/storage_settings.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from function_app.storage_settings import (
+    BLOB_ACCOUNT,
+    BLOB_CONTAINER,
+    BLOB_ENDPOINT,
+    BLOB_PREFIX,
+    BLOB_SUFFIXES,
+    EXPECTED_CONNECTION_STRING,
+    LEDGER,
+    STORAGE_CONNECTION_STRING,
+    BlobScope,
+    EmulatorConnection,
+    LedgerLocation,
+    SettingsError,
+    blob_scope_from,
+    mask_secrets,
+    quoted,
+)
+
+__all__ = [
+    "BLOB_ACCOUNT",
+    "BLOB_CONTAINER",
+    "BLOB_ENDPOINT",
+    "BLOB_PREFIX",
+    "BLOB_SUFFIXES",
+    "LEDGER",
+    "STORAGE_CONNECTION_STRING",
+    "AppSettings",
+    "BlobScope",
+    "LedgerLocation",
+    "SettingsError",
+    "mask_secrets",
+]
+
+SUBMITTER, HOME, MODEL_NAME = "RETRAIN_SUBMITTER", "RETRAIN_HOME", "RETRAIN_MODEL_NAME"
+DEBOUNCE_QUIET, DEBOUNCE_MAX_WAIT = "RETRAIN_DEBOUNCE_QUIET_SECONDS", "RETRAIN_DEBOUNCE_MAX_WAIT_SECONDS"
+COOLDOWN, MAX_RUNS_PER_DAY = "RETRAIN_COOLDOWN_SECONDS", "RETRAIN_MAX_RUNS_PER_DAY"
+HTTP_MAX_BODY_BYTES = "RETRAIN_HTTP_MAX_BODY_BYTES"
+
+LOCAL, AZUREML, DRY_RUN = "local", "azureml", "dry-run"
+SUBMITTERS = (LOCAL, AZUREML, DRY_RUN)
+
+DEFAULT_HOME = Path(".retrain")
+DEFAULT_MODEL_NAME = "digits"
+DEFAULT_QUIET_SECONDS, DEFAULT_MAX_WAIT_SECONDS, DEFAULT_COOLDOWN_SECONDS = 120, 900, 3600
+DEFAULT_MAX_RUNS_PER_DAY = 6
+DEFAULT_HTTP_MAX_BODY_BYTES = 64 * 1024
+MAX_HTTP_BODY_BYTES = 100 * 1024 * 1024  # the Functions host refuses larger requests itself
+WEEK_SECONDS = 7 * 24 * 3600
+MAX_RUNS_PER_DAY_LIMIT = 24 * 60  # a run a minute; more is a typo, not a budget
+
+# The same rule as components/request.py's RunRequest (a test keeps the two in agreement).
+_MODEL_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,12}")
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """Everything the front door reads from its environment, validated."""
+
+    submitter: str = LOCAL
+    home: Path = DEFAULT_HOME
+    model_name: str = DEFAULT_MODEL_NAME
+    blob: BlobScope | None = None
+    ledger: LedgerLocation | None = None  # None: `<home>/ledger`
+    debounce_quiet_seconds: int = DEFAULT_QUIET_SECONDS
+    debounce_max_wait_seconds: int = DEFAULT_MAX_WAIT_SECONDS
+    cooldown_seconds: int = DEFAULT_COOLDOWN_SECONDS
+    max_runs_per_day: int = DEFAULT_MAX_RUNS_PER_DAY
+    http_max_body_bytes: int = DEFAULT_HTTP_MAX_BODY_BYTES
+    storage_connection_string: str | None = field(default=None, repr=False)  # emulator only; has a key
+
+    def __post_init__(self) -> None:
+        if self.submitter not in SUBMITTERS:
+            raise SettingsError(
+                f"{SUBMITTER} {quoted(self.submitter)}: expected one of {', '.join(SUBMITTERS)}"
+            )
+        if not _MODEL_NAME.fullmatch(self.model_name):
+            raise SettingsError(
+                f"{MODEL_NAME} {quoted(self.model_name)}: expected 1-40 lowercase letters, digits or '-', "
+                "starting with a letter"
+            )
+        if "\x00" in str(self.home):
+            raise SettingsError(
+                f"{HOME}: a folder path cannot contain NUL; expected a folder such as .retrain"
+            )
+        self._check_numbers()
+        if self.ledger is None:
+            object.__setattr__(self, "ledger", LedgerLocation(folder=self.home / "ledger"))
+        if self.blob is None and self.submitter == AZUREML:
+            raise SettingsError(
+                f"{BLOB_ACCOUNT} and {BLOB_CONTAINER} are unset; expected the landing account and container "
+                f"when {SUBMITTER}={AZUREML}"
+            )
+        self._check_emulator_connection()
+
+    def _check_numbers(self) -> None:
+        _check_range(DEBOUNCE_QUIET, self.debounce_quiet_seconds, 0, WEEK_SECONDS, "seconds")
+        _check_range(DEBOUNCE_MAX_WAIT, self.debounce_max_wait_seconds, 0, WEEK_SECONDS, "seconds")
+        _check_range(COOLDOWN, self.cooldown_seconds, 0, WEEK_SECONDS, "seconds")
+        _check_range(MAX_RUNS_PER_DAY, self.max_runs_per_day, 1, MAX_RUNS_PER_DAY_LIMIT, "runs")
+        _check_range(HTTP_MAX_BODY_BYTES, self.http_max_body_bytes, 1, MAX_HTTP_BODY_BYTES, "bytes")
+        if self.debounce_max_wait_seconds < self.debounce_quiet_seconds:
+            raise SettingsError(
+                f"{DEBOUNCE_MAX_WAIT} {self.debounce_max_wait_seconds}: shorter than {DEBOUNCE_QUIET} "
+                f"{self.debounce_quiet_seconds}; expected a maximum wait at least as long as the quiet period"
+            )
+
+    def _check_emulator_connection(self) -> None:
+        """An emulator endpoint needs the emulator's connection string, for the same account and endpoint."""
+        connection = (
+            EmulatorConnection.parse(self.storage_connection_string)
+            if self.storage_connection_string
+            else None
+        )
+        ledger_endpoint = self.ledger_location.endpoint
+        if connection and ledger_endpoint and not ledger_endpoint.is_emulator:
+            # function_app/ledger.py refuses a key for a real account too: in Azure the identity is used.
+            raise SettingsError(
+                f"{LEDGER} is in Azure ({ledger_endpoint.url}), where the managed identity is used; expected "
+                f"{STORAGE_CONNECTION_STRING} unset, or an emulator ledger"
+            )
+        blob_endpoint = self.blob.endpoint if self.blob else None
+        for setting, endpoint in ((BLOB_ENDPOINT, blob_endpoint), (LEDGER, ledger_endpoint)):
+            if endpoint is None or not endpoint.is_emulator:
+                continue
+            if connection is None:
+                raise SettingsError(
+                    f"{setting} points at the emulator ({endpoint.url}), which needs "
+                    f"{STORAGE_CONNECTION_STRING}; expected {EXPECTED_CONNECTION_STRING}"
+                )
+            if (connection.account, connection.blob_endpoint) != (endpoint.account, endpoint.url):
+                raise SettingsError(
+                    f"{STORAGE_CONNECTION_STRING} is for account {connection.account!r} at "
+                    f"{connection.blob_endpoint}, but {setting} is account {endpoint.account!r} at "
+                    f"{endpoint.url}; expected a connection string for that account and endpoint"
+                )
+
+    @property
+    def ledger_location(self) -> LedgerLocation:
+        """The ledger, never None: `<home>/ledger` unless RETRAIN_LEDGER says otherwise."""
+        return self.ledger if self.ledger is not None else LedgerLocation(folder=self.home / "ledger")
+
+    @property
+    def debounce_quiet(self) -> timedelta:
+        return timedelta(seconds=self.debounce_quiet_seconds)
+
+    @property
+    def debounce_max_wait(self) -> timedelta:
+        return timedelta(seconds=self.debounce_max_wait_seconds)
+
+    @property
+    def cooldown(self) -> timedelta:
+        return timedelta(seconds=self.cooldown_seconds)
+
+    def describe(self) -> str:
+        """One line for the start-up log; the connection string appears only as 'set'."""
+        blob = (
+            f"{self.blob.container_url}/{self.blob.folder}*{{{','.join(self.blob.suffixes)}}}"
+            if self.blob
+            else "none"
+        )
+        ledger = self.ledger_location.spec
+        return (
+            f"submitter={self.submitter} model={self.model_name} home={self.home} blobs={blob} "
+            f"ledger={ledger} debounce={self.debounce_quiet_seconds}s/{self.debounce_max_wait_seconds}s "
+            f"cooldown={self.cooldown_seconds}s max_runs_per_day={self.max_runs_per_day} "
+            f"http_max_body_bytes={self.http_max_body_bytes} "
+            f"connection_string={'set' if self.storage_connection_string else 'unset'}"
+        )
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> AppSettings:
+        """The settings named by the RETRAIN_* variables of `environ`; raises `SettingsError`."""
+        values = {key: value.strip() for key, value in environ.items() if key.startswith("RETRAIN_")}
+        values = {key: value for key, value in values.items() if value}
+        home = Path(values.get(HOME, str(DEFAULT_HOME)))
+        return cls(
+            submitter=values.get(SUBMITTER, LOCAL),
+            home=home,
+            model_name=values.get(MODEL_NAME, DEFAULT_MODEL_NAME),
+            blob=blob_scope_from(values),
+            ledger=LedgerLocation.parse(values[LEDGER]) if LEDGER in values else None,
+            debounce_quiet_seconds=_whole(values, DEBOUNCE_QUIET, DEFAULT_QUIET_SECONDS),
+            debounce_max_wait_seconds=_whole(values, DEBOUNCE_MAX_WAIT, DEFAULT_MAX_WAIT_SECONDS),
+            cooldown_seconds=_whole(values, COOLDOWN, DEFAULT_COOLDOWN_SECONDS),
+            max_runs_per_day=_whole(values, MAX_RUNS_PER_DAY, DEFAULT_MAX_RUNS_PER_DAY),
+            http_max_body_bytes=_whole(values, HTTP_MAX_BODY_BYTES, DEFAULT_HTTP_MAX_BODY_BYTES),
+            storage_connection_string=values.get(STORAGE_CONNECTION_STRING),
+        )
+
+
+def _whole(values: Mapping[str, str], name: str, default: int) -> int:
+    text = values.get(name)
+    if text is None:
+        return default
+    if not _WHOLE_NUMBER.fullmatch(text):
+        raise SettingsError(f"{name} {quoted(text, 40)}: expected a whole number such as {default}")
+    return int(text)
+
+
+def _check_range(name: str, value: int, low: int, high: int, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SettingsError(f"{name} {quoted(value)}: expected whole {unit} from {low} to {high}")
