@@ -17,9 +17,10 @@ lint: $(VENV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-bench: $(VENV_STAMP)
+bench: $(VENV_STAMP) $(AZURITE)
 	$(PY) bench/trainer.py
 	$(PY) bench/pipeline.py
+	$(PY) bench/triggers.py
 
 $(VENV_STAMP): requirements.txt requirements-dev.txt components/environment/requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -3,7 +3,8 @@
 `training.cli` contributes the commands that run inside a step (sample-data, prepare, train, evaluate,
 register, demo) and those that read the model registry (models, lineage, rollback);
 `components.cli_local` the local pipeline runner (run, runs); `components.cli_azure` the Azure ML side
-(submit, publish, schedule). Each handler gets the local state folder and the environment on its arguments,
+(submit, publish, schedule); `function_app.cli` the front door played locally (event, watch, trigger,
+flush, ledger). Each handler gets the local state folder and the environment on its arguments,
 so no library code reads os.environ.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from components import cli_azure, cli_local
 from components.errors import PipelineError
+from function_app import cli as front_door_cli
 from training import cli as training_cli
 from training.errors import RetrainError
 from training.local_state import state_root
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     training_cli.register_commands(commands)
     cli_local.register_commands(commands)
     cli_azure.register_commands(commands)
+    front_door_cli.register_commands(commands)
     return parser
 
 
@@ -42,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # azure-ai-ml announces its own experimental schema classes while loading any job; nothing to act on.
     logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
+    # One INFO line per storage request would bury the decisions the commands print.
+    logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
     args.environ = dict(os.environ)
     args.state_root = state_root(args.environ, Path.cwd())
     try:

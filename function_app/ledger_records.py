@@ -335,7 +335,7 @@ def parse_record(name: str, data: bytes, parse: Callable[[Any], _Record]) -> _Re
 
 
 def encode(payload: Mapping[str, Any]) -> bytes:
-    return json.dumps(payload, indent=1, sort_keys=False).encode() + b"\n"
+    return json.dumps(payload, separators=(",", ":")).encode() + b"\n"  # compact: the C encoder
 
 
 def build_snapshot(events: list[EventRecord], submissions: list[SubmissionRecord]) -> dict[str, Any]:

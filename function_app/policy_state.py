@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -125,7 +125,20 @@ class PendingItem:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "arrived_at": self.arrived_at.isoformat()}
+        # By hand: dataclasses.asdict deep-copies every field, and a model's state holds hundreds of items.
+        blob = self.blob
+        return {
+            "event_id": self.event_id,
+            "dedupe_key": self.dedupe_key,
+            "kind": self.kind,
+            "arrived_at": self.arrived_at.isoformat(),
+            "blob": None
+            if blob is None
+            else {"url": blob.url, "etag": blob.etag, "sequencer": blob.sequencer, "size": blob.size},
+            "force": self.force,
+            "reason": self.reason,
+            "data_uri": self.data_uri,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PendingItem:

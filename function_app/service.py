@@ -21,8 +21,15 @@ from components.data_version import DataManifest
 from components.request import TERMINAL_STATES, RunRequest, Submitter
 from function_app.http_requests import HttpRejection, parse_http_retrain
 from function_app.ledger import Ledger, LedgerBusyError
-from function_app.ledger_records import SUBMITTING, EventRecord, InputPin, SubmissionRecord
-from function_app.parsing import parse_event
+from function_app.ledger_records import (
+    SUBMITTING,
+    EventRecord,
+    InputPin,
+    LedgerError,
+    SubmissionRecord,
+    check_record_id,
+)
+from function_app.parsing import parse_blob_created, parse_drift_alert, parse_event
 from function_app.pinning import DataPinner, batch_manifest
 from function_app.policy import (
     FlushVerdict,
@@ -40,6 +47,8 @@ from function_app.requests import (
     ACCEPTED,
     COOLDOWN,
     DUPLICATE,
+    KIND_BLOB,
+    KIND_DRIFT,
     REJECTED,
     SUBMITTED,
     Rejection,
@@ -106,14 +115,9 @@ class FrontDoor:
     def deliver(self, payload: Mapping[str, Any], family: str | None = None) -> EventOutcome:
         """Decide about one Event Grid event (either schema); `family` is the trigger it reached."""
         now = self._clock()
-        parsed = parse_event(payload, self.settings, now)
-        if isinstance(parsed, TriggerRequest) and family is not None and parsed.kind != family:
-            parsed = Rejection(
-                parsed.kind,
-                parsed.event_id,
-                f"a {parsed.kind} event reached the {family} trigger; filter the Event Grid subscription "
-                "by event type",
-            )
+        # Each trigger parses only its own family, so a misrouted event is rejected with the reason why.
+        parse = {KIND_BLOB: parse_blob_created, KIND_DRIFT: parse_drift_alert}.get(family or "", parse_event)
+        parsed = parse(payload, self.settings, now)
         if isinstance(parsed, Rejection):
             return self._reject(parsed, now)
         return self._admit(parsed, now)
@@ -134,9 +138,11 @@ class FrontDoor:
                 return self._duplicate(request, earlier, now)
             claim = earlier  # its claimer stopped before the state save: apply it now
         decision = self._apply(request, now)
-        reason = _REASONS.get(decision, decision)
         if decision == DUPLICATE:
-            reason = "already pending or in flight (an earlier delivery reached the state)"
+            # Another delivery of this event reached the state first and records the decision on the
+            # claim; this delivery is a duplicate of it, recorded on its own.
+            return self._duplicate(request, self.ledger.event(claim.id), now)
+        reason = _REASONS.get(decision, decision)
         self.ledger.update_event(claim.with_decision(decision, reason))
         return EventOutcome(claim.id, request.event_id, request.kind, decision, reason)
 
@@ -199,11 +205,12 @@ class FrontDoor:
     def describe(self, identifier: str) -> dict[str, Any] | None:
         """What became of an HTTP request (by its event record id) or a submission (by its id)."""
         try:
-            event = self.ledger.event(identifier)
-            submission_id = event.submission if event else identifier
-            submission = self.ledger.submission(submission_id) if submission_id else None
-        except ValueError:
+            check_record_id(identifier, "retraining id")
+        except LedgerError:
             return None  # not an id this ledger could hold
+        event = self.ledger.event(identifier)
+        submission_id = event.submission if event else identifier
+        submission = self.ledger.submission(submission_id) if submission_id else None
         if event is None and submission is None:
             return None
         report: dict[str, Any] = {"id": identifier}

@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 from conftest import SMALL_TRAINING, copy_raw, pinned_request
 
+import retrain_cli
 from components import cli_local
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.local.cache import STAGING_PREFIX
 from components.request import CANCELED, COMPLETED, FAILED
 from components.specs import REPO_ROOT
+from training.sample_data import write_sample_batches
 
 
 def small_training(epochs: int = SMALL_TRAINING["epochs"]) -> list[str]:
@@ -93,7 +95,11 @@ def test_the_first_run_executes_every_components_real_command(first_run):
     assert (metadata["config"]["epochs"], metadata["config"]["hidden_width"]) == (2, 64)
     assert (Path(record.step("evaluate").outputs["evaluation"]) / "evaluation.json").is_file()
     registration = Path(record.outputs["registration"])
-    assert json.loads((registration / "registration.json").read_text())
+    decision = json.loads((registration / "registration.json").read_text())
+    assert (decision["decision"]["accepted"], decision["registered_version"]) == (
+        True,
+        "1",
+    )  # the first model
     assert output.splitlines()[-2:] == [f"run {record.run_id}: Completed", f"registration: {registration}"]
     assert [line.split()[:2] for line in output.splitlines()[:8:2]] == [
         ["prep", "started"], ["train", "started"], ["evaluate", "started"], ["register", "started"]
@@ -143,17 +149,32 @@ def test_changing_the_code_reruns_every_step_and_an_identical_copy_reuses_them(
     assert all(step.command and step.log for step in edited.steps)
 
 
-def test_new_data_reruns_every_step(state, sample_raw, first_run, tmp_path):
-    fewer = copy_raw(sample_raw, tmp_path / "fewer")
-    (fewer / "batch-0004.csv").unlink()
+def test_new_data_reruns_every_step_and_a_degraded_data_set_is_refused_by_the_gate(
+    state, first_run, tmp_path, monkeypatch, capsys
+):
+    # The same digits with half the labels wrong, as a broken upstream labeller delivers them.
+    degraded = tmp_path / "degraded"
+    write_sample_batches(degraded, batches=4, label_noise=0.5)
 
-    code, _ = retrain(state, "run", "--data", str(fewer), *small_training())
+    code, _ = retrain(state, "run", "--data", str(degraded), *small_training())
 
     record = newest_run(state)
-    assert code == 0
+    assert code == 0  # a refused candidate is the pipeline working, not failing
     assert record.data_version != first_run[0].data_version
     assert reused(record) == {"prep": False, "train": False, "evaluate": False, "register": False}
     assert "resumed from checkpoint" not in Path(record.step("train").log).read_text()
+    outcome = json.loads((Path(record.outputs["registration"]) / "registration.json").read_text())
+    assert (outcome["decision"]["accepted"], outcome["registered_version"]) == (False, None)
+    reasons = " ".join(outcome["decision"]["reasons"])
+    assert "accuracy" in reasons and "below the floor" in reasons and "champion v" in reasons, reasons
+
+    monkeypatch.setenv("RETRAIN_HOME", str(state))
+    capsys.readouterr()  # only what `models` prints, below
+    assert retrain_cli.main(["models", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert all(
+        version["lineage"]["raw_data_version"] != record.data_version for version in listing["versions"]
+    )
 
 
 def test_a_failing_step_fails_the_run_with_its_log_tail_and_leaves_the_cache_intact(

@@ -250,6 +250,7 @@ def test_an_invalid_setting_stops_start_up_with_one_line_naming_it(environ, name
             "for Azurite only",
         ),
     ],
+    ids=["no-endpoint", "malformed", "cloud-account"],  # the ids never carry the key
 )
 def test_a_bad_connection_string_is_refused_without_quoting_its_key(connection_string, expected):
     with pytest.raises(SettingsError) as raised:

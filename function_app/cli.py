@@ -1,0 +1,364 @@
+"""`retrain event | watch | trigger | flush | ledger`: the front door on one machine, with no Functions host.
+
+    retrain event FILE... [--trigger blob|drift]
+    retrain watch [--folder PATH | --container] [--once] [--interval SECONDS] [--flush]
+    retrain trigger [--data URI] [--reason TEXT] [--force] [--idempotency-key KEY]
+    retrain flush [--now]
+    retrain ledger [--json]
+
+These play Event Grid and the host. `event` delivers Event Grid payloads (a JSON object or array, either
+schema) to the very handler functions the Event Grid triggers call, each event as the worker's own converter
+builds it, and prints each handler's decision line; `watch` polls the landing folder or container and
+delivers a Blob-created event per new blob version (function_app/watch.py); `trigger` sends the handler of
+`POST /api/retrain` what the HTTP request would carry; `flush` runs the timer's flush (`--now` ignores the
+quiet period); `ledger` prints every event's decision and every submission.
+
+Settings come from the environment (`args.environ`), as app settings reach a Function App. Exit codes: 0
+done (rejections are decisions too); 1 a delivery or flush failed (transient: run it again, the ledger
+dedupes); 2 bad input or settings, with a one-line message; 75 (EX_TEMPFAIL) `trigger` held back by the
+cooldown or the daily budget, with the seconds to wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from azure.core.exceptions import AzureError
+
+from components.errors import PipelineError
+from function_app import runtime
+from function_app.ledger import LedgerError
+from function_app.parsing import STORAGE_EVENT_PREFIX, PayloadError, load_event_grid_payload
+from function_app.policy import PolicySettings, flush_verdict
+from function_app.requests import KIND_BLOB, KIND_DRIFT
+from function_app.service import FrontDoor, utc_now
+from function_app.settings import mask_secrets
+from function_app.watch import ContainerSource, FolderSource, Watcher, WatchError
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LATER = 0, 1, 2, 75
+# Where `func start` would serve POST /api/retrain; the status URLs in the answers are built on it.
+LOCAL_RETRAIN_URL = "http://localhost:7071/api/retrain"
+DEFAULT_WATCH_INTERVAL_S = 30.0  # the timer trigger's period: an upload is seen within one flush period
+LANDING_DIR = "landing"
+_HANDLER_LOGGER = "function_app.blueprints"
+
+
+class CliError(Exception):
+    """A command cannot go on; `exit_code` says why (bad input, or a failure worth retrying)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    return mask_secrets(first)
+
+
+def _reports_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A failure becomes one line on stderr and an exit code, never a traceback."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except (CliError, WatchError) as error:
+            print(f"retrain {args.command}: error: {_one_line(error)}", file=sys.stderr)
+            return error.exit_code if isinstance(error, CliError) else EXIT_USAGE
+        except (LedgerError, PipelineError, AzureError, OSError) as error:
+            print(f"retrain {args.command}: error: {_one_line(error)}", file=sys.stderr)
+            return EXIT_FAILED
+
+    return run
+
+
+def register_commands(commands: argparse._SubParsersAction) -> None:
+    """Add `event`, `watch`, `trigger`, `flush` and `ledger` to a `retrain` parser's subcommands."""
+    event = commands.add_parser("event", help="deliver Event Grid payloads to the Event Grid triggers")
+    event.add_argument("files", nargs="+", type=Path, metavar="FILE", help="a JSON event or array of events")
+    event.add_argument(
+        "--trigger",
+        choices=(KIND_BLOB, KIND_DRIFT),
+        help="deliver every event to this trigger (default: by event type, as the subscriptions filter)",
+    )
+    event.set_defaults(handler=_reports_errors(event_command))
+
+    watch = commands.add_parser("watch", help="deliver a Blob-created event per new landing blob version")
+    where = watch.add_mutually_exclusive_group()
+    where.add_argument("--folder", type=Path, help=f"a local landing folder (default <state>/{LANDING_DIR})")
+    where.add_argument("--container", action="store_true", help="the configured landing container instead")
+    watch.add_argument("--once", action="store_true", help="poll once and exit")
+    watch.add_argument(
+        "--interval", type=_seconds, default=DEFAULT_WATCH_INTERVAL_S, help="seconds between polls (30)"
+    )
+    watch.add_argument("--flush", action="store_true", help="after each poll, run the timer's flush too")
+    watch.set_defaults(handler=_reports_errors(watch_command))
+
+    trigger = commands.add_parser("trigger", help="ask for a retraining, as POST /api/retrain does")
+    trigger.add_argument("--data", help="a landing blob folder URL, or azureml:<asset>:rd-<16 hex>")
+    trigger.add_argument("--reason", help="why (one line, at most 500 characters)")
+    trigger.add_argument("--force", action="store_true", help="skip the cooldown and the debounce wait")
+    trigger.add_argument("--idempotency-key", help="repeat a request safely: one key, one decision")
+    trigger.set_defaults(handler=_reports_errors(trigger_command))
+
+    flush = commands.add_parser("flush", help="submit the pending batch if its time has come (the timer)")
+    flush.add_argument("--now", action="store_true", help="ignore the quiet period (not the cooldown)")
+    flush.set_defaults(handler=_reports_errors(flush_command))
+
+    ledger = commands.add_parser("ledger", help="every event's decision and every submission")
+    ledger.add_argument("--json", action="store_true", help="the ledger as JSON")
+    ledger.set_defaults(handler=_reports_errors(ledger_command))
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value <= 24 * 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 (exclusive) to 86400, got {text!r}")
+    return value
+
+
+def start(environ: Mapping[str, str]) -> FrontDoor:
+    """The front door the handlers reach through `runtime.front_door()`, started from `environ`."""
+    try:
+        return runtime.start(environ)
+    except (ValueError, LedgerError, PipelineError) as error:  # SettingsError is a ValueError
+        raise CliError(f"the front door cannot start: {_one_line(error)}") from None
+
+
+# -- the Functions worker's part ------------------------------------------------------------------------
+
+
+def worker_event(payload: Mapping[str, Any]) -> Any:
+    """What the Functions worker hands an Event Grid trigger for `payload`, built by the worker's own
+    converter: a `func.EventGridEvent` for the Event Grid schema, a `func.CloudEvent` for CloudEvents 1.0.
+    Raises ValueError for what the worker cannot decode (an event time in no format it knows)."""
+    from azure.functions.eventgrid import EventGridEventInConverter
+    from azure.functions.meta import Datum
+
+    return EventGridEventInConverter.decode(Datum(json.dumps(payload), "json"), trigger_metadata={})
+
+
+def event_family(payload: Mapping[str, Any]) -> str:
+    """The trigger an event reaches: storage events go to the blob trigger's subscription, the rest to the
+    drift trigger's (which rejects what is not a drift alert)."""
+    event_type = payload.get("type") if "specversion" in payload else payload.get("eventType")
+    is_storage = isinstance(event_type, str) and event_type.startswith(STORAGE_EVENT_PREFIX)
+    return KIND_BLOB if is_storage else KIND_DRIFT
+
+
+def trigger_handler(family: str) -> Callable[[Any], None]:
+    """The Event Grid handler function of a trigger family, as the blueprint registered it."""
+    from function_app.blueprints import blob_events, drift_events
+
+    return blob_events.on_blob_created if family == KIND_BLOB else drift_events.on_drift_alert
+
+
+class _LineCatcher(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def handler_log() -> Iterator[list[str]]:
+    """The trigger handlers' own log lines while in the block: what the host shows for each invocation."""
+    logger, catcher = logging.getLogger(_HANDLER_LOGGER), _LineCatcher()
+    level = logger.level
+    logger.addHandler(catcher)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield catcher.lines
+    finally:
+        logger.removeHandler(catcher)
+        logger.setLevel(level)
+
+
+def deliver(payload: Mapping[str, Any], family: str, worker_object: Any = None) -> list[str]:
+    """Invoke the trigger's handler with `payload` as the worker would; returns the handler's log lines.
+    A transient failure raises out of the handler, as it would for Event Grid to retry."""
+    handler = trigger_handler(family)
+    with handler_log() as lines:
+        handler(worker_object if worker_object is not None else worker_event(payload))
+    return lines
+
+
+# -- event ------------------------------------------------------------------------------------------------
+
+
+def _read_events(path: Path, family: str | None) -> list[tuple[str, dict[str, Any], str, Any]]:
+    """(label, payload, family, worker object) for each event of one file; raises CliError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else _one_line(error)
+        raise CliError(f"{path}: cannot read it ({reason}); expected a readable JSON file") from None
+    try:
+        events = load_event_grid_payload(text)
+    except PayloadError as error:
+        raise CliError(f"{path}: {error}") from None
+    read = []
+    for index, payload in enumerate(events):
+        label = f"{path}[{index}]" if len(events) > 1 else str(path)
+        try:
+            worker_object = worker_event(payload)
+        except ValueError as error:
+            raise CliError(f"{label}: the Functions worker cannot decode it ({_one_line(error)})") from None
+        read.append((label, payload, family or event_family(payload), worker_object))
+    return read
+
+
+def event_command(args: argparse.Namespace) -> int:
+    # Every file is read and decoded before anything is delivered: bad input changes nothing.
+    events = [event for path in args.files for event in _read_events(path, args.trigger)]
+    start(args.environ)
+    for done, (label, payload, family, worker_object) in enumerate(events):
+        try:
+            lines = deliver(payload, family, worker_object)
+        except (LedgerError, AzureError, PipelineError, OSError) as error:
+            raise CliError(
+                f"{label}: delivery to the {family} trigger failed ({type(error).__name__}: "
+                f"{_one_line(error)}); {done} of {len(events)} delivered, deliver again (the ledger dedupes)",
+                EXIT_FAILED,
+            ) from None
+        for line in lines:
+            print(f"{label}: {line}")
+    return EXIT_OK
+
+
+# -- watch ------------------------------------------------------------------------------------------------
+
+
+def watch_command(args: argparse.Namespace) -> int:
+    front = start(args.environ)
+    scope = front.settings.blob
+    if scope is None:
+        raise CliError(
+            "retrain watch delivers events for the landing container's blobs; set RETRAIN_BLOB_ACCOUNT and "
+            "RETRAIN_BLOB_CONTAINER (and RETRAIN_BLOB_ENDPOINT for Azurite)"
+        )
+    if args.container:
+        from function_app.wiring import landing_container
+
+        source: ContainerSource | FolderSource = ContainerSource(landing_container(front.settings), scope)
+    else:
+        source = FolderSource(args.folder or Path(args.state_root) / LANDING_DIR, scope)
+
+    def deliver_blob(payload: dict[str, Any]) -> None:
+        for line in deliver(payload, KIND_BLOB):
+            print(line, flush=True)
+
+    watcher = Watcher(source, scope, Path(args.state_root), deliver_blob, utc_now)
+    shown_as = "" if args.container else f" as {scope.container_url}/{scope.folder}"
+    print(f"watching {source.description}{shown_as}", flush=True)
+    while True:
+        try:
+            watcher.poll()
+            if args.flush:
+                _print_flush(front, front.flush())
+        except (LedgerError, AzureError, PipelineError, OSError) as error:
+            if args.once:
+                raise CliError(f"poll failed: {_one_line(error)}", EXIT_FAILED) from None
+            log.warning("poll failed (%s); trying again in %g s", _one_line(error), args.interval)
+        if args.once:
+            return EXIT_OK
+        try:
+            time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return EXIT_OK
+
+
+# -- trigger, flush, ledger -------------------------------------------------------------------------------
+
+
+def trigger_command(args: argparse.Namespace) -> int:
+    import azure.functions as func
+
+    from function_app.blueprints import http_api
+
+    start(args.environ)
+    body: dict[str, Any] = {}
+    if args.data is not None:
+        body["data"] = args.data
+    if args.reason is not None:
+        body["reason"] = args.reason
+    if args.force:
+        body["force"] = True
+    headers = {"Content-Type": "application/json"}
+    if args.idempotency_key is not None:
+        headers["Idempotency-Key"] = args.idempotency_key
+    request = func.HttpRequest("POST", LOCAL_RETRAIN_URL, headers=headers, body=json.dumps(body).encode())
+    response = http_api.post_retrain(request)
+    answer = response.get_body().decode()
+    retry_after = response.headers.get("Retry-After")
+    suffix = f" (Retry-After: {retry_after} s)" if retry_after else ""
+    print(f"{response.status_code} {answer}{suffix}")
+    if response.status_code < 300:
+        return EXIT_OK
+    return EXIT_LATER if response.status_code in (409, 429) else EXIT_USAGE
+
+
+def flush_command(args: argparse.Namespace) -> int:
+    front = start(args.environ)
+    submitted = front.flush(ignore_quiet=args.now)
+    _print_flush(front, submitted, ignore_quiet=args.now)
+    return EXIT_OK
+
+
+def _print_flush(front: FrontDoor, submitted: list[Any], ignore_quiet: bool = False) -> None:
+    for record in submitted:
+        print(
+            f"submitted {record.id} ({record.kind}): data {record.data_version}, {len(record.inputs)} new "
+            f"input(s), job {record.job_name}, status {record.status}",
+            flush=True,
+        )
+    if submitted:
+        return
+    settings = front.settings
+    state, _ = front.ledger.load_state(settings.model_name)
+    policy = PolicySettings(
+        settings.debounce_quiet_seconds,
+        settings.debounce_max_wait_seconds,
+        settings.cooldown_seconds,
+        settings.max_runs_per_day,
+    )
+    verdict = flush_verdict(state, utc_now(), policy, ignore_quiet=ignore_quiet)
+    print(f"nothing submitted: {verdict.reason}", flush=True)
+
+
+def ledger_command(args: argparse.Namespace) -> int:
+    snapshot = start(args.environ).ledger_snapshot()
+    if args.json:
+        print(json.dumps(snapshot, indent=2))
+        return EXIT_OK
+    events, submissions = snapshot["events"], snapshot["submissions"]
+    print(f"events ({len(events)}):")
+    for event in events:
+        into = f" -> {event['submission']}" if event.get("submission") else ""
+        print(f"  {event['id']}  {event['kind']:<5}  {event['decision']:<9}{into}  {event['reason']}")
+    print(f"submissions ({len(submissions)}):")
+    for record in submissions:
+        print(
+            f"  {record['id']}  {record['kind']:<5}  {record['status']:<10}  {record['data_version']}  "
+            f"{len(record['inputs'])} input(s)"
+        )
+    return EXIT_OK

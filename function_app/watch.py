@@ -1,0 +1,277 @@
+"""`retrain watch`: stand in for Event Grid on one machine. Poll the landing blobs and deliver one
+`Microsoft.Storage.BlobCreated` event (Event Grid schema, as documented) for each new version of each blob.
+
+Two sources: a local landing folder, whose files play the blobs `<prefix><file name>` of the configured
+container (their URL is `<RETRAIN_BLOB_ENDPOINT or https://<account>.blob.core.windows.net>/<container>/...`
+and their eTag a hash of their content), or the configured container itself (Azurite, or Azure with the
+managed identity), listed under the prefix. Only a folder's direct, non-hidden files are blobs: a sub-folder
+or a dot-file (an editor's or a copy's temporary) is not part of the landing data.
+
+What was delivered is remembered in `<state>/watch/<source>.json`, written atomically after each poll, so a
+restart does not deliver the same versions again; were it lost, the ledger would still dedupe them (its key
+is the blob's URL and eTag, and the event id here derives from the same two).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import mimetypes
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from function_app.blob_events import BLOB_CREATED, BLOCK_BLOB
+from function_app.blob_paths import blob_url
+from function_app.settings import BlobScope
+
+if TYPE_CHECKING:
+    from azure.storage.blob import ContainerClient
+
+log = logging.getLogger(__name__)
+
+WATCH_DIR = "watch"
+STATE_SCHEMA = 1
+# Event Grid names the storage account's resource in each event's topic; no subscription stands behind a
+# watcher, so its events carry this all-zero one (the parser checks only the account at the end).
+WATCH_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
+WATCH_RESOURCE_GROUP = "retrain-watch"
+_HASH_CHUNK_BYTES = 1 << 20
+_ETAG_HEX_DIGITS = 32
+_EVENT_NAMESPACE = uuid.UUID("5d1c8c3e-6f55-4c1e-9a7e-3f1f3c2b9a10")  # event ids: uuid5 of url + eTag
+
+
+class WatchError(Exception):
+    """The watch cannot run as asked (no such folder, unreadable state); the message is one line."""
+
+
+@dataclass(frozen=True)
+class LandedBlob:
+    """One version of one blob, as a poll found it."""
+
+    name: str  # the blob's name in the container, prefix included
+    etag: str
+    size: int
+    modified_ns: int
+    content_type: str = "application/octet-stream"
+    blob_type: str = BLOCK_BLOB
+
+
+class BlobSource(Protocol):
+    """Where the landing blobs are listed. `cache` is the source's own memo from the previous poll (the
+    folder keeps each file's hash there); `scan` returns the blobs and the memo to keep."""
+
+    description: str
+
+    def scan(self, cache: Mapping[str, Any]) -> tuple[list[LandedBlob], dict[str, Any]]: ...
+
+
+class FolderSource:
+    """A local landing folder: each direct, non-hidden file is the blob `<prefix>/<file name>`."""
+
+    def __init__(self, folder: Path, scope: BlobScope) -> None:
+        self.folder = Path(folder)
+        self.scope = scope
+        self.description = f"folder {self.folder.resolve()}"
+
+    def scan(self, cache: Mapping[str, Any]) -> tuple[list[LandedBlob], dict[str, Any]]:
+        if not self.folder.is_dir():
+            raise WatchError(f"landing folder {self.folder}: not a folder; expected the folder to watch")
+        blobs, memo = [], {}
+        for path in sorted(self.folder.iterdir()):
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            stat = path.stat()
+            known = cache.get(path.name)
+            # The hash is what identifies the version; re-hash only what changed since the last poll.
+            if isinstance(known, list) and known[:2] == [stat.st_size, stat.st_mtime_ns]:
+                etag = str(known[2])
+            else:
+                etag = _content_etag(path)
+            memo[path.name] = [stat.st_size, stat.st_mtime_ns, etag]
+            content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+            name = f"{self.scope.folder}{path.name}"
+            blobs.append(LandedBlob(name, etag, stat.st_size, stat.st_mtime_ns, content_type))
+        return blobs, memo
+
+
+def _content_etag(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return "0x" + digest.hexdigest()[:_ETAG_HEX_DIGITS].upper()
+
+
+class ContainerSource:
+    """The configured landing container, listed under the prefix (sub-folders included: Event Grid would
+    report those too, and the front door rejects them)."""
+
+    def __init__(self, container: ContainerClient, scope: BlobScope) -> None:
+        self.container = container
+        self.scope = scope
+        self.description = f"container {scope.container_url}/{scope.folder}"
+
+    def scan(self, cache: Mapping[str, Any]) -> tuple[list[LandedBlob], dict[str, Any]]:
+        blobs = []
+        for item in self.container.list_blobs(name_starts_with=self.scope.folder):
+            settings = item.content_settings
+            blobs.append(
+                LandedBlob(
+                    name=item.name,
+                    etag=str(item.etag).strip('"'),
+                    size=int(item.size or 0),
+                    modified_ns=int(item.last_modified.timestamp() * 1_000_000) * 1000,
+                    content_type=(settings.content_type if settings else None) or "application/octet-stream",
+                    blob_type=str(getattr(item.blob_type, "value", item.blob_type)),
+                )
+            )
+        return blobs, {}
+
+
+@dataclass(frozen=True)
+class WatchState:
+    """What a source's watcher has delivered: each blob URL's last delivered eTag, the sequence number of
+    the last event, and the source's memo."""
+
+    source: str
+    delivered: Mapping[str, str] = field(default_factory=dict)
+    sequence: int = 0
+    cache: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": STATE_SCHEMA,
+            "source": self.source,
+            "delivered": dict(self.delivered),
+            "sequence": self.sequence,
+            "cache": dict(self.cache),
+        }
+
+
+def state_path(state_root: Path, source: BlobSource) -> Path:
+    """`<state>/watch/<hash of the source>.json`: one file per watched folder or container."""
+    key = hashlib.sha256(source.description.encode()).hexdigest()[:16]
+    return Path(state_root) / WATCH_DIR / f"{key}.json"
+
+
+def load_state(path: Path, source: BlobSource) -> WatchState:
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return WatchState(source.description)
+    except (OSError, ValueError) as err:
+        raise WatchError(
+            f"watch state {path}: unreadable ({type(err).__name__}); delete it to deliver every blob again "
+            "(the ledger dedupes what it has seen)"
+        ) from None
+    if not isinstance(document, dict) or document.get("schema") != STATE_SCHEMA:
+        raise WatchError(f"watch state {path}: not a schema-{STATE_SCHEMA} watch state; delete it")
+    return WatchState(
+        source=source.description,
+        delivered=dict(document.get("delivered") or {}),
+        sequence=int(document.get("sequence") or 0),
+        cache=dict(document.get("cache") or {}),
+    )
+
+
+def save_state(path: Path, state: WatchState) -> None:
+    """Replace the state file whole: a reader (or a crash) sees the old state or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(state.to_dict(), handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def sequencer(blob: LandedBlob, sequence: int) -> str:
+    """Event Grid's `sequencer`: hexadecimal, one width, ordered like the versions of a blob. The last
+    modification time comes first (so the order survives a lost state file), then the delivery count."""
+    return f"{blob.modified_ns:020x}{sequence:012x}"
+
+
+def blob_created_event(scope: BlobScope, blob: LandedBlob, sequence: int, now: datetime) -> dict[str, Any]:
+    """The Event Grid schema's `Microsoft.Storage.BlobCreated` for `blob` (Azure's documented fields)."""
+    url = blob_url(scope, blob.name)
+    event_id = str(uuid.uuid5(_EVENT_NAMESPACE, f"{url}#{blob.etag}"))
+    return {
+        "topic": (
+            f"/subscriptions/{WATCH_SUBSCRIPTION}/resourceGroups/{WATCH_RESOURCE_GROUP}/providers/"
+            f"Microsoft.Storage/storageAccounts/{scope.account}"
+        ),
+        "subject": f"/blobServices/default/containers/{scope.container}/blobs/{blob.name}",
+        "eventType": BLOB_CREATED,
+        "eventTime": now.isoformat(),
+        "id": event_id,
+        "data": {
+            "api": "PutBlob",
+            "clientRequestId": event_id,
+            "requestId": event_id,
+            "eTag": blob.etag,
+            "contentType": blob.content_type,
+            "contentLength": blob.size,
+            "blobType": blob.blob_type,
+            "url": url,
+            "sequencer": sequencer(blob, sequence),
+            "storageDiagnostics": {"batchId": event_id},
+        },
+        "dataVersion": "",
+        "metadataVersion": "1",
+    }
+
+
+class Watcher:
+    """Polls one source and hands each new blob version's event to `deliver` (the blob trigger's handler).
+
+    A delivery that raises stops the poll: what was delivered before it is remembered, it and the rest are
+    tried again at the next poll, as Event Grid retries a failed delivery.
+    """
+
+    def __init__(
+        self,
+        source: BlobSource,
+        scope: BlobScope,
+        state_root: Path,
+        deliver: Callable[[dict[str, Any]], None],
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.source = source
+        self.scope = scope
+        self.path = state_path(state_root, source)
+        self._deliver = deliver
+        self._clock = clock
+
+    def poll(self) -> list[dict[str, Any]]:
+        """One poll: the events delivered, oldest blob version first."""
+        state = load_state(self.path, self.source)
+        blobs, cache = self.source.scan(state.cache)
+        present = {blob_url(self.scope, blob.name): blob for blob in blobs}
+        # Forget blobs that are gone, so the state stays the size of the landing data.
+        delivered = {url: etag for url, etag in state.delivered.items() if url in present}
+        fresh = [blob for url, blob in present.items() if delivered.get(url) != blob.etag]
+        fresh.sort(key=lambda blob: (blob.modified_ns, blob.name))
+        events, sequence = [], state.sequence
+        try:
+            for blob in fresh:
+                event = blob_created_event(self.scope, blob, sequence + 1, self._clock())
+                self._deliver(event)
+                sequence += 1
+                delivered[event["data"]["url"]] = blob.etag
+                events.append(event)
+        finally:
+            save_state(self.path, replace(state, delivered=delivered, sequence=sequence, cache=cache))
+        return events

@@ -1,0 +1,353 @@
+"""`retrain event | watch | trigger | flush | ledger`: the front door run locally, standing in for Event Grid
+and the Functions host. Each command runs as the root CLI runs it: parsed arguments, the environment as
+`args.environ`, the state folder as `args.state_root`; blobs on the real Azurite emulator."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import secrets
+from pathlib import Path
+
+import pytest
+from corpus import (
+    ACCOUNT,
+    CLOUD_EVENTS,
+    CONTAINER,
+    FAKE_ACCOUNT_KEY,
+    PREFIX,
+    blob_created,
+    blob_url,
+    dataset_drift_detected,
+    retrain_drift_detected,
+)
+
+from function_app.cli import register_commands
+from function_app.requests import DECISIONS
+from function_app.watch import WATCH_DIR
+
+ENDPOINT = f"https://{ACCOUNT}.blob.core.windows.net"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="retrain")
+    register_commands(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+@pytest.fixture
+def settings(tmp_path, app_settings) -> dict[str, str]:
+    return app_settings(tmp_path / "home")
+
+
+@pytest.fixture
+def retrain(capsys, settings):
+    """`retrain(*argv, **setting_overrides)` -> (exit code, stdout lines, stderr lines)."""
+
+    def run(*argv: str, **overrides: str) -> tuple[int, list[str], list[str]]:
+        args = _parser().parse_args(list(argv))
+        args.environ = {**settings, **overrides}
+        args.state_root = Path(args.environ["RETRAIN_HOME"])
+        code = args.handler(args)
+        out, err = capsys.readouterr()
+        return code, out.splitlines(), err.splitlines()
+
+    return run
+
+
+def _write(path: Path, document) -> Path:
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _ledger(retrain, **overrides) -> dict:
+    code, out, _ = retrain("ledger", "--json", **overrides)
+    assert code == 0
+    return json.loads("\n".join(out))
+
+
+# -- event --------------------------------------------------------------------------------------------------
+
+
+def test_event_delivers_every_payload_and_prints_each_decision(retrain, tmp_path):
+    array = _write(
+        tmp_path / "events.json",
+        [
+            blob_created(),
+            dataset_drift_detected(),
+            blob_created(name=f"{PREFIX}/empty.csv", contentLength=0, envelope={"id": "empty"}),
+        ],
+    )
+    single = _write(tmp_path / "drift.json", retrain_drift_detected(CLOUD_EVENTS))
+
+    quiet = {"RETRAIN_DEBOUNCE_QUIET_SECONDS": "60", "RETRAIN_DEBOUNCE_MAX_WAIT_SECONDS": "60"}
+    code, out, err = retrain("event", str(array), str(single), **quiet)
+
+    assert (code, err) == (0, [])
+    assert len(out) == 4
+    assert out[0].startswith(f"{array}[0]: blob event ") and ": debounced (" in out[0]
+    assert out[1].startswith(f"{array}[1]: drift event ") and ": accepted (" in out[1]
+    assert out[2].startswith(f"{array}[2]: blob event empty: rejected (contentLength 0")
+    assert out[3].startswith(f"{single}: drift event ") and ": accepted (" in out[3]
+    decisions = [event["decision"] for event in _ledger(retrain)["events"]]
+    assert sorted(decisions) == ["accepted", "accepted", "debounced", "rejected"]
+
+
+def test_event_goes_to_the_trigger_it_is_told(retrain, tmp_path):
+    path = _write(tmp_path / "blob.json", blob_created())
+
+    code, out, _ = retrain("event", "--trigger", "drift", str(path))
+
+    assert code == 0
+    assert "rejected (" in out[0] and "is not a drift alert" in out[0]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read it (No such file or directory)"),
+        (b"\xff\xfe not text", "cannot read it"),
+        (b'{"id": "1", "eventType": ', "not JSON"),
+        (b"42", "is a JSON number; expected an event object"),
+        (b'[{"id": "1"}, "two"]', "element 1 of the array is a JSON string"),
+        (b'{"id": "1", "eventType": "X", "eventTime": "yesterday", "data": {}}', "cannot decode it"),
+    ],
+    ids=["missing", "not-utf8", "not-json", "a-number", "not-an-event", "undecodable-time"],
+)
+def test_event_refuses_bad_files_before_delivering_anything(retrain, tmp_path, content, message):
+    good = _write(tmp_path / "good.json", blob_created())
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_bytes(content)
+
+    code, out, err = retrain("event", str(good), str(bad))
+
+    assert (code, out, len(err)) == (2, [], 1)
+    assert err[0].startswith(f"retrain event: error: {bad}") and message in err[0]
+    assert _ledger(retrain)["events"] == []  # nothing half-done: the good file was not delivered either
+
+
+def test_event_reports_a_failed_delivery_in_one_line(retrain, tmp_path, azurite):
+    path = _write(tmp_path / "events.json", [blob_created(), retrain_drift_detected()])
+    missing = f"{azurite.blob_endpoint}/no-such-ledger-container"
+
+    code, out, err = retrain(
+        "event",
+        str(path),
+        RETRAIN_LEDGER=missing,
+        RETRAIN_STORAGE_CONNECTION_STRING=azurite.connection_string,
+    )
+
+    assert (code, out, len(err)) == (1, [], 1)
+    assert err[0].startswith(f"retrain event: error: {path}[0]: delivery to the blob trigger failed")
+    assert "does not exist" in err[0] and "0 of 2 delivered" in err[0]
+    assert azurite.account_key not in err[0]
+
+
+def test_a_bad_setting_is_one_line_naming_it(retrain):
+    code, out, err = retrain("ledger", RETRAIN_MAX_RUNS_PER_DAY="many")
+    assert (code, out, len(err)) == (2, [], 1)
+    assert "RETRAIN_MAX_RUNS_PER_DAY 'many': expected a whole number" in err[0]
+
+    code, _, err = retrain(
+        "ledger",
+        RETRAIN_LEDGER="http://127.0.0.1:10000/devstoreaccount1/ledger",
+        RETRAIN_STORAGE_CONNECTION_STRING=f"AccountName=other;AccountKey={FAKE_ACCOUNT_KEY};BlobEndpoint=x",
+    )
+    assert code == 2 and len(err) == 1
+    assert FAKE_ACCOUNT_KEY not in err[0]
+
+
+# -- trigger, flush, ledger ---------------------------------------------------------------------------------
+
+
+def test_trigger_does_what_the_post_does(retrain):
+    code, out, _ = retrain("trigger", "--reason", "new labels", "--idempotency-key", "labels-1")
+    assert code == 0
+    status, body = out[0].split(" ", 1)
+    answer = json.loads(body)
+    assert (status, answer["decision"]) == ("202", "accepted")
+    assert answer["status_url"] == f"http://localhost:7071/api/retrain/{answer['id']}"
+
+    code, out, _ = retrain("trigger", "--reason", "new labels", "--idempotency-key", "labels-1")
+    assert code == 0 and json.loads(out[0].split(" ", 1)[1])["decision"] == "duplicate"
+
+    code, out, _ = retrain("trigger", "--data", "file:///etc/passwd")
+    assert code == 2 and out[0].startswith("400 ") and "expected a blob folder URL" in out[0]
+
+
+def test_trigger_held_back_says_when_to_retry(retrain, tmp_path):
+    waits = {"RETRAIN_COOLDOWN_SECONDS": "3600"}
+    retrain("event", str(_write(tmp_path / "blob.json", blob_created())), **waits)
+    assert retrain("trigger", "--force", **waits)[0] == 0
+    assert retrain("flush", **waits)[0] == 0  # the dry run has ended: the cooldown alone holds back now
+
+    code, out, _ = retrain("trigger", "--reason", "more", **waits)
+
+    assert code == 75
+    assert out[0].startswith("409 ") and '"decision": "cooldown"' in out[0]
+    assert out[0].endswith(" s)") and "(Retry-After: " in out[0]
+
+
+def test_flush_waits_for_the_quiet_period_unless_now(retrain, tmp_path):
+    quiet = {"RETRAIN_DEBOUNCE_QUIET_SECONDS": "3600", "RETRAIN_DEBOUNCE_MAX_WAIT_SECONDS": "3600"}
+    retrain("event", str(_write(tmp_path / "blob.json", blob_created())), **quiet)
+
+    code, out, _ = retrain("flush", **quiet)
+    assert (code, len(out)) == (0, 1)
+    assert out[0].startswith("nothing submitted: debouncing uploads for ")
+    assert _ledger(retrain)["submissions"] == []
+
+    code, out, _ = retrain("flush", "--now", **quiet)
+    assert code == 0
+    assert out[0].startswith("submitted s-") and "(blob): data rd-" in out[0] and "1 new input(s)" in out[0]
+    [submission] = _ledger(retrain)["submissions"]
+    assert submission["inputs"] == [blob_url(f"{PREFIX}/batch-0001.csv")]
+
+
+def test_ledger_prints_every_decision_and_submission(retrain, tmp_path):
+    events = [blob_created(), blob_created(), retrain_drift_detected(), blob_created(container="other")]
+    retrain("event", str(_write(tmp_path / "events.json", events)))
+    retrain("flush")
+
+    snapshot = _ledger(retrain)
+
+    assert [e["decision"] for e in snapshot["events"]] == ["submitted", "duplicate", "submitted", "rejected"]
+    for event in snapshot["events"]:
+        assert {"id", "kind", "decision", "reason", "submission"} <= set(event)
+        assert event["kind"] in ("blob", "drift", "http") and event["decision"] in DECISIONS
+    [submission] = snapshot["submissions"]
+    assert {"id", "kind", "data_version", "inputs", "status"} <= set(submission)
+    assert (submission["kind"], submission["status"]) == ("drift", "Completed")
+    assert submission["inputs"] == [blob_url(f"{PREFIX}/batch-0001.csv")]
+    assert snapshot["events"][0]["submission"] == submission["id"]
+
+    code, out, _ = retrain("ledger")
+    assert code == 0
+    assert out[0] == "events (4):" and out[5] == "submissions (1):"
+    assert submission["id"] in out[6] and "Completed" in out[6] and "1 input(s)" in out[6]
+
+
+# -- watch --------------------------------------------------------------------------------------------------
+
+
+def _decisions(lines: list[str]) -> list[str]:
+    return [line.split(": ", 1)[1].split(" (", 1)[0] for line in lines if line.startswith("blob event ")]
+
+
+def test_watch_delivers_each_new_file_version_once(retrain, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "a.csv").write_text("x,y\n1,2\n")
+    (landing / "b.csv").write_text("x,y\n3,4\n")
+    (landing / ".a.csv.swp").write_text("editor state")  # hidden: not landing data
+    (landing / "nested").mkdir()
+    (landing / "nested" / "c.csv").write_text("x,y\n5,6\n")  # a sub-folder: not a blob of the prefix
+    quiet = {"RETRAIN_DEBOUNCE_QUIET_SECONDS": "3600", "RETRAIN_DEBOUNCE_MAX_WAIT_SECONDS": "3600"}
+
+    code, out, _ = retrain("watch", "--once", "--folder", str(landing), **quiet)
+    assert out[0] == f"watching folder {landing} as {ENDPOINT}/{CONTAINER}/{PREFIX}/"
+    assert code == 0 and _decisions(out) == ["debounced", "debounced"]
+    assert retrain("watch", "--once", "--folder", str(landing), **quiet)[1][1:] == []  # nothing new
+
+    (landing / "a.csv").write_text("x,y\n1,2\n7,8\n")
+    (landing / "empty.csv").write_text("")
+    code, out, _ = retrain("watch", "--once", "--folder", str(landing), **quiet)
+    assert code == 0 and sorted(_decisions(out)) == ["debounced", "rejected"]
+
+    events = _ledger(retrain)["events"]
+    keys = [e["dedupe_key"] for e in events if e["decision"] == "debounced"]
+    assert sorted(key.split("#")[0] for key in keys) == [
+        f"blob:{ENDPOINT}/{CONTAINER}/{PREFIX}/a.csv",
+        f"blob:{ENDPOINT}/{CONTAINER}/{PREFIX}/a.csv",
+        f"blob:{ENDPOINT}/{CONTAINER}/{PREFIX}/b.csv",
+    ]
+    os.utime(landing / "b.csv")  # touched, same content: the same version
+    assert _decisions(retrain("watch", "--once", "--folder", str(landing), **quiet)[1]) == []
+
+    assert retrain("flush", "--now", **quiet)[0] == 0
+    [submission] = _ledger(retrain)["submissions"]
+    pins = {pin["url"]: pin["fingerprint"] for pin in submission["pins"]}
+    content_hash = hashlib.sha256(b"x,y\n1,2\n7,8\n").hexdigest()[:32].upper()
+    assert pins[blob_url(f"{PREFIX}/a.csv")] == f"etag:0x{content_hash}"  # the newest version
+
+    # A lost watch state delivers everything again: the ledger knows every version already (a rejection is
+    # recorded again: it is never claimed).
+    for path in (tmp_path / "home" / WATCH_DIR).iterdir():
+        path.unlink()
+    code, out, _ = retrain("watch", "--once", "--folder", str(landing), **quiet)
+    assert code == 0 and sorted(_decisions(out)) == ["duplicate", "duplicate", "rejected"]
+
+
+def test_watch_remembers_only_what_was_delivered(retrain, tmp_path, azurite):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for name in ("a.csv", "b.csv"):
+        (landing / name).write_text(f"x,y\n{name},1\n")
+    service = azurite.service_client()
+    ledger_container = f"ledger-{secrets.token_hex(6)}"
+    on_azurite = {
+        "RETRAIN_LEDGER": f"{azurite.blob_endpoint}/{ledger_container}",
+        "RETRAIN_STORAGE_CONNECTION_STRING": azurite.connection_string,
+    }
+
+    code, out, err = retrain("watch", "--once", "--folder", str(landing), **on_azurite)  # no ledger yet
+
+    assert (code, out[1:], len(err)) == (1, [], 1)
+    assert err[0].startswith("retrain watch: error: poll failed: the ledger's container")
+    service.create_container(ledger_container)
+    code, out, _ = retrain("watch", "--once", "--folder", str(landing), **on_azurite)
+    assert code == 0 and _decisions(out) == ["debounced", "debounced"]  # the next poll delivers both
+    service.delete_container(ledger_container)
+
+
+def test_watch_delivers_the_azurite_containers_new_blobs(retrain, azurite):
+    container = azurite.new_container()
+    name = container.container_name
+    on_azurite = {
+        "RETRAIN_BLOB_ACCOUNT": azurite.account,
+        "RETRAIN_BLOB_ENDPOINT": azurite.blob_endpoint,
+        "RETRAIN_BLOB_CONTAINER": name,
+        "RETRAIN_STORAGE_CONNECTION_STRING": azurite.connection_string,
+    }
+    for blob in ("a.csv", "b.parquet"):
+        container.upload_blob(f"{PREFIX}/{blob}", b"x,y\n1,2\n")
+    container.upload_blob("elsewhere/c.csv", b"x,y\n1,2\n")  # outside the prefix: never listed
+
+    code, out, err = retrain("watch", "--once", "--container", "--flush", **on_azurite)
+
+    assert code == 0, err
+    folder = f"{azurite.blob_endpoint}/{name}/{PREFIX}/"
+    assert out[0] == f"watching container {folder}"
+    assert _decisions(out) == ["debounced", "debounced"]
+    assert out[-1].startswith("submitted s-") and "2 new input(s)" in out[-1]
+    [submission] = _ledger(retrain, **on_azurite)["submissions"]
+    assert sorted(submission["inputs"]) == [
+        f"{azurite.blob_endpoint}/{name}/{PREFIX}/a.csv",
+        f"{azurite.blob_endpoint}/{name}/{PREFIX}/b.parquet",
+    ]
+    etag = container.get_blob_client(f"{PREFIX}/a.csv").get_blob_properties().etag.strip('"')
+    assert {
+        "url": f"{azurite.blob_endpoint}/{name}/{PREFIX}/a.csv",
+        "fingerprint": f"etag:{etag}",
+    } in submission["pins"]
+
+    assert _decisions(retrain("watch", "--once", "--container", **on_azurite)[1]) == []
+    container.upload_blob(f"{PREFIX}/a.csv", b"x,y\n1,2\n3,4\n", overwrite=True)
+    # The new version joins the next run (the dry run is still in flight until the next flush).
+    assert _decisions(retrain("watch", "--once", "--container", **on_azurite)[1]) == ["coalesced"]
+    container.delete_container()
+
+
+def test_watch_needs_its_settings_and_folder(retrain, settings, tmp_path):
+    no_blobs = {key: "" for key in settings if key.startswith("RETRAIN_BLOB_")}
+    code, out, err = retrain("watch", "--once", **no_blobs)
+    assert (code, out, len(err)) == (2, [], 1)
+    assert "set RETRAIN_BLOB_ACCOUNT and RETRAIN_BLOB_CONTAINER" in err[0]
+    assert not os.path.exists(settings["RETRAIN_HOME"] + f"/{WATCH_DIR}")
+
+    code, out, err = retrain("watch", "--once", "--folder", str(tmp_path / "no-such-folder"))
+    assert (code, out[1:], len(err)) == (2, [], 1)
+    assert f"landing folder {tmp_path / 'no-such-folder'}: not a folder" in err[0]
