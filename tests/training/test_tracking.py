@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from conftest import TOTAL_STEPS, is_step, read_metadata
+from conftest import STEPS_PER_EPOCH, TOTAL_STEPS, is_step, read_metadata
 from mlflow.tracking import MlflowClient
 
 from training.preemption import PREEMPTED_EXIT_CODE
@@ -42,6 +42,9 @@ def test_an_evicted_and_resumed_training_is_one_complete_mlflow_run(start_traini
     assert 0.5 < run.data.metrics["validation_accuracy"] <= 1.0
 
 
+TWO_EPOCHS = ("--epochs", "2")  # three attempts of the small run; two epochs are enough to show it
+
+
 def test_in_azure_ml_each_job_run_is_tagged_with_its_own_preemption(start_training, folders, tmp_path):
     """Azure ML gives each job an MLflow run (MLFLOW_RUN_ID): training continues the first, and every
     preempted job's own run carries the tag the pipeline submitter counts preemptions by."""
@@ -51,17 +54,18 @@ def test_in_azure_ml_each_job_run_is_tagged_with_its_own_preemption(start_traini
     job_runs = [client.create_run(experiment_id).info.run_id for _ in range(3)]
     tracking = ["--mlflow-tracking-uri", tracking_uri, "--mlflow-experiment", "jobs"]
     for job_run, step in zip(job_runs[:2], (20, 60), strict=True):
-        process = start_training(nproc=1, tracking=tracking, env={"MLFLOW_RUN_ID": job_run})
+        process = start_training(nproc=1, tracking=tracking, extra=TWO_EPOCHS, env={"MLFLOW_RUN_ID": job_run})
         process.wait_for(is_step(step))
         process.send_signal(signal.SIGTERM)
         assert process.finish() == PREEMPTED_EXIT_CODE
-    assert start_training(nproc=1, tracking=tracking, env={"MLFLOW_RUN_ID": job_runs[2]}).finish() == 0
+    last = start_training(nproc=1, tracking=tracking, extra=TWO_EPOCHS, env={"MLFLOW_RUN_ID": job_runs[2]})
+    assert last.finish() == 0
 
     first, second, third = (client.get_run(run_id) for run_id in job_runs)
     assert read_metadata(folders.out)["mlflow_run_id"] == first.info.run_id
     assert first.info.status == "FINISHED"
     loss_steps = sorted({metric.step for metric in client.get_metric_history(first.info.run_id, "loss")})
-    assert loss_steps == list(range(1, TOTAL_STEPS + 1))
+    assert loss_steps == list(range(1, 2 * STEPS_PER_EPOCH + 1))
     assert int(second.data.tags["retrain.preempted_at_step"]) >= 60
     assert "retrain.preempted_at_step" not in third.data.tags
     assert len(client.search_runs([experiment_id])) == 3
