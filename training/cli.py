@@ -9,7 +9,7 @@ import sys
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
-from training import registry_cli
+from training import planning_cli, registry_cli
 from training.errors import RetrainError
 from training.local_state import state_root
 from training.train_args import add_train_arguments
@@ -87,6 +87,7 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     demo = commands.add_parser("demo", help="sample data -> prepare -> train, with an eviction and a resume")
     demo.set_defaults(handler=_demo)
     registry_cli.add_commands(commands)
+    planning_cli.add_commands(commands)
 
 
 def build_parser() -> argparse.ArgumentParser:
