@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from training.errors import InputError
@@ -115,6 +116,10 @@ def _scaling(args: argparse.Namespace, stream: TextIO | None = None) -> int:
         value_per_hour_saved=_number(args.value_per_hour_saved, "--value-per-hour-saved"),
     )
     plan = scaling_plan(inputs)
+    if args.plot is not None:
+        from training.planning_plot import plot_scaling
+
+        plot_scaling(plan, args.plot, inputs.efficiency_threshold)
     if args.json:
         _emit_json(plan, stream)
         return 0
@@ -182,4 +187,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "--value-per-hour-saved", metavar="V", help="value of finishing one wall hour sooner (same currency)"
     )
     scaling.add_argument("--json", action="store_true", help="machine-readable output")
+    scaling.add_argument(
+        "--plot", type=Path, metavar="FILE.png", help="draw efficiency and GPU-hours vs GPUs"
+    )
     scaling.set_defaults(handler=_scaling)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 
@@ -240,3 +241,20 @@ def test_cli_bad_arguments_exit_2_with_one_line(capsys, argv, flag):
     assert (code, out) == (2, "")
     assert len(err.splitlines()) == 1
     assert err.startswith(f"retrain: error: {flag} ")
+
+
+def test_the_scaling_plot_is_a_png_of_the_expected_size(tmp_path):
+    plot = tmp_path / "plots" / "scaling.png"
+    arguments = ["--single-gpu-hours", "100", "--comm-hours-per-doubling", "0.5", "--gpus", "1,8,16,32,64"]
+    assert main(["plan", "scaling", *arguments, "--plot", str(plot)]) == 0
+    data = plot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
+    assert (width, height) == (800, 450)
+    assert len(data) > 10_000  # lines, axes and labels, not an empty canvas
+
+
+def test_a_plot_that_is_not_a_png_is_refused_in_one_line(tmp_path, capsys):
+    arguments = ["--single-gpu-hours", "100", "--comm-hours-per-doubling", "0.5", "--gpus", "1,8"]
+    assert main(["plan", "scaling", *arguments, "--plot", str(tmp_path / "scaling.svg")]) == 2
+    assert capsys.readouterr().err.strip().endswith("expected a file name ending in .png")

@@ -1,0 +1,38 @@
+"""`retrain plan scaling --plot FILE.png`: efficiency and GPU-hours against the GPU count, on one figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from training.errors import InputError
+from training.planning import ScalingPlan
+
+FIGURE_INCHES = (8.0, 4.5)
+DPI = 100  # 800 x 450 pixels
+
+
+def plot_scaling(plan: ScalingPlan, path: Path, threshold: float) -> Path:
+    if path.suffix.lower() != ".png":
+        raise InputError(f"--plot {path}: expected a file name ending in .png")
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a build agent or a compute node
+    from matplotlib import pyplot as plt
+
+    gpus = [row.gpus for row in plan.rows]
+    figure, efficiency_axis = plt.subplots(figsize=FIGURE_INCHES, dpi=DPI)
+    try:
+        efficiency_axis.plot(gpus, [row.efficiency for row in plan.rows], "o-", color="tab:blue")
+        efficiency_axis.axhline(threshold, linestyle="--", color="tab:blue", alpha=0.5)
+        efficiency_axis.axvline(plan.recommended_gpus, linestyle=":", color="tab:green")
+        efficiency_axis.set(xscale="log", xlabel="GPUs", ylabel="scaling efficiency", ylim=(0, 1.05))
+        efficiency_axis.set_xticks(gpus, [str(count) for count in gpus])
+        hours_axis = efficiency_axis.twinx()
+        hours_axis.plot(gpus, [row.gpu_hours for row in plan.rows], "s-", color="tab:red")
+        hours_axis.set_ylabel("GPU-hours per run", color="tab:red")
+        efficiency_axis.set_title(f"recommended: {plan.recommended_gpus} GPUs")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=DPI)
+    finally:
+        plt.close(figure)
+    return path
