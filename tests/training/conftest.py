@@ -145,3 +145,9 @@ def sample_raw(tmp_path_factory) -> Path:
 def prepared(sample_raw, tmp_path_factory) -> tuple[Manifest, Path]:
     out = tmp_path_factory.mktemp("prepared") / "v1"
     return prepare(sample_raw, out), out
+
+
+@pytest.fixture(scope="session")
+def trained_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the registry tests' untracked models are trained once per session (registry_harness.py)."""
+    return tmp_path_factory.mktemp("trained-models")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from pathlib import Path
 
 from conftest import SMALL_RUN
@@ -30,9 +31,10 @@ RAW_VERSION = "rd-0123456789abcdef"
 class Harness:
     """The module's store and models, and the evaluate/register steps run as the pipeline runs them."""
 
-    def __init__(self, root: Path, data: Path) -> None:
+    def __init__(self, root: Path, data: Path, trained: Path | None = None) -> None:
         self.root = root
         self.data = data
+        self._trained = trained  # untracked models trained once per session, copied rather than retrained
         self.tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
         self.registry = ModelRegistry(MlflowStore(self.tracking_uri, (root / "mlartifacts").as_uri()))
         self.client = MlflowClient(self.tracking_uri)
@@ -41,6 +43,9 @@ class Harness:
 
     def train(self, name: str, tracked: bool) -> None:
         out = self.root / "models" / name
+        if not tracked and self._trained is not None:
+            self.models[name] = Path(shutil.copytree(train_untracked(self._trained, self.data, name), out))
+            return
         artifacts = (self.root / "mlartifacts").as_uri()  # not MLflow's default, ./mlruns in the cwd
         tracking = ["--mlflow-tracking-uri", self.tracking_uri, "--mlflow-artifact-location", artifacts]
         tracking = tracking if tracked else ["--no-mlflow"]
@@ -90,9 +95,20 @@ class Harness:
         return holder.weights_sha256 if holder else None
 
 
-def build_harness(root: Path, data: Path, models: tuple[str, ...], tracked: str | None = None) -> Harness:
+def train_untracked(trained: Path, data: Path, name: str) -> Path:
+    """The session's untracked model `name`, trained on first use (training is deterministic per seed)."""
+    out = trained / name
+    if not (out / "metadata.json").exists():
+        locations = ["--data", str(data), "--out", str(out), "--checkpoints", str(trained / "ck" / name)]
+        assert main(["train", *locations, *SMALL_RUN, *MODELS[name], *FAST, "--no-mlflow"]) == 0
+    return out
+
+
+def build_harness(
+    root: Path, data: Path, models: tuple[str, ...], tracked: str | None = None, trained: Path | None = None
+) -> Harness:
     """Train `models` (the one named `tracked` with MLflow tracking) and check they rank as named."""
-    harness = Harness(root, data)
+    harness = Harness(root, data, trained)
     for name in models:
         harness.train(name, tracked=name == tracked)
     test = load_prepared(data).split("test")

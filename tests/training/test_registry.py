@@ -26,9 +26,10 @@ from training.registry import CHAMPION, PREVIOUS, ModelLoadError
 
 
 @pytest.fixture(scope="module")
-def harness(prepared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Harness:
+def harness(prepared_data: Path, tmp_path_factory: pytest.TempPathFactory, trained_models: Path) -> Harness:
     # mid is trained with MLflow tracking: evaluate and register then log to and tag its run.
-    return build_harness(tmp_path_factory.mktemp("registry"), prepared_data, tuple(MODELS), tracked="mid")
+    root = tmp_path_factory.mktemp("registry")
+    return build_harness(root, prepared_data, tuple(MODELS), tracked="mid", trained=trained_models)
 
 
 # -- the gate's outcomes --------------------------------------------------------------------------------

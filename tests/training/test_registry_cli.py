@@ -18,8 +18,10 @@ HISTORY = ("mid", "strong", "best")  # each beats the one before: three versions
 
 
 @pytest.fixture(scope="module")
-def harness(prepared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Harness:
-    harness = build_harness(tmp_path_factory.mktemp("registry-cli"), prepared_data, HISTORY)
+def harness(prepared_data: Path, tmp_path_factory: pytest.TempPathFactory, trained_models: Path) -> Harness:
+    harness = build_harness(
+        tmp_path_factory.mktemp("registry-cli"), prepared_data, HISTORY, trained=trained_models
+    )
     with pytest.MonkeyPatch.context() as patch:
         for number, model in enumerate(HISTORY, start=1):
             patch.setenv("RETRAIN_PIPELINE_RUN", f"run-history-{number}")
