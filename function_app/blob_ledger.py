@@ -43,12 +43,12 @@ from function_app.ledger_records import (
     check_record_id,
     encode,
     event_replaceable,
-    mask_secrets,
     parse_record,
     stored_state,
     submission_replaceable,
 )
 from function_app.policy_state import ModelState
+from function_app.storage_settings import mask_secrets
 
 log = logging.getLogger(__name__)
 

@@ -48,13 +48,13 @@ from function_app.ledger_records import (
     encode,
     event_id_for_key,
     event_replaceable,
-    mask_secrets,
     new_delivery_id,
     parse_record,
     submission_replaceable,
     versioned_state,
 )
 from function_app.policy_state import ModelState
+from function_app.storage_settings import mask_secrets
 
 __all__ = [
     "SUBMISSION_STATUSES",

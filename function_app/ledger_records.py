@@ -24,12 +24,6 @@ SUBMISSION_STATUSES = (SUBMITTING, QUEUED, RUNNING, COMPLETED, FAILED, CANCELED)
 EVENTS, SUBMISSIONS, MODELS = "events", "submissions", "models"
 _RECORD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _DATA_VERSION = re.compile(r"[a-z]{2}-[0-9a-f]{16}")
-_SECRETS = (
-    re.compile(r"(?i)(AccountKey=)[^;\s'\"]+"),
-    re.compile(r"(?i)(SharedAccessSignature=)[^;\s'\"]+"),
-    re.compile(r"(?i)(\bsig=)[^&;\s'\"]+"),
-    re.compile(r"(?i)(\bSharedKey(?:Lite)?\s+[^:\s]+:)[^\s'\"]+"),
-)
 _Record = TypeVar("_Record")
 
 
@@ -39,13 +33,6 @@ class LedgerError(Exception):
 
 class LedgerBusyError(LedgerError):
     """A record kept changing under a compare-and-set update; transient: retry the event."""
-
-
-def mask_secrets(text: str) -> str:
-    """`text` with account keys, SAS tokens and signatures replaced by '***'."""
-    for pattern in _SECRETS:
-        text = pattern.sub(r"\1***", text)
-    return text
 
 
 def event_id_for_key(dedupe_key: str) -> str:
