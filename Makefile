@@ -11,7 +11,7 @@ demo: $(VENV_STAMP)
 	$(VENV)/bin/retrain demo
 
 test: $(VENV_STAMP) $(AZURITE) lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 lint: $(VENV_STAMP)
 	$(VENV)/bin/ruff check .

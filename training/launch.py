@@ -16,17 +16,15 @@ import sys
 import uuid
 from collections.abc import Mapping
 
-from training.checkpoint.checkpointer import Checkpointer
+from training.batch_split import per_rank_batch_size
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
-from training.checkpoint.stores import open_checkpoint_store
+from training.checkpoint.stores import newest_record, open_checkpoint_store
 from training.config import TrainConfig
 from training.errors import InputError
-from training.preemption import PREEMPTED_EXIT_CODE
-from training.sampling import per_rank_batch_size
+from training.preemption import LAUNCH_ID_VARIABLE, PREEMPTED_EXIT_CODE
+from training.resume_policy import check_resumable
 from training.schema import read_manifest
 from training.train_args import config_to_argv
-from training.train_state import check_resumable
-from training.worker import LAUNCH_ID_VARIABLE, run_worker
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +45,7 @@ def torchrun_command(config: TrainConfig, nproc: int) -> list[str]:
 
 
 def _newest_record(config: TrainConfig, environ: Mapping[str, str]) -> CheckpointRecord | None:
-    return Checkpointer(open_checkpoint_store(config.checkpoints, environ)).newest_record()
+    return newest_record(open_checkpoint_store(config.checkpoints, environ))
 
 
 def refuse_incompatible_resume(config: TrainConfig, environ: Mapping[str, str]) -> None:
@@ -83,6 +81,9 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     per_rank_batch_size(config.global_batch_size, nproc)  # refuse before starting any process
     launch_id = uuid.uuid4().hex[:12]
     if nproc == 1:
+        # Imported here: with torchrun the launcher only watches, and importing torch would cost it seconds.
+        from training.worker import run_worker
+
         return run_worker(config, launch_id, environ)
     refuse_incompatible_resume(config, environ)
     # One intra-op thread per worker: N workers on N cores, not N x N threads fighting for them.

@@ -27,6 +27,10 @@ PREEMPTED_EXIT_CODE = 75
 # are how a launcher above torchrun learns that they were preempted.
 ELASTIC_ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
 
+# The launcher names each launch; a preemption save records it, so the launcher can tell its own
+# preemption from an older one when torchrun's exit code says only "failed".
+LAUNCH_ID_VARIABLE = "RETRAIN_LAUNCH_ID"
+
 
 class PreemptionNotice:
     """Records the first stop request: SIGTERM (eviction) or SIGINT (Ctrl-C).

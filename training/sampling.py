@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from training.batch_split import per_rank_batch_size
 from training.errors import InputError
 
 
@@ -61,16 +62,6 @@ class BatchPlan:
 
     def per_rank_batch_size(self, world_size: int) -> int:
         return per_rank_batch_size(self.global_batch_size, world_size)
-
-
-def per_rank_batch_size(global_batch_size: int, world_size: int) -> int:
-    """Each rank's share of the global batch; the global batch must split evenly."""
-    if global_batch_size % world_size:
-        raise InputError(
-            f"--global-batch-size {global_batch_size} is not divisible by {world_size} processes; "
-            f"choose a multiple of {world_size}"
-        )
-    return global_batch_size // world_size
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,8 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from training.checkpoint.checkpointer import LoadedCheckpoint
-from training.checkpoint.records import CheckpointRecord
-from training.config import TrainConfig, trajectory_mismatches
+from training.config import TrainConfig
 from training.dataset import PreparedData
-from training.errors import ResumeRefusedError
 from training.model import ModelConfig, TabularClassifier
 from training.sampling import DataCursor
 
@@ -125,21 +123,6 @@ def checkpoint_state(objects: TrainingObjects, run: RunState, config: TrainConfi
         "attempts": [dict(entry) for entry in run.attempts],
         "mlflow_run_id": run.mlflow_run_id,
     }
-
-
-def check_resumable(record: CheckpointRecord, config: TrainConfig, data_version: str) -> None:
-    """Refuse a resume that would silently change the run; the message says how to proceed."""
-    mismatches = trajectory_mismatches(record.trajectory, config)
-    if mismatches:
-        raise ResumeRefusedError(
-            f"checkpoint {record.name} was made with other training options: {'; '.join(mismatches)}; use "
-            "the checkpoint's values, or a new --checkpoints location to start over"
-        )
-    if record.data_version != data_version and not config.allow_data_change:
-        raise ResumeRefusedError(
-            f"checkpoint {record.name} was trained on data {record.data_version}, but --data is "
-            f"{data_version}; pass the same data, or --allow-data-change to continue training on the new data"
-        )
 
 
 def restore(objects: TrainingObjects, loaded: LoadedCheckpoint, data_version: str) -> RunState:

@@ -30,16 +30,11 @@ from training.distributed import DistContext, barrier, broadcast_from_primary
 from training.outputs import classification_metrics, weights_sha256, write_metadata, write_model
 from training.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
 from training.progress import ProgressRenderer
+from training.resume_policy import check_resumable
 from training.sampling import BatchPlan, epoch_permutation, rank_batch_indices, step_seed
 from training.throughput import ThroughputMeter
 from training.tracking import Tracker
-from training.train_state import (
-    RunState,
-    build_training_objects,
-    check_resumable,
-    checkpoint_state,
-    restore,
-)
+from training.train_state import RunState, build_training_objects, checkpoint_state, restore
 
 log = logging.getLogger(__name__)
 

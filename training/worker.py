@@ -25,7 +25,12 @@ from training.config import TrainConfig
 from training.dataset import load_prepared
 from training.distributed import init_distributed, shutdown_distributed
 from training.errors import RetrainError
-from training.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice, report_preemption_to_launcher
+from training.preemption import (
+    LAUNCH_ID_VARIABLE,
+    PREEMPTED_EXIT_CODE,
+    PreemptionNotice,
+    report_preemption_to_launcher,
+)
 from training.progress import make_renderer
 from training.tracking import make_tracker
 from training.train_args import add_train_arguments, config_from_args
@@ -33,7 +38,6 @@ from training.trainer import PREEMPTED, Trainer
 
 log = logging.getLogger("retrain.worker")
 
-LAUNCH_ID_VARIABLE = "RETRAIN_LAUNCH_ID"
 JOB_RUN_ID_VARIABLE = "MLFLOW_RUN_ID"  # set by Azure ML: the job's own MLflow run
 BAD_INPUT_EXIT_CODE = 2
 

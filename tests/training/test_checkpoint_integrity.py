@@ -1,17 +1,48 @@
-"""A damaged newest checkpoint is detected on restart and the previous one is used; Blob works end to end."""
+"""What a killed or damaged run leaves behind is detected on restart: a damaged newest checkpoint is skipped
+for the previous one, a half-finished save is ignored and cleared. Blob Storage works end to end."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
-from conftest import is_checkpoint, is_step, kill_process_tree, read_metadata, resumed_event
+from conftest import (
+    is_checkpoint,
+    is_step,
+    kill_process_tree,
+    newest_record,
+    read_metadata,
+    resumed_event,
+    train_arguments,
+)
 
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import committed_checkpoints
 from training.checkpoint.stores import CONNECTION_STRING_VARIABLE
 from training.preemption import PREEMPTED_EXIT_CODE
+from training.supervise import TrainingProcess
+
+
+@pytest.fixture(scope="module")
+def killed_run(prepared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoints of a single-process run SIGKILLed after its checkpoint at step 20 (read-only: each
+    test damages its own copy). Whether the damage is noticed does not depend on the number of processes."""
+    root = tmp_path_factory.mktemp("killed-run")
+    process = TrainingProcess(
+        [*train_arguments(prepared_data, root / "out", root / "checkpoints", nproc=1), "--no-mlflow"],
+        stderr=(root / "stderr.log").open("w"),
+    )
+    process.wait_for(is_checkpoint(20))
+    kill_process_tree(process)
+    return root / "checkpoints"
+
+
+@pytest.fixture
+def killed_copy(killed_run: Path, folders) -> Path:
+    shutil.copytree(killed_run, folders.checkpoints)
+    return Path(folders.checkpoints)
 
 
 def _truncate(data: bytes) -> bytes:
@@ -25,22 +56,33 @@ def _flip_one_bit(data: bytes) -> bytes:
 
 @pytest.mark.parametrize("damage", [_truncate, _flip_one_bit], ids=["truncated", "bit-flipped"])
 def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning_and_the_previous_used(
-    start_training, folders, damage
+    killed_copy, start_training, folders, damage
 ):
-    process = start_training()
-    process.wait_for(is_checkpoint(20))
-    kill_process_tree(process)
-    newest, previous = committed_checkpoints(LocalCheckpointStore(Path(folders.checkpoints)).names())[:2]
-    data_file = Path(folders.checkpoints) / f"{newest}.pt"
+    newest, previous = committed_checkpoints(LocalCheckpointStore(killed_copy).names())[:2]
+    data_file = killed_copy / f"{newest}.pt"
     data_file.write_bytes(damage(data_file.read_bytes()))
 
-    restart = start_training(extra=("--epochs", "1"))  # which checkpoint it resumes is decided at start
+    restart = start_training(nproc=1, extra=("--epochs", "1"))  # which checkpoint resumes is decided at start
     assert restart.finish() == 0
     assert resumed_event(restart)["checkpoint"] == previous
-    log_lines = (folders.logs / "attempt-2.log").read_text().splitlines()
+    log_lines = (folders.logs / "attempt-1.log").read_text().splitlines()
     warnings = [line for line in log_lines if "skipping" in line]
     assert len(warnings) == 1 and newest in warnings[0]
     assert "truncated" in warnings[0] if damage is _truncate else "fails its checksum" in warnings[0]
+
+
+def test_leftovers_of_a_save_killed_midway_are_ignored_and_cleared(killed_copy, start_training, folders):
+    last_committed = newest_record(folders.checkpoints)
+    # What a kill during the next save leaves: a half-written temp file, and data whose record never came.
+    leftovers = {".step-0000000099-a001.pt.tmp-0123abcd": b"half a checkpoint"}
+    leftovers["step-0000000099-a001.pt"] = b"data without its commit record"
+    for name, data in leftovers.items():
+        (killed_copy / name).write_bytes(data)
+
+    restart = start_training(nproc=1)
+    assert restart.finish() == 0
+    assert resumed_event(restart)["checkpoint"] == last_committed.name
+    assert {path.name for path in killed_copy.iterdir()} & set(leftovers) == set()
 
 
 def test_training_checkpoints_to_blob_storage_and_resumes_from_it(

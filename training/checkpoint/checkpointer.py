@@ -34,6 +34,7 @@ from training.checkpoint.records import (
 )
 from training.checkpoint.staging import SnapshotStager
 from training.checkpoint.store import CheckpointStore
+from training.checkpoint.stores import newest_record
 from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -246,12 +247,7 @@ class Checkpointer:
 
     def newest_record(self) -> CheckpointRecord | None:
         """The newest readable commit record, without fetching any checkpoint data."""
-        for name in committed_checkpoints(self.store.names()):
-            try:
-                return CheckpointRecord.from_bytes(self.store.read(name + RECORD_SUFFIX), name)
-            except CheckpointError as error:
-                log.warning("skipping checkpoint record %s in %s: %s", name, self.store.location, error)
-        return None
+        return newest_record(self.store)
 
     def newest_valid(self) -> LoadedCheckpoint | None:
         """The newest checkpoint that verifies; corrupt or unreadable ones are skipped with a warning."""

@@ -1,14 +1,21 @@
-"""Open the checkpoint store a spec names: a Blob Storage URL or a local folder."""
+"""Open the checkpoint store a spec names (a Blob Storage URL or a local folder), and read its newest record.
+
+Nothing here imports torch: the launcher uses it to check a resume before it starts any worker.
+"""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
 from training.checkpoint.local_store import LocalCheckpointStore
+from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
 from training.checkpoint.store import CheckpointStore
 from training.errors import CheckpointError
+
+log = logging.getLogger(__name__)
 
 CONNECTION_STRING_VARIABLE = "RETRAIN_STORAGE_CONNECTION_STRING"
 _BLOB_SCHEMES = ("https://", "http://")
@@ -32,3 +39,13 @@ def open_checkpoint_store(spec: str, environ: Mapping[str, str]) -> CheckpointSt
             "https://<account>.blob.core.windows.net/<container>/<prefix>"
         )
     return LocalCheckpointStore(Path(spec))
+
+
+def newest_record(store: CheckpointStore) -> CheckpointRecord | None:
+    """The newest readable commit record, without fetching any checkpoint data."""
+    for name in committed_checkpoints(store.names()):
+        try:
+            return CheckpointRecord.from_bytes(store.read(name + RECORD_SUFFIX), name)
+        except CheckpointError as error:
+            log.warning("skipping checkpoint record %s in %s: %s", name, store.location, error)
+    return None
