@@ -3,6 +3,8 @@
 The root CLI calls `register_commands(commands)`; each handler gets `args.state_root` and `args.environ`
 from it. The workspace comes from --subscription/--resource-group/--workspace or the settings
 AZURE_SUBSCRIPTION_ID, AZURE_RESOURCE_GROUP and AZUREML_WORKSPACE; credentials from DefaultAzureCredential.
+`submit` prints the run's estimated cost (components/cost.py, from the RETRAIN_* cost settings) before it
+submits, and the job carries it in its tags.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from components.azureml.submitter import AzureMLSubmitter, AzureSettings
 from components.azureml.workspace import AzureMLWorkspace, MLClientWorkspace, WorkspaceRef
 from components.blob_snapshot import manifest_of_blob_prefix, snapshot_blob_prefix, split_folder_url
 from components.builder import DEFAULT_DATASTORE, PipelineBuild
+from components.cost import CostSettings, with_estimate
 from components.dry_run import DryRunSubmitter
 from components.errors import SubmissionError
 from components.request import DataRef, RunRequest, Submission
@@ -223,6 +226,7 @@ def _report(submission: Submission, out: IO[str]) -> None:
 
 def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
+    cost = CostSettings.from_environ(args.environ)  # a bad setting stops before any data is pinned
     if args.dry_run:
         request = _request(args, _data_ref(args, connectors, None))
         submitter: DryRunSubmitter | AzureMLSubmitter = DryRunSubmitter(
@@ -240,6 +244,8 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
             ),
         )
         submitter = AzureMLSubmitter(workspace, settings)
+    request, estimate = with_estimate(request, cost)
+    print(estimate.summary(), file=out, flush=True)
     _report(submitter.submit(request), out)
     return 0
 

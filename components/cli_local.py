@@ -5,7 +5,8 @@
     retrain runs [--json] [--limit N]
 
 `run` pins RAW as a data version (an immutable copy under `<state>/data/<model>/`), runs prep -> train ->
-evaluate -> register with step reuse, and prints each step as it starts, is reused, ends or fails.
+evaluate -> register with step reuse, and prints each step as it starts, is reused, ends or fails. First
+it prints what the same run would cost on Azure ML (components/cost.py, from the RETRAIN_* cost settings).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from components.cost import CostSettings, with_estimate
 from components.errors import SubmissionError
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.local.plan import check_parameters
@@ -103,7 +105,9 @@ def build_request(args: argparse.Namespace) -> RunRequest:
 
 def run_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    request = build_request(args)
+    cost = CostSettings.from_environ(args.environ)  # a bad setting stops before the data is pinned
+    request, estimate = with_estimate(build_request(args), cost)
+    print(f"on Azure ML, {estimate.summary()}", file=out, flush=True)
     runner = LocalRunner(RunnerOptions(state_root=args.state_root), args.environ, out)
     try:
         record = runner.run(request, force_rerun=args.force_rerun)

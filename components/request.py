@@ -20,6 +20,9 @@ _MODEL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 _DATA_VERSION = re.compile(r"^[a-z]{2}-[0-9a-f]{16}$")
 _TAG_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _STEP_NAMES = ("prep", "train", "evaluate", "register")
+TRIGGER_TAG_PREFIX = "trigger."
+# The tags that pin a run: `tags()` sets them, and no job tag may stand in for them.
+LINEAGE_TAGS = ("retrain.model_name", "retrain.data_version", "retrain.run_key", "retrain.attempt")
 
 # Submission states, the same words Azure ML uses for jobs.
 QUEUED, RUNNING, COMPLETED, FAILED, CANCELED = "Queued", "Running", "Completed", "Failed", "Canceled"
@@ -56,6 +59,9 @@ class RunRequest:
     instance_count: int = 1
     compute: Mapping[str, str] = field(default_factory=dict)
     component_versions: Mapping[str, str] = field(default_factory=dict)
+    # More tags for the job, beside the lineage ones (the cost estimate): unlike `trigger`, they reach neither
+    # the register step's --trigger argument nor a step's cache key, so an estimate never reruns a step.
+    job_tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _MODEL_NAME.match(self.model_name):
@@ -78,7 +84,8 @@ class RunRequest:
         bad_tags = sorted(key for key in self.trigger if not _TAG_KEY.match(key))
         if bad_tags:
             raise SubmissionError(f"trigger keys {bad_tags}: expected letters, digits, '_', '.' or '-'")
-        for name in ("trigger", "parameters", "compute", "component_versions"):
+        _check_job_tags(self.job_tags)
+        for name in ("trigger", "parameters", "compute", "component_versions", "job_tags"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
 
     @property
@@ -97,11 +104,29 @@ class RunRequest:
     def tags(self) -> dict[str, str]:
         """Lineage tags for the job: the trigger metadata plus what pins the run."""
         return {
-            **{f"trigger.{key}": str(value) for key, value in self.trigger.items()},
+            **{f"{TRIGGER_TAG_PREFIX}{key}": str(value) for key, value in self.trigger.items()},
+            **self.job_tags,
             "retrain.model_name": self.model_name,
             "retrain.data_version": self.data.version,
             "retrain.run_key": self.run_key,
         }
+
+
+def _check_job_tags(tags: Mapping[str, str]) -> None:
+    bad = sorted(
+        str(key)
+        for key, value in tags.items()
+        if not isinstance(key, str) or not _TAG_KEY.match(key) or not isinstance(value, str)
+    )
+    if bad:
+        raise SubmissionError(
+            f"job tags {bad}: expected text keys of letters, digits, '_', '.' or '-' with text values"
+        )
+    taken = sorted(key for key in tags if key.startswith(TRIGGER_TAG_PREFIX) or key in LINEAGE_TAGS)
+    if taken:
+        raise SubmissionError(
+            f"job tags {taken}: these name the trigger or the run's lineage; expected other keys"
+        )
 
 
 @dataclass(frozen=True)

@@ -228,6 +228,9 @@ class SubmissionRecord:
     job_name: str | None = None
     backend: str | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
+    # What the run was expected to spend (components.cost.CostEstimate.to_dict()), recorded before the
+    # submitter is called; None for a submission that never got that far, or one recorded before estimates.
+    estimate: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_record_id(self.id, "submission id")
@@ -250,6 +253,13 @@ class SubmissionRecord:
         for name in ("created_at", "updated_at"):
             object.__setattr__(self, name, _aware(getattr(self, name), f"submission {self.id} {name}"))
         object.__setattr__(self, "details", _details(self.details, f"submission {self.id}"))
+        if self.estimate is not None:
+            if not isinstance(self.estimate, Mapping) or not isinstance(self.estimate.get("summary"), str):
+                raise LedgerError(
+                    f"submission {self.id} estimate: expected a mapping with a 'summary' line "
+                    "(components.cost.CostEstimate.to_dict())"
+                )
+            object.__setattr__(self, "estimate", _details(self.estimate, f"submission {self.id} estimate"))
 
     @property
     def finished(self) -> bool:
@@ -259,6 +269,10 @@ class SubmissionRecord:
         """This record with a new status at `now`; `changes` may set job_name, backend, details,
         data_version and inputs."""
         return replace(self, status=status, updated_at=now, **changes)
+
+    def with_estimate(self, estimate: Mapping[str, Any], now: datetime) -> SubmissionRecord:
+        """This record with what its run is expected to spend, at `now`."""
+        return replace(self, estimate=estimate, updated_at=now)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -275,6 +289,7 @@ class SubmissionRecord:
             "events": list(self.events),
             "pins": [{"url": pin.url, "fingerprint": pin.fingerprint} for pin in self.inputs],
             "details": dict(self.details),
+            "estimate": None if self.estimate is None else dict(self.estimate),
         }
 
     @classmethod
@@ -282,7 +297,9 @@ class SubmissionRecord:
         names = ("id", "model_name", "kind", "status", "created_at", "updated_at", "data_version")
         values = {name: data[name] for name in (*names, "job_name", "backend", "details")}
         pins = tuple(InputPin(pin["url"], pin["fingerprint"]) for pin in data["pins"])
-        return cls(**values, inputs=pins, events=tuple(data["events"]))
+        # Records written before estimates existed have no "estimate" key: they load without one.
+        estimate = data.get("estimate")
+        return cls(**values, inputs=pins, events=tuple(data["events"]), estimate=estimate)
 
 
 def check_claim(record: EventRecord) -> None:
@@ -301,12 +318,13 @@ def event_replaceable(old: EventRecord, new: EventRecord) -> bool:
 
 def submission_replaceable(old: SubmissionRecord, new: SubmissionRecord) -> bool:
     """Whether `new` may replace `old`; raises if it rewrites what the submission is or pins."""
-    for name in ("model_name", "kind", "created_at", "data_version", "inputs"):
+    for name in ("model_name", "kind", "created_at", "data_version", "inputs", "estimate"):
         before = getattr(old, name)
         if before not in (None, ()) and before != getattr(new, name):
-            raise LedgerError(
-                f"submission {old.id}: an update changes its {name}; a submission's pins are fixed"
-            )
+            why = "a submission's pins are fixed"
+            if name == "estimate":
+                why = "an estimate stays what was expected when the run was sent"
+            raise LedgerError(f"submission {old.id}: an update changes its {name}; {why}")
     return not (old.finished and new.status != old.status)
 
 

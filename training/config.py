@@ -6,6 +6,7 @@ straight from command-line arguments and app settings.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,20 @@ from typing import Any
 from training.errors import InputError
 
 PROGRESS_MODES = ("auto", "bar", "log", "jsonl", "none")
+
+# `--checkpoint-every-seconds auto`: the trainer measures its own checkpoint cost at its first saves and
+# takes Daly's optimum interval for that cost and `--mtbe-hours` (training/checkpoint_interval.py).
+AUTO_INTERVAL = "auto"
+DEFAULT_CHECKPOINT_EVERY_SECONDS = 300.0
+
+# The mean time between evictions of the training job: any node's eviction stops it, so on N nodes it is a
+# node's MTBE / N. Azure publishes none for low-priority capacity, only coarse eviction-rate bands per VM
+# size and region in the portal, which change with the hour; 12 hours is the cautious guess the cost
+# estimate uses too (components/cost.py), so that the interval and the estimate assume the same capacity.
+# Erring is cheap: the overhead is flat around Daly's optimum, so an MTBE off by a factor of 4 moves the
+# interval by a factor of 2 and raises the overhead (saves plus rework) by only a quarter. Once measured
+# (evictions per node-hour in the ledger), pass --mtbe-hours.
+DEFAULT_MTBE_HOURS = 12.0
 
 # The options that decide the training trajectory. A checkpoint only resumes under the same values;
 # anything else (epochs, checkpoint interval, world size, progress display) may change between attempts.
@@ -33,6 +48,19 @@ def _require(condition: bool, message: str) -> None:
         raise InputError(message)
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _finite_number(value: object) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
+def _shown(value: object) -> str:
+    """A number as the user typed it (`-1`, not the parsed `-1.0`); anything else as it is."""
+    return format(value, "g") if _is_number(value) else str(value)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     data: Path
@@ -48,7 +76,8 @@ class TrainConfig:
     hidden_layers: int = 2
     dropout: float = 0.1
     checkpoint_every_steps: int | None = None
-    checkpoint_every_seconds: float | None = 300.0
+    checkpoint_every_seconds: float | str | None = DEFAULT_CHECKPOINT_EVERY_SECONDS
+    mtbe_hours: float = DEFAULT_MTBE_HOURS
     keep_checkpoints: int = 2
     deterministic: bool = False
     allow_data_change: bool = False
@@ -69,8 +98,14 @@ class TrainConfig:
             f"--checkpoint-every-steps {self.checkpoint_every_steps}: expected a positive integer",
         )
         _require(
-            self.checkpoint_every_seconds is None or self.checkpoint_every_seconds > 0,
-            f"--checkpoint-every-seconds {self.checkpoint_every_seconds}: expected a positive number",
+            self.checkpoint_every_seconds in (None, AUTO_INTERVAL)
+            or (_finite_number(self.checkpoint_every_seconds) and self.checkpoint_every_seconds > 0),
+            f"--checkpoint-every-seconds {_shown(self.checkpoint_every_seconds)}: expected a number of "
+            f"seconds > 0, '{AUTO_INTERVAL}' (chosen from the measured checkpoint cost) or 'off'",
+        )
+        _require(
+            _finite_number(self.mtbe_hours) and self.mtbe_hours > 0,
+            f"--mtbe-hours {_shown(self.mtbe_hours)}: expected a number of hours > 0",
         )
         _require(
             self.keep_checkpoints >= 2,

@@ -1,4 +1,5 @@
-"""`retrain plan spot|interval|scaling`: the planning maths of training/planning.py, modelled inputs only.
+"""`retrain plan spot|interval|scaling`: the planning maths of training/planning.py, from modelled inputs
+or, for scaling with `--measure`, from step times measured on our own trainer (training/planning_measure.py).
 
 Values arrive as text and are parsed here, so a bad one is a one-line `InputError` naming its option
 rather than argparse's usage dump.
@@ -10,20 +11,53 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from training.errors import InputError
 from training.planning import (
     DEFAULT_EFFICIENCY_THRESHOLD,
+    DEFAULT_RUN_STEPS,
     IntervalInputs,
+    MeasuredScaling,
     ScalingInputs,
+    ScalingPlan,
     SpotScenario,
+    check_run_steps,
+    check_scaling_options,
     checkpoint_interval,
+    measured_scaling,
     parse_gpu_counts,
     scaling_plan,
     spot_estimate,
+)
+from training.planning_measure import (
+    DEFAULT_HIDDEN_WIDTH,
+    DEFAULT_MAX_PROCS,
+    DEFAULT_STEPS,
+    WARMUP_STEPS,
+    MeasureSettings,
+    StepTimer,
+    measure_step_times,
+    trainer_step_timer,
+)
+from training.planning_plot import check_plot_path, plot_scaling
+
+# Options of `--measure` alone, as (flag, attribute); given without it they would be silently ignored.
+MEASURE_OPTIONS = (
+    ("--max-procs", "max_procs"),
+    ("--steps", "steps"),
+    ("--data", "data"),
+    ("--global-batch-size", "global_batch_size"),
+    ("--hidden-width", "hidden_width"),
+    ("--run-steps", "run_steps"),
+)
+MODEL_OPTIONS = (
+    ("--single-gpu-hours", "single_gpu_hours"),
+    ("--comm-hours-per-doubling", "comm_hours_per_doubling"),
 )
 
 
@@ -43,6 +77,21 @@ def _whole(text: str, flag: str) -> int:
     if not (text.strip().isascii() and text.strip().isdigit()):
         raise InputError(f"{flag} must be a whole number >= 1, got {text!r}")
     return int(text)
+
+
+def _whole_or(text: str | None, flag: str, default: int | None) -> int | None:
+    return default if text is None else _whole(text, flag)
+
+
+def _hours(value: float) -> str:
+    # A measured reference run can be a fraction of an hour; two decimals would round it away.
+    return f"{value:.2f}" if value >= 1 else f"{value:.3g}"
+
+
+def _print_table(table: list[tuple[str, ...]], stream: TextIO) -> None:
+    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)), file=stream)
 
 
 def _print_pairs(pairs: list[tuple[str, str]], stream: TextIO) -> None:
@@ -105,8 +154,19 @@ def _interval(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     return 0
 
 
-def _scaling(args: argparse.Namespace, stream: TextIO | None = None) -> int:
+def _scaling(args: argparse.Namespace, stream: TextIO | None = None, timer: StepTimer | None = None) -> int:
+    """`timer` replaces the real trainer runs of `--measure` (tests of the orchestration)."""
     stream = stream or sys.stdout
+    if args.measure:
+        return _measured_scaling(args, stream, timer)
+    for flag, name in MEASURE_OPTIONS:
+        if getattr(args, name) is not None:
+            raise InputError(
+                f"{flag} needs --measure; without it the scaling is modelled from --single-gpu-hours"
+            )
+    for flag, name in (*MODEL_OPTIONS, ("--gpus", "gpus")):
+        if getattr(args, name) is None:
+            raise InputError(f"{flag} is required, unless --measure fits the scaling from real runs")
     inputs = ScalingInputs(
         single_gpu_hours=_number(args.single_gpu_hours, "--single-gpu-hours"),
         comm_hours_per_doubling=_number(args.comm_hours_per_doubling, "--comm-hours-per-doubling"),
@@ -117,28 +177,130 @@ def _scaling(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     )
     plan = scaling_plan(inputs)
     if args.plot is not None:
-        from training.planning_plot import plot_scaling
-
         plot_scaling(plan, args.plot, inputs.efficiency_threshold)
     if args.json:
         _emit_json(plan, stream)
         return 0
+    _print_plan(plan, stream)
+    return 0
+
+
+def _print_plan(plan: ScalingPlan, stream: TextIO) -> None:
     table = [("GPUS", "WALL_HOURS", "SPEEDUP", "EFFICIENCY", "GPU_HOURS")]
     for row in plan.rows:
         table.append(
             (
                 str(row.gpus),
-                f"{row.wall_hours:.2f}",
+                _hours(row.wall_hours),
                 f"{row.speedup:.2f}",
                 f"{row.efficiency:.3f}",
-                f"{row.gpu_hours:.2f}",
+                _hours(row.gpu_hours),
             )
         )
-    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
-    for row in table:
-        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)), file=stream)
+    _print_table(table, stream)
     print(f"recommended: {plan.recommended_gpus} GPUs ({plan.reason})", file=stream)
+
+
+def _measure_settings(args: argparse.Namespace) -> MeasureSettings:
+    for flag, name in MODEL_OPTIONS:
+        if getattr(args, name) is not None:
+            raise InputError(
+                f"{flag} cannot be combined with --measure, which fits it from the measured steps"
+            )
+    return MeasureSettings(
+        max_procs=_whole_or(args.max_procs, "--max-procs", DEFAULT_MAX_PROCS),
+        steps=_whole_or(args.steps, "--steps", DEFAULT_STEPS),
+        global_batch_size=_whole_or(args.global_batch_size, "--global-batch-size", None),
+        hidden_width=_whole_or(args.hidden_width, "--hidden-width", DEFAULT_HIDDEN_WIDTH),
+        data=args.data,
+    )
+
+
+def _measured_scaling(args: argparse.Namespace, stream: TextIO, timer: StepTimer | None) -> int:
+    # Every option is checked before the first run: a typo must not cost a measurement.
+    settings = _measure_settings(args)
+    run_steps = _whole_or(args.run_steps, "--run-steps", DEFAULT_RUN_STEPS)
+    gpus = parse_gpu_counts(args.gpus) if args.gpus is not None else tuple(range(1, settings.max_procs + 1))
+    threshold = _number(args.efficiency_threshold, "--efficiency-threshold")
+    money = (
+        _number(args.gpu_hour_price, "--gpu-hour-price"),
+        _number(args.value_per_hour_saved, "--value-per-hour-saved"),
+    )
+    check_run_steps(run_steps)
+    check_scaling_options(gpus, threshold, *money)
+    if args.plot is not None:
+        check_plot_path(args.plot)
+    timers: AbstractContextManager[StepTimer] = (
+        nullcontext(timer) if timer is not None else trainer_step_timer(settings, os.environ)
+    )
+    with timers as active:
+        points = measure_step_times(active, settings.max_procs, sys.stderr)
+    result = measured_scaling(points, run_steps, gpus, threshold, *money)
+    if args.plot is not None:
+        measured = [(row.processes, row.efficiency) for row in result.measured]
+        plot_scaling(result.plan, args.plot, threshold, measured)
+    if args.json:
+        print(json.dumps(_measured_json(settings, result), indent=2, sort_keys=True), file=stream)
+        return 0
+    _print_measured(settings, result, stream)
+    _print_plan(result.plan, stream)
     return 0
+
+
+def _measured_json(settings: MeasureSettings, result: MeasuredScaling) -> dict[str, Any]:
+    plan = result.plan
+    return {
+        "measurement": {
+            **dataclasses.asdict(settings),
+            "data": None if settings.data is None else str(settings.data),
+            "warmup_steps": WARMUP_STEPS,
+        },
+        "measured": [dataclasses.asdict(row) for row in result.measured],
+        "fit": {
+            **dataclasses.asdict(result.fit),
+            "run_steps": result.run_steps,
+            "single_gpu_hours": result.single_gpu_hours,
+            "comm_hours_per_doubling": result.comm_hours_per_doubling,
+        },
+        "rows": [dataclasses.asdict(row) for row in plan.rows],
+        "recommendation": {"gpus": plan.recommended_gpus, "reason": plan.reason},
+    }
+
+
+def _print_measured(settings: MeasureSettings, result: MeasuredScaling, stream: TextIO) -> None:
+    print(
+        f"measured: global batch {settings.global_batch_size}, hidden width {settings.hidden_width}, "
+        f"at least {settings.steps} steps per process count, the first {WARMUP_STEPS} not timed",
+        file=stream,
+    )
+    table = [("PROCS", "STEP_MS", "SPEEDUP", "EFFICIENCY", "FITTED_STEP_MS")]
+    for row in result.measured:
+        milliseconds = (f"{row.step_seconds * 1000:.3f}", f"{row.fitted_step_seconds * 1000:.3f}")
+        table.append(
+            (
+                str(row.processes),
+                milliseconds[0],
+                f"{row.speedup:.2f}",
+                f"{row.efficiency:.3f}",
+                milliseconds[1],
+            )
+        )
+    _print_table(table, stream)
+    fit = result.fit
+    print(
+        f"fit: step(N) = {fit.compute_seconds * 1000:.3f} ms / N "
+        f"+ {fit.comm_seconds_per_doubling * 1000:.3f} ms x log2(N)",
+        file=stream,
+    )
+    if fit.clamped:
+        print(
+            "     communication clamped to 0: the free fit made it negative (faster than linear)", file=stream
+        )
+    print(
+        f"a run of {result.run_steps} steps: --single-gpu-hours {result.single_gpu_hours:.3g} "
+        f"--comm-hours-per-doubling {result.comm_hours_per_doubling:.3g}",
+        file=stream,
+    )
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -163,18 +325,17 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     interval.add_argument("--json", action="store_true", help="machine-readable output")
     interval.set_defaults(handler=_interval)
 
-    scaling = kinds.add_parser("scaling", help="modelled speedup and efficiency over GPU counts")
+    scaling = kinds.add_parser(
+        "scaling", help="speedup and efficiency over GPU counts: modelled, or fitted to measured runs"
+    )
+    scaling.add_argument("--single-gpu-hours", metavar="T1", help="hours the run takes on 1 GPU")
     scaling.add_argument(
-        "--single-gpu-hours", required=True, metavar="T1", help="hours the run takes on 1 GPU"
+        "--comm-hours-per-doubling", metavar="K", help="hours of communication added per doubling of GPUs"
     )
     scaling.add_argument(
-        "--comm-hours-per-doubling",
-        required=True,
-        metavar="K",
-        help="hours of communication added per doubling of GPUs",
-    )
-    scaling.add_argument(
-        "--gpus", required=True, metavar="N,N,...", help="increasing GPU counts, e.g. 1,8,16"
+        "--gpus",
+        metavar="N,N,...",
+        help="increasing GPU counts, e.g. 1,8,16 (with --measure, default: the measured counts)",
     )
     scaling.add_argument(
         "--efficiency-threshold",
@@ -189,5 +350,31 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     scaling.add_argument("--json", action="store_true", help="machine-readable output")
     scaling.add_argument(
         "--plot", type=Path, metavar="FILE.png", help="draw efficiency and GPU-hours vs GPUs"
+    )
+    measure = scaling.add_argument_group("measured (--measure): fit T1 and K to real runs of our trainer")
+    measure.add_argument(
+        "--measure", action="store_true", help="time `retrain train --nproc N` for N = 1..P and fit the model"
+    )
+    measure.add_argument(
+        "--max-procs", metavar="P", help=f"largest process count to run (default {DEFAULT_MAX_PROCS})"
+    )
+    measure.add_argument(
+        "--steps", metavar="S", help=f"least training steps per process count (default {DEFAULT_STEPS})"
+    )
+    measure.add_argument(
+        "--data", type=Path, metavar="DIR", help="a prepared data version (default: the digits sample)"
+    )
+    measure.add_argument(
+        "--global-batch-size",
+        metavar="B",
+        help="samples per step for every process count (default: 64 rounded up to split over 1..P)",
+    )
+    measure.add_argument(
+        "--hidden-width", metavar="W", help=f"the model's hidden width (default {DEFAULT_HIDDEN_WIDTH})"
+    )
+    measure.add_argument(
+        "--run-steps",
+        metavar="R",
+        help=f"steps of the run to plan, turning step times into hours (default {DEFAULT_RUN_STEPS})",
     )
     scaling.set_defaults(handler=_scaling)

@@ -2,8 +2,8 @@
 
 Rank 0 emits events; a renderer shows them as an in-place bar (a terminal), as periodic log lines (a job
 log), or as JSON lines on stdout (for a supervising process, such as the demo or the tests, to follow).
-Events are plain JSON-ready dicts with an "event" key: `start`, `step`, `checkpoint`, `preempted`,
-`resumed`, `done`.
+Events are plain JSON-ready dicts with an "event" key: `start`, `step`, `checkpoint`,
+`checkpoint_interval` (the interval `--checkpoint-every-seconds auto` chose), `preempted`, `resumed`, `done`.
 """
 
 from __future__ import annotations
@@ -45,11 +45,35 @@ def describe(event: Event) -> str:
             f"checkpoint {event['name']} ({event['reason']}) durable: {event['bytes'] / 1e6:.1f} MB, "
             f"training blocked {event['blocked_ms']:.1f} ms, written in {event['write_seconds']:.2f} s"
         )
+    if kind == "checkpoint_interval":
+        return _interval_text(event)
     if kind == "preempted":
         return f"preempted: state saved at step {event['step']}; exiting with code {event['exit_code']}"
     if kind == "done":
         return f"done: {event['steps']} steps, validation accuracy {event['validation_accuracy']:.4f}"
     return json.dumps(event)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
+    return f"{seconds:.3g} s" if seconds < 100 else f"{seconds:,.0f} s"
+
+
+def _interval_text(event: Event) -> str:
+    interval = _duration(event["interval_seconds"])
+    if event["rule"] == "fallback":
+        return f"checkpoint interval {interval} (fallback): {event['failed_saves']} measuring saves failed"
+    basis = (
+        "Daly's optimum"
+        if event["rule"] == "daly"
+        else f"twice the write time: Daly's {_duration(event['daly_seconds'])} would queue saves"
+    )
+    return (
+        f"checkpoint interval {interval} ({basis}); a save blocks training "
+        f"{_duration(event['cost_seconds'])} and is written in {_duration(event['write_seconds'])}; "
+        f"mean time between evictions {event['mtbe_hours']:g} h"
+    )
 
 
 def _step_text(event: Event) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 
-from training.config import PROGRESS_MODES, TrainConfig
+from training.config import AUTO_INTERVAL, PROGRESS_MODES, TrainConfig
 from training.errors import InputError
 from training.local_state import (
     artifacts_beside,
@@ -34,6 +34,17 @@ def _optional_number(kind: type):
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__} or 'off', got {text!r}") from None
 
     return parse
+
+
+def _seconds_auto_or_off(text: str) -> float | str | None:
+    if text.lower() == AUTO_INTERVAL:
+        return AUTO_INTERVAL
+    try:
+        return _optional_number(float)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds, '{AUTO_INTERVAL}' or 'off', got {text!r}"
+        ) from None
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,9 +84,18 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     ckpt.add_argument(
         "--checkpoint-every-seconds",
-        type=_optional_number(float),
+        type=_seconds_auto_or_off,
         default=_DEFAULTS["checkpoint_every_seconds"],
-        help="save every T seconds ('off')",
+        help="save every T seconds; 'auto' measures the checkpoint cost at the first saves and takes "
+        "Daly's optimum for it and --mtbe-hours; 'off'",
+    )
+    ckpt.add_argument(
+        "--mtbe-hours",
+        type=float,
+        default=_DEFAULTS["mtbe_hours"],
+        metavar="M",
+        help="mean hours between evictions of the job (a node's / the node count), for "
+        "--checkpoint-every-seconds auto (default %(default)s)",
     )
     ckpt.add_argument("--keep-checkpoints", type=int, default=_DEFAULTS["keep_checkpoints"])
     ckpt.add_argument(
@@ -132,6 +152,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str], cwd: 
         dropout=args.dropout,
         checkpoint_every_steps=args.checkpoint_every_steps,
         checkpoint_every_seconds=args.checkpoint_every_seconds,
+        mtbe_hours=args.mtbe_hours,
         keep_checkpoints=args.keep_checkpoints,
         deterministic=args.deterministic,
         allow_data_change=args.allow_data_change,
@@ -143,8 +164,10 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str], cwd: 
     )
 
 
-def _number_or_off(value: float | None) -> str:
-    return "off" if value is None else repr(value)
+def _number_or_off(value: float | str | None) -> str:
+    if value is None:
+        return "off"
+    return value if value == AUTO_INTERVAL else repr(value)
 
 
 def config_to_argv(config: TrainConfig) -> list[str]:
@@ -178,6 +201,8 @@ def config_to_argv(config: TrainConfig) -> list[str]:
         _number_or_off(config.checkpoint_every_steps),
         "--checkpoint-every-seconds",
         _number_or_off(config.checkpoint_every_seconds),
+        "--mtbe-hours",
+        repr(config.mtbe_hours),
         "--keep-checkpoints",
         str(config.keep_checkpoints),
         "--device",

@@ -3,7 +3,9 @@
 One loop serves every case (single process, torchrun on CPU with gloo, GPUs with NCCL): each step
 trains on its share of a global batch, then the ranks exchange one tiny tensor (the loss for the log, and
 a vote on whether anyone received an eviction notice), so that all of them stop at the same step. Rank 0
-checkpoints asynchronously at the configured interval, immediately when evicted, and at the end.
+checkpoints asynchronously at the configured interval (or, with `--checkpoint-every-seconds auto`, at one
+chosen from what its first saves cost: training/checkpoint_interval.py), immediately when evicted, and at
+the end.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from torch.nn.parallel import DistributedDataParallel
 import training
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta, LoadedCheckpoint, SaveResult
 from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL, REASON_PREEMPTED
-from training.config import TrainConfig
+from training.checkpoint_interval import IntervalCalibration, IntervalChoice
+from training.config import AUTO_INTERVAL, TrainConfig
 from training.consensus import StepConsensus, StepVerdict
 from training.dataset import PreparedData
 from training.distributed import DistContext, barrier, broadcast_from_primary
@@ -70,6 +73,7 @@ class Trainer:
         self.launch_id = launch_id
         self.notice = notice
         self._clock = clock
+        self._calibration: IntervalCalibration | None = None
 
     def run(self) -> TrainOutcome:
         train_split = self.data.split("train")
@@ -112,6 +116,9 @@ class Trainer:
         self._attempt_started = self._clock()
         self._elapsed_before = run.elapsed_seconds
         self._last_save = self._clock()
+        # Only the primary saves, so only it measures; every attempt anew, for its node's storage.
+        if self.config.checkpoint_every_seconds == AUTO_INTERVAL and self.context.is_primary:
+            self._calibration = IntervalCalibration(self.config.mtbe_hours)
         self._meter = ThroughputMeter(clock=time.perf_counter)
         self._last_loss: float | None = None
         self._permutation_epoch, self._permutation = -1, torch.empty(0)
@@ -199,10 +206,17 @@ class Trainer:
     def _interval_checkpoint_due(self) -> bool:
         if not self.context.is_primary or self._run.step >= self._total_steps:
             return False
-        every_steps, every_seconds = self.config.checkpoint_every_steps, self.config.checkpoint_every_seconds
+        every_steps = self.config.checkpoint_every_steps
         by_steps = every_steps is not None and self._run.step % every_steps == 0
-        by_time = every_seconds is not None and self._clock() - self._last_save >= every_seconds
-        return by_steps or by_time
+        return by_steps or self._save_due_by_time()
+
+    def _save_due_by_time(self) -> bool:
+        every_seconds = self.config.checkpoint_every_seconds
+        if self._calibration is not None:
+            if self._calibration.wants_save():
+                return True
+            every_seconds = self._calibration.interval_seconds  # None while a measuring save is in flight
+        return every_seconds is not None and self._clock() - self._last_save >= every_seconds
 
     # -- checkpoints ----------------------------------------------------------------------------------
 
@@ -223,14 +237,24 @@ class Trainer:
         )
         state = checkpoint_state(self._objects, run, self.config, self.data.data_version)
         self._report_durable(self.checkpointer.save(state, meta))
+        if self._calibration is not None and reason == REASON_INTERVAL:
+            self._calibration.save_started()
 
     def _save_and_wait(self, reason: str) -> None:
         self._save(reason)
         self._report_durable(self.checkpointer.wait_until_durable())
 
     def _report_durable(self, result: SaveResult | None) -> None:
-        if result is None or result.record is None:
+        if result is None:
             return
+        if result.record is not None:
+            self._report_checkpoint(result)
+        if self._calibration is not None and result.reason == REASON_INTERVAL:
+            choice = self._calibration.observe(result.blocked_seconds, result.write_seconds)
+            if choice is not None:
+                self._report_interval(choice)
+
+    def _report_checkpoint(self, result: SaveResult) -> None:
         blocked_ms = result.blocked_seconds * 1000
         self._emit(
             "checkpoint",
@@ -249,6 +273,11 @@ class Trainer:
             },
             step=result.step,
         )
+
+    def _report_interval(self, choice: IntervalChoice) -> None:
+        self._run.attempts[-1]["checkpoint_interval"] = choice.fields()
+        self._emit("checkpoint_interval", step=self._run.step, **choice.fields())
+        self.tracker.log_metrics(choice.metrics(), step=self._run.step)
 
     # -- the end --------------------------------------------------------------------------------------
 

@@ -72,7 +72,12 @@ def test_a_dry_run_records_the_job_with_every_option_applied(harness, capsys):
 
     assert code == 0
     name = f"retrain-digits-{VERSION}"
-    assert capsys.readouterr().out.splitlines()[0] == f"recorded {name} on dry-run: Completed"
+    estimate, recorded = capsys.readouterr().out.splitlines()[:2]
+    assert recorded == f"recorded {name} on dry-run: Completed"
+    # train=gpu-dedicated: 2 GPUs (1 per node, 2 nodes) for the default hour, at the full price.
+    assert estimate.startswith(
+        "estimated cost unpriced: 2 GPU(s) x 1.00 h on dedicated compute gpu-dedicated"
+    )
     job = yaml.safe_load((harness.state_root / "dry-runs" / name / "job.yml").read_text())
     assert job["jobs"]["train"]["compute"] == "azureml:gpu-dedicated"
     assert job["jobs"]["train"]["resources"] == {"instance_count": 2}
@@ -84,7 +89,7 @@ def test_a_dry_run_records_the_job_with_every_option_applied(harness, capsys):
 def test_a_dry_run_of_blob_data_pins_its_version_without_copying(harness, landing, capsys):
     harness.run("submit", "--dry-run", "--data", f"{landing.url}/landing/", "--model-name", "digits")
 
-    job_file = capsys.readouterr().out.splitlines()[1].strip()
+    job_file = capsys.readouterr().out.splitlines()[2].strip()
     raw_data = yaml.safe_load(Path(job_file).read_text())["inputs"]["raw_data"]["path"]
     assert raw_data.startswith("azureml:digits-raw:rd-")
     assert sorted(blob.name for blob in landing.list_blobs()) == ["landing/a.csv", "landing/b.csv"]
@@ -110,7 +115,7 @@ def test_submitting_blob_data_snapshots_registers_and_submits(harness, landing, 
         "get_job", "get_compute", "vm_sizes", "usages", "create_job",
     ]  # fmt: skip
     assert (
-        capsys.readouterr().out.splitlines()[0]
+        capsys.readouterr().out.splitlines()[1]
         == f"submitted retrain-digits-{version} on azureml: Queued (first attempt)"
     )
 
@@ -185,8 +190,8 @@ def test_submit_needs_azure_or_dry_run(harness, capsys):
 def test_publish_reports_what_it_registered(harness, capsys):
     assert harness.run("publish", "--computes", "--workspace", "ws-flag") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "published environment retrain-training:1"
-    assert "published component retrain_train:1" in lines
+    assert lines[0] == "published environment retrain-training:2"
+    assert "published component retrain_train:2" in lines
     assert lines[-3:] == [
         "published compute cpu-cluster",
         "published compute gpu-spot",

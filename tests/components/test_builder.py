@@ -33,7 +33,7 @@ def make_request(**changes) -> RunRequest:
         "processes_per_instance": 4,
         "instance_count": 2,
         "compute": {"prep": "cpu-big"},
-        "component_versions": {"evaluate": "2", "train": "1"},
+        "component_versions": {"evaluate": "3", "train": "2"},
     }
     return RunRequest(**{**fields, **changes})
 
@@ -86,19 +86,19 @@ def test_component_versions_are_pinned(built):
             declared.name,
             declared.version,
         )
-        assert jobs[step]["component"]["environment"] == "azureml:retrain-training:1"
+        assert jobs[step]["component"]["environment"] == "azureml:retrain-training:2"
     # A version other than the YAML's can only be a registered one: the step references it.
-    assert jobs["evaluate"]["component"] == "azureml:retrain_evaluate:2"
+    assert jobs["evaluate"]["component"] == "azureml:retrain_evaluate:3"
 
 
 def test_registered_components_reference_the_published_versions():
     job = build_pipeline_job(PipelineBuild.for_request(make_request(), registered_components=True))
     components = {name: step["component"] for name, step in job._to_dict()["jobs"].items()}
     assert components == {
-        "prep": "azureml:retrain_prep:1",
-        "train": "azureml:retrain_train:1",
-        "evaluate": "azureml:retrain_evaluate:2",
-        "register": "azureml:retrain_register:1",
+        "prep": "azureml:retrain_prep:2",
+        "train": "azureml:retrain_train:2",
+        "evaluate": "azureml:retrain_evaluate:3",
+        "register": "azureml:retrain_register:2",
     }
 
 
@@ -117,7 +117,7 @@ def test_inputs_carry_the_data_model_trigger_and_parameters(built):
     assert inputs["model_name"] == "digits"
     assert inputs["trigger"] == "event_id=evt-42,source=blob"
     assert inputs["epochs"] == 7  # coerced to the train step's integer input
-    assert inputs["checkpoint_every_seconds"] == 300  # pipeline.yml's default
+    assert inputs["checkpoint_every_seconds"] == "auto"  # pipeline.yml's default
     assert inputs["hidden_width"] == 64
 
 
@@ -136,6 +136,14 @@ def test_trigger_metadata_goes_into_tags(built):
         "retrain.run_key": f"digits-{VERSION}",
         "retrain.attempt": "0",
     }
+
+
+def test_job_tags_join_the_lineage_tags_without_touching_the_trigger_argument():
+    plain = PipelineBuild.for_request(make_request())
+    estimated = PipelineBuild.for_request(make_request(job_tags={"retrain.estimated_gpu_hours": "8.00"}))
+
+    assert dict(estimated.tags) == {**plain.tags, "retrain.estimated_gpu_hours": "8.00"}
+    assert estimated.trigger == plain.trigger == "event_id=evt-42,source=blob"
 
 
 def test_each_node_is_named_after_its_step(built):
@@ -161,7 +169,9 @@ def test_the_built_job_agrees_with_pipeline_yml(built, from_yaml):
         assert mine.get("distribution") == theirs.get("distribution"), name
         assert mine.get("resources") == theirs.get("resources"), name
         assert mine["compute"] == theirs.get("compute", default_compute), name
-        for key in ("command", "environment", "version", "inputs", "outputs", "code"):
+        # Not the version: load_job() reads a pipeline YAML's components as anonymous ones, version "1"
+        # whatever their file says; the builder pins the file's (test_component_versions_are_pinned).
+        for key in ("command", "environment", "inputs", "outputs", "code"):
             assert mine["component"][key] == theirs["component"][key], (name, key)
         for output, setting in theirs.get("outputs", {}).items():
             if isinstance(setting, str):
@@ -173,7 +183,7 @@ def test_the_built_job_agrees_with_pipeline_yml(built, from_yaml):
 
 
 def test_the_same_component_version_as_the_yaml_uses_the_yaml():
-    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "1"})))
+    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "2"})))
     assert job._to_dict()["jobs"]["prep"]["component"]["command"].startswith("python -m training.cli prepare")
 
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from components.cost import CostSettings, with_estimate
 from components.dry_run import DRY_RUN_DIR, DryRunSubmitter
 from components.errors import SubmissionError
 from components.request import COMPLETED, DataRef, RunRequest
@@ -25,10 +26,15 @@ def make_request(**changes) -> RunRequest:
     return RunRequest(**{**fields, **changes})
 
 
+# 2 GPUs on dedicated compute for 2 hours, at 2.5 a GPU-hour.
+COST = CostSettings(gpu_hour_price=2.5, expected_train_hours=2.0)
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     submitter = DryRunSubmitter(tmp_path_factory.mktemp("state"))
-    return submitter, submitter.submit(make_request())
+    request, _ = with_estimate(make_request(), COST)  # as `retrain submit` and the front door send it
+    return submitter, submitter.submit(request)
 
 
 def test_a_dry_run_records_the_validated_job_and_the_request(recorded):
@@ -49,6 +55,24 @@ def test_a_dry_run_records_the_validated_job_and_the_request(recorded):
     request = json.loads((folder / "request.json").read_text())
     assert request["trigger"] == {"source": "http"}
     assert request["run_key"] == f"digits-{VERSION}"
+
+
+def test_the_recorded_job_carries_the_estimate_in_its_tags(recorded):
+    submitter, submission = recorded
+    tags = submitter.job_document(submission.job_name)["tags"]
+    assert tags == {
+        "trigger.source": "http",
+        "retrain.estimated_gpus": "2",
+        "retrain.train_tier": "dedicated",
+        "retrain.estimated_wall_hours": "2.00",
+        "retrain.estimated_gpu_hours": "4.00",
+        "retrain.cost_vs_dedicated": "1.000",
+        "retrain.estimated_cost": "10.00",
+        "retrain.model_name": "digits",
+        "retrain.data_version": VERSION,
+        "retrain.run_key": f"digits-{VERSION}",
+        "retrain.attempt": "0",
+    }
 
 
 def test_status_reads_the_record_back(recorded):

@@ -86,7 +86,7 @@ def test_parameters_override_pipeline_defaults_which_override_component_defaults
     )
     assert train["epochs"] == 2  # request parameter over pipeline.yml's 5
     assert train["hidden_width"] == "64"  # request parameter over the component's 256
-    assert train["checkpoint_every_seconds"] == 300  # pipeline.yml's
+    assert train["checkpoint_every_seconds"] == "auto"  # pipeline.yml's
     assert train["learning_rate"] == 0.003  # the component's
     assert train["checkpoint_every_steps"] is None  # optional, unset
 

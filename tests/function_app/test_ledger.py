@@ -186,6 +186,42 @@ def test_a_submission_is_created_once_and_a_finished_one_stays_finished(ledger):
         ledger.update_submission(done.with_status(COMPLETED, T0, inputs=(InputPin(blob_url("x"), "etag:1"),)))
 
 
+ESTIMATE = {
+    "gpus": 1,
+    "train_compute": "gpu-spot",
+    "tier": "low_priority",
+    "wall_hours": 2.25,
+    "gpu_hours": 2.25,
+    "cost_vs_dedicated": 0.45,
+    "cost": None,
+    "summary": "estimated cost unpriced: 1 GPU(s) x 2.25 h on low-priority compute gpu-spot = 2.25 GPU-hours",
+}
+
+
+def test_a_submissions_estimate_round_trips_and_stays_as_recorded(ledger):
+    record = submission()
+    assert ledger.create_submission(record)
+    assert ledger.submission("sub-1").estimate is None
+
+    estimated = record.with_estimate(ESTIMATE, T0 + timedelta(seconds=1))
+    assert ledger.update_submission(estimated)
+    assert ledger.submission("sub-1") == estimated and ledger.submission("sub-1").estimate == ESTIMATE
+    queued = estimated.with_status(QUEUED, T0 + timedelta(seconds=2), job_name="retrain-digits-x")
+    assert ledger.update_submission(queued)
+    assert ledger.submission("sub-1").estimate == ESTIMATE  # a status update keeps it
+    assert ledger.snapshot()["submissions"][0]["estimate"] == ESTIMATE
+    with pytest.raises(LedgerError, match="changes its estimate; an estimate stays what was expected"):
+        ledger.update_submission(queued.with_estimate({**ESTIMATE, "gpus": 8}, T0 + timedelta(seconds=3)))
+
+
+def test_a_submission_recorded_before_estimates_existed_still_loads():
+    stored = submission().to_dict()
+    del stored["estimate"]
+    assert SubmissionRecord.from_dict(stored) == submission()
+    with pytest.raises(LedgerError, match="estimate: expected a mapping with a 'summary' line"):
+        submission(estimate={"gpus": 1})
+
+
 def test_the_snapshot_has_the_shape_retrain_ledger_json_prints(ledger):
     request = blob_request("a.csv")
     claim = EventRecord.claim(request, DEBOUNCED, "joined the batch")

@@ -189,6 +189,12 @@ class Checkpointer:
             return None
         return self.wait_until_durable(raise_on_failure=False)
 
+    def wait_until_written(self, timeout: float | None = None) -> bool:
+        """Block until the in-flight save has finished (durable or failed), leaving its result to `poll`;
+        False if it is still being written after `timeout` seconds."""
+        in_flight = self._in_flight
+        return in_flight is None or bool(wait([in_flight.future], timeout=timeout).done)
+
     def wait_until_durable(self, raise_on_failure: bool = True) -> SaveResult | None:
         """Block until the in-flight save is committed (None if nothing was saving)."""
         in_flight, self._in_flight = self._in_flight, None
