@@ -1,11 +1,11 @@
 """The `retrain` command: the one place that knows every room and puts their subcommands side by side.
 
 `training.cli` contributes the commands that run inside a step (sample-data, prepare, train, evaluate,
-register, demo) and those that read the model registry (models, lineage, rollback);
+register, drift), those that read the model registry (models, lineage, rollback) and the planner (plan);
 `components.cli_local` the local pipeline runner (run, runs); `components.cli_azure` the Azure ML side
 (submit, publish, schedule); `function_app.cli` the front door played locally (event, watch, trigger,
-flush, ledger). Each handler gets the local state folder and the environment on its arguments,
-so no library code reads os.environ.
+flush, ledger); `demo.cli` the whole loop on one machine (demo). Each handler gets the local state folder
+and the environment on its arguments, so no library code reads os.environ.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from components import cli_azure, cli_local
 from components.errors import PipelineError
+from demo import cli as demo_cli
 from function_app import cli as front_door_cli
 from training import cli as training_cli
 from training.errors import RetrainError
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_local.register_commands(commands)
     cli_azure.register_commands(commands)
     front_door_cli.register_commands(commands)
+    demo_cli.register_commands(commands)
     return parser
 
 

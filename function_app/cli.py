@@ -11,7 +11,7 @@ schema) to the very handler functions the Event Grid triggers call, each event a
 builds it, and prints each handler's decision line; `watch` polls the landing folder or container and
 delivers a Blob-created event per new blob version (function_app/watch.py); `trigger` sends the handler of
 `POST /api/retrain` what the HTTP request would carry; `flush` runs the timer's flush (`--now` ignores the
-quiet period); `ledger` prints every event's decision and every submission.
+quiet period); `ledger` prints every event's decision and every submission, with its estimated cost.
 
 Settings come from the environment (`args.environ`), as app settings reach a Function App. Exit codes: 0
 done (rejections are decisions too); 1 a delivery or flush failed (transient: run it again, the ledger
@@ -41,7 +41,7 @@ from function_app.parsing import STORAGE_EVENT_PREFIX, PayloadError, load_event_
 from function_app.policy import PolicySettings, flush_verdict
 from function_app.requests import KIND_BLOB, KIND_DRIFT
 from function_app.service import FrontDoor, utc_now
-from function_app.settings import mask_secrets
+from function_app.settings import LANDING_FOLDER, LOCAL, SUBMITTER, AppSettings, mask_secrets
 from function_app.watch import ContainerSource, FolderSource, Watcher, WatchError
 
 log = logging.getLogger(__name__)
@@ -248,6 +248,19 @@ def event_command(args: argparse.Namespace) -> int:
 # -- watch ------------------------------------------------------------------------------------------------
 
 
+def _watched_folder(args: argparse.Namespace, settings: AppSettings) -> Path:
+    folder = Path(args.folder or settings.landing_folder or Path(args.state_root) / LANDING_DIR)
+    landing = settings.landing_folder
+    # The local submitter pins a batch from RETRAIN_LANDING_FOLDER: watching another folder would announce
+    # files that no pin can find.
+    if settings.submitter == LOCAL and (landing is None or landing.resolve() != folder.resolve()):
+        raise CliError(
+            f"retrain watch --folder {folder} with {SUBMITTER}={LOCAL}: expected {LANDING_FOLDER}={folder} "
+            "too, so that the local submitter pins the batch from the folder it watches"
+        )
+    return folder
+
+
 def watch_command(args: argparse.Namespace) -> int:
     front = start(args.environ)
     scope = front.settings.blob
@@ -261,7 +274,7 @@ def watch_command(args: argparse.Namespace) -> int:
 
         source: ContainerSource | FolderSource = ContainerSource(landing_container(front.settings), scope)
     else:
-        source = FolderSource(args.folder or Path(args.state_root) / LANDING_DIR, scope)
+        source = FolderSource(_watched_folder(args, front.settings), scope)
 
     def deliver_blob(payload: dict[str, Any]) -> None:
         for line in deliver(payload, KIND_BLOB):
@@ -361,4 +374,6 @@ def ledger_command(args: argparse.Namespace) -> int:
             f"  {record['id']}  {record['kind']:<5}  {record['status']:<10}  {record['data_version']}  "
             f"{len(record['inputs'])} input(s)"
         )
+        if record.get("estimate"):
+            print(f"    {record['estimate']['summary']}")
     return EXIT_OK

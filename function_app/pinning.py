@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import unquote
@@ -21,11 +21,16 @@ from urllib.parse import unquote
 from components.data_version import MANIFEST_SUFFIX, DataFile, DataManifest
 from components.request import DataRef
 from function_app.policy import PendingBlob
+from function_app.watch import etag_of_bytes
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
 
 SNAPSHOTS_ROOT = "retrain/snapshots"
+
+
+class PinError(Exception):
+    """The data a batch lists cannot be pinned as listed; the message is one line."""
 
 
 def batch_manifest(blobs: Iterable[PendingBlob], previous: DataManifest | None) -> DataManifest:
@@ -53,6 +58,29 @@ class PlannedSnapshot:
         return DataRef(manifest.version, f"azureml://datastores/{self._datastore}/paths/{path}")
 
 
+def _write_snapshot(
+    root: Path, manifest: DataManifest, model_name: str, fetch: Callable[[DataFile], bytes]
+) -> DataRef:
+    """Each file `fetch`ed into a staging folder that becomes the immutable snapshot by one rename; the
+    manifest, written last, marks it complete (a pin interrupted earlier is redone, never half-used)."""
+    target = root / model_name / manifest.version
+    manifest_file = root / model_name / f"{manifest.version}{MANIFEST_SUFFIX}"
+    if manifest_file.exists():
+        return DataRef(manifest.version, str(target))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=target.parent))
+    try:
+        for file in manifest.files:
+            (staging / file.name).write_bytes(fetch(file))
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    manifest_file.write_text(manifest.to_json())
+    return DataRef(manifest.version, str(target))
+
+
 class DownloadedFolder:
     """Local runs: the pinned blobs downloaded, each only at its listed eTag, into an immutable folder."""
 
@@ -61,27 +89,40 @@ class DownloadedFolder:
         self._root = state_root / "data"
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
+        return _write_snapshot(self._root, manifest, model_name, self._download)
+
+    def _download(self, file: DataFile) -> bytes:
         from azure.core import MatchConditions
 
-        target = self._root / model_name / manifest.version
-        if (self._root / model_name / f"{manifest.version}{MANIFEST_SUFFIX}").exists():
-            return DataRef(manifest.version, str(target))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=target.parent))
-        try:
-            for file in manifest.files:
-                name = file.source.split(f"/{self._container.container_name}/", 1)[1]
-                blob = self._container.get_blob_client(unquote(name))
-                etag = file.fingerprint.removeprefix("etag:")
-                data = blob.download_blob(etag=etag, match_condition=MatchConditions.IfNotModified).readall()
-                (staging / file.name).write_bytes(data)
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(staging, target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        (self._root / model_name / f"{manifest.version}{MANIFEST_SUFFIX}").write_text(manifest.to_json())
-        return DataRef(manifest.version, str(target))
+        name = file.source.split(f"/{self._container.container_name}/", 1)[1]
+        blob = self._container.get_blob_client(unquote(name))
+        etag = file.fingerprint.removeprefix("etag:")
+        return blob.download_blob(etag=etag, match_condition=MatchConditions.IfNotModified).readall()
+
+
+class LandingFolderCopy:
+    """Local runs from a landing folder (`retrain watch --folder`, the embedded default): each pinned file
+    copied from the folder only if its content still hashes to the listed eTag, as a blob download is
+    conditioned on its eTag; a file replaced since its event fails the pin instead of mixing versions."""
+
+    def __init__(self, folder: Path, state_root: Path) -> None:
+        self._folder = Path(folder)
+        self._root = state_root / "data"
+
+    def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
+        return _write_snapshot(self._root, manifest, model_name, self._copy)
+
+    def _copy(self, file: DataFile) -> bytes:
+        path = self._folder / file.name
+        listed = file.fingerprint.removeprefix("etag:")
+        if not path.is_file():
+            raise PinError(f"landing file {path}: gone since its event; expected it at eTag {listed}")
+        data = path.read_bytes()
+        if etag_of_bytes(data) != listed:
+            raise PinError(
+                f"landing file {path}: changed since its event (eTag {listed}); its newer event pins it"
+            )
+        return data
 
 
 class RegisteredSnapshot:

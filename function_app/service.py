@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from components.cost import with_estimate
 from components.data_version import DataManifest
 from components.request import TERMINAL_STATES, RunRequest, Submitter
 from function_app.http_requests import HttpRejection, parse_http_retrain
@@ -219,6 +220,8 @@ class FrontDoor:
         if submission is not None:
             report.update(submission_status=submission.status, job_name=submission.job_name)
             report.update({key: value for key, value in submission.details.items() if key in _OUTCOME_KEYS})
+            if submission.estimate is not None:
+                report.update(estimate=dict(submission.estimate))
         return report
 
     # -- flushing -----------------------------------------------------------------------------------------
@@ -267,11 +270,22 @@ class FrontDoor:
         if not blobs and previous is None:
             return self._finish_without_data(record, now)
         manifest = batch_manifest(blobs, previous)
-        request = RunRequest(
-            model_name=model,
-            data=self._pinner.pin(manifest, model),
-            trigger=_trigger_tags(items, submission_id),
+        request, estimate = with_estimate(
+            RunRequest(
+                model_name=model,
+                data=self._pinner.pin(manifest, model),
+                trigger=_trigger_tags(items, submission_id),
+                parameters=self.settings.pipeline_parameters,
+                processes_per_instance=self.settings.processes_per_node,
+                instance_count=self.settings.nodes,
+            ),
+            self.settings.cost,
         )
+        log.info("submission %s of %s: %s", submission_id, manifest.version, estimate.summary())
+        # Recorded before the submitter is called, so the ledger shows what a trigger is about to spend
+        # even when the submission then fails.
+        record = record.with_estimate(estimate.to_dict(), self._clock())
+        self.ledger.update_submission(record)
         submission = self._submitter.submit(request)
         updated = record.with_status(
             submission.status,

@@ -7,7 +7,9 @@ event later. An empty variable counts as unset (an app setting cleared in the po
 
 The storage connection string is for the Azurite emulator only (in Azure the managed identity is used): it
 is kept out of `repr`, and every text that could quote it goes through `mask_secrets`. The storage
-settings' own rules (endpoints, containers, prefixes, the ledger) are in function_app/storage_settings.py.
+settings' own rules (endpoints, containers, prefixes, the ledger) are in function_app/storage_settings.py,
+and the cost settings' (RETRAIN_GPU_HOUR_PRICE and the rest) in components/cost.py, which `retrain submit`
+and `retrain run` read too: each name and its validation exist once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from components.cost import CostSettings, CostSettingsError
 from function_app.storage_settings import (
     BLOB_ACCOUNT,
     BLOB_CONTAINER,
@@ -46,6 +49,7 @@ __all__ = [
     "STORAGE_CONNECTION_STRING",
     "AppSettings",
     "BlobScope",
+    "CostSettings",
     "LedgerLocation",
     "SettingsError",
     "mask_secrets",
@@ -55,6 +59,9 @@ SUBMITTER, HOME, MODEL_NAME = "RETRAIN_SUBMITTER", "RETRAIN_HOME", "RETRAIN_MODE
 DEBOUNCE_QUIET, DEBOUNCE_MAX_WAIT = "RETRAIN_DEBOUNCE_QUIET_SECONDS", "RETRAIN_DEBOUNCE_MAX_WAIT_SECONDS"
 COOLDOWN, MAX_RUNS_PER_DAY = "RETRAIN_COOLDOWN_SECONDS", "RETRAIN_MAX_RUNS_PER_DAY"
 HTTP_MAX_BODY_BYTES = "RETRAIN_HTTP_MAX_BODY_BYTES"
+LANDING_FOLDER = "RETRAIN_LANDING_FOLDER"
+PIPELINE_PARAMETERS = "RETRAIN_PIPELINE_PARAMETERS"
+PROCESSES_PER_NODE, NODES = "RETRAIN_TRAIN_PROCESSES_PER_NODE", "RETRAIN_TRAIN_NODES"
 
 LOCAL, AZUREML, DRY_RUN = "local", "azureml", "dry-run"
 SUBMITTERS = (LOCAL, AZUREML, DRY_RUN)
@@ -67,10 +74,12 @@ DEFAULT_HTTP_MAX_BODY_BYTES = 64 * 1024
 MAX_HTTP_BODY_BYTES = 100 * 1024 * 1024  # the Functions host refuses larger requests itself
 WEEK_SECONDS = 7 * 24 * 3600
 MAX_RUNS_PER_DAY_LIMIT = 24 * 60  # a run a minute; more is a typo, not a budget
+MAX_PROCESSES_PER_NODE, MAX_NODES = 16, 64  # beyond any Azure GPU SKU / a sane data-parallel job
 
 # The same rule as components/request.py's RunRequest (a test keeps the two in agreement).
 _MODEL_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 _WHOLE_NUMBER = re.compile(r"[0-9]{1,12}")
+_PARAMETER_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,15 @@ class AppSettings:
     max_runs_per_day: int = DEFAULT_MAX_RUNS_PER_DAY
     http_max_body_bytes: int = DEFAULT_HTTP_MAX_BODY_BYTES
     storage_connection_string: str | None = field(default=None, repr=False)  # emulator only; has a key
+    cost: CostSettings = field(default_factory=CostSettings)
+    # What each submission asks of the pipeline: input values, and the train step's shape (GPUs per node,
+    # nodes). Both also decide the cost estimate.
+    pipeline_parameters: Mapping[str, str] = field(default_factory=dict)
+    processes_per_node: int = 1
+    nodes: int = 1
+    # The embedded default's landing "container": a local folder whose files `retrain watch --folder`
+    # announces as blobs of the configured container; the local submitter pins from it.
+    landing_folder: Path | None = None
 
     def __post_init__(self) -> None:
         if self.submitter not in SUBMITTERS:
@@ -104,6 +122,8 @@ class AppSettings:
                 f"{HOME}: a folder path cannot contain NUL; expected a folder such as .retrain"
             )
         self._check_numbers()
+        if not isinstance(self.cost, CostSettings):
+            raise SettingsError(f"cost settings {quoted(self.cost)}: expected a components.cost.CostSettings")
         if self.ledger is None:
             object.__setattr__(self, "ledger", LedgerLocation(folder=self.home / "ledger"))
         if self.blob is None and self.submitter == AZUREML:
@@ -112,6 +132,11 @@ class AppSettings:
                 f"when {SUBMITTER}={AZUREML}"
             )
         self._check_emulator_connection()
+        if self.landing_folder is not None and self.submitter != LOCAL:
+            raise SettingsError(
+                f"{LANDING_FOLDER} is set, but {SUBMITTER}={self.submitter} pins data from the landing "
+                f"container; expected {LANDING_FOLDER} unset, or {SUBMITTER}={LOCAL}"
+            )
 
     def _check_numbers(self) -> None:
         _check_range(DEBOUNCE_QUIET, self.debounce_quiet_seconds, 0, WEEK_SECONDS, "seconds")
@@ -119,6 +144,8 @@ class AppSettings:
         _check_range(COOLDOWN, self.cooldown_seconds, 0, WEEK_SECONDS, "seconds")
         _check_range(MAX_RUNS_PER_DAY, self.max_runs_per_day, 1, MAX_RUNS_PER_DAY_LIMIT, "runs")
         _check_range(HTTP_MAX_BODY_BYTES, self.http_max_body_bytes, 1, MAX_HTTP_BODY_BYTES, "bytes")
+        _check_range(PROCESSES_PER_NODE, self.processes_per_node, 1, MAX_PROCESSES_PER_NODE, "processes")
+        _check_range(NODES, self.nodes, 1, MAX_NODES, "nodes")
         if self.debounce_max_wait_seconds < self.debounce_quiet_seconds:
             raise SettingsError(
                 f"{DEBOUNCE_MAX_WAIT} {self.debounce_max_wait_seconds}: shorter than {DEBOUNCE_QUIET} "
@@ -185,7 +212,9 @@ class AppSettings:
             f"ledger={ledger} debounce={self.debounce_quiet_seconds}s/{self.debounce_max_wait_seconds}s "
             f"cooldown={self.cooldown_seconds}s max_runs_per_day={self.max_runs_per_day} "
             f"http_max_body_bytes={self.http_max_body_bytes} "
-            f"connection_string={'set' if self.storage_connection_string else 'unset'}"
+            f"connection_string={'set' if self.storage_connection_string else 'unset'} "
+            f"train={self.nodes}x{self.processes_per_node} parameters={dict(self.pipeline_parameters)} "
+            f"landing_folder={self.landing_folder or 'none'} cost=({self.cost.describe()})"
         )
 
     @classmethod
@@ -206,7 +235,36 @@ class AppSettings:
             max_runs_per_day=_whole(values, MAX_RUNS_PER_DAY, DEFAULT_MAX_RUNS_PER_DAY),
             http_max_body_bytes=_whole(values, HTTP_MAX_BODY_BYTES, DEFAULT_HTTP_MAX_BODY_BYTES),
             storage_connection_string=values.get(STORAGE_CONNECTION_STRING),
+            cost=_cost_settings(values),
+            pipeline_parameters=_pipeline_parameters(values.get(PIPELINE_PARAMETERS, "")),
+            processes_per_node=_whole(values, PROCESSES_PER_NODE, 1),
+            nodes=_whole(values, NODES, 1),
+            landing_folder=Path(values[LANDING_FOLDER]) if LANDING_FOLDER in values else None,
         )
+
+
+def _pipeline_parameters(text: str) -> dict[str, str]:
+    """`name=value,name=value` (pipeline or component inputs; values may not hold a comma) as a mapping.
+    Whether each name is an input of the pipeline is checked when a submission is built from the specs."""
+    parameters: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, separator, value = (piece.strip() for piece in item.partition("="))
+        if not separator or not _PARAMETER_NAME.fullmatch(name) or not value:
+            raise SettingsError(
+                f"{PIPELINE_PARAMETERS} {quoted(item, 60)}: expected name=value pairs separated by commas, "
+                "such as epochs=10,hidden_width=512"
+            )
+        if name in parameters:
+            raise SettingsError(f"{PIPELINE_PARAMETERS}: {name} given twice; expected each input once")
+        parameters[name] = value
+    return parameters
+
+
+def _cost_settings(values: Mapping[str, str]) -> CostSettings:
+    try:
+        return CostSettings.from_environ(values)
+    except CostSettingsError as error:
+        raise SettingsError(str(error)) from None
 
 
 def _whole(values: Mapping[str, str], name: str, default: int) -> int:

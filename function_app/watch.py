@@ -94,7 +94,7 @@ class FolderSource:
             if isinstance(known, list) and known[:2] == [stat.st_size, stat.st_mtime_ns]:
                 etag = str(known[2])
             else:
-                etag = _content_etag(path)
+                etag = content_etag(path)
             memo[path.name] = [stat.st_size, stat.st_mtime_ns, etag]
             content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
             name = f"{self.scope.folder}{path.name}"
@@ -102,11 +102,21 @@ class FolderSource:
         return blobs, memo
 
 
-def _content_etag(path: Path) -> str:
+def content_etag(path: Path) -> str:
+    """The eTag a landing folder's file plays: a hash of its content, which changes exactly with the bytes."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(_HASH_CHUNK_BYTES):
             digest.update(chunk)
+    return _etag_of_digest(digest)
+
+
+def etag_of_bytes(data: bytes) -> str:
+    """`content_etag` of a file holding `data`."""
+    return _etag_of_digest(hashlib.sha256(data))
+
+
+def _etag_of_digest(digest: Any) -> str:
     return "0x" + digest.hexdigest()[:_ETAG_HEX_DIGITS].upper()
 
 

@@ -8,9 +8,15 @@ from typing import Any
 
 from components.request import Submitter
 from function_app.ledger import open_ledger
-from function_app.pinning import DataPinner, DownloadedFolder, PlannedSnapshot, RegisteredSnapshot
+from function_app.pinning import (
+    DataPinner,
+    DownloadedFolder,
+    LandingFolderCopy,
+    PlannedSnapshot,
+    RegisteredSnapshot,
+)
 from function_app.service import FrontDoor, utc_now
-from function_app.settings import AppSettings
+from function_app.settings import PIPELINE_PARAMETERS, AppSettings, SettingsError
 
 DATASTORE = "workspaceblobstore"
 
@@ -51,6 +57,8 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
     from components.submitters.local import LocalSubmitter
 
     submitter = LocalSubmitter(RunnerOptions(state_root=settings.home), dict(environ))
+    if settings.landing_folder is not None:
+        return submitter, LandingFolderCopy(settings.landing_folder, settings.home)
     return submitter, DownloadedFolder(landing_container(settings), settings.home)
 
 
@@ -60,6 +68,19 @@ def build_front_door(
     clock: Callable[[], datetime] | None = None,
     submitter: Submitter | None = None,
 ) -> FrontDoor:
+    _check_pipeline_parameters(settings)
     ledger = open_ledger(settings.ledger_location.spec, settings.storage_connection_string)
     chosen, pinner = _submitter_and_pinner(settings, environ)
     return FrontDoor(settings, ledger, submitter or chosen, pinner, clock or utc_now)
+
+
+def _check_pipeline_parameters(settings: AppSettings) -> None:
+    """Refuse at start-up, not at the first submission, a parameter the pipeline has no input for."""
+    from components.errors import SubmissionError
+    from components.local.plan import check_parameters
+    from components.specs import load_pipeline_spec
+
+    try:
+        check_parameters(load_pipeline_spec(), settings.pipeline_parameters)
+    except SubmissionError as error:
+        raise SettingsError(f"{PIPELINE_PARAMETERS}: {error}") from None

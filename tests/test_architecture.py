@@ -3,50 +3,95 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The one module of training/ that components/ may import, so the cost formula has one home. The Function
+# App ships it with its package and errors, and nothing else of training/ (.funcignore).
+SHARED_TRAINING_MODULE = "training.planning"
+SHIPPED_TRAINING_FILES = ("training/__init__.py", "training/errors.py", "training/planning.py")
+
+
+def _file_imports(path: Path) -> list[tuple[str, str, bool]]:
+    """(file, imported module, imported at module level) for every import in one file; a relative import
+    is resolved against the file's package."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top_level = {id(node) for node in tree.body}
+    file = path.relative_to(REPO_ROOT).as_posix()
+    package = path.parent.relative_to(REPO_ROOT).parts
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            base = package[: len(package) - node.level + 1]
+            modules = [".".join((*base, node.module)) if node.module else ".".join(base)]
+        else:
+            continue
+        found += [(file, module, id(node) in top_level) for module in modules]
+    return found
 
 
 def _imports(package: str) -> list[tuple[str, str, bool]]:
     """(file, imported module, imported at module level) for every import in a package."""
-    found = []
-    for path in sorted((REPO_ROOT / package).rglob("*.py")):
-        tree = ast.parse(path.read_text(), filename=str(path))
-        top_level = {id(node) for node in tree.body}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                modules = [node.module]
-            else:
-                continue
-            file = path.relative_to(REPO_ROOT).as_posix()
-            found += [(file, module, id(node) in top_level) for module in modules]
-    return found
+    return [found for path in sorted((REPO_ROOT / package).rglob("*.py")) for found in _file_imports(path)]
 
 
-def _offenders(package: str, forbidden: tuple[str, ...], module_level_only: bool = False) -> list[str]:
+def _within(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == name or module.startswith(f"{name}.") for name in names)
+
+
+def _offenders(
+    package: str, forbidden: tuple[str, ...], module_level_only: bool = False, allowed: tuple[str, ...] = ()
+) -> list[str]:
     return [
         f"{file} imports {module}"
         for file, module, at_module_level in _imports(package)
-        if any(module == name or module.startswith(f"{name}.") for name in forbidden)
+        if _within(module, forbidden) and module not in allowed
         if at_module_level or not module_level_only
     ]
 
 
 @pytest.mark.parametrize(
-    ("package", "forbidden"),
+    ("package", "forbidden", "allowed"),
     [
-        ("function_app", ("torch", "mlflow", "training")),
-        ("components", ("torch", "mlflow", "function_app", "training")),
-        ("training", ("function_app", "components", "azure.functions", "azure.eventgrid", "azure.ai.ml")),
+        ("function_app", ("torch", "mlflow", "training", "demo"), ()),
+        ("components", ("torch", "mlflow", "function_app", "training", "demo"), (SHARED_TRAINING_MODULE,)),
+        ("training", ("function_app", "components", "demo", "azure.functions", "azure.ai.ml"), ()),
     ],
 )
-def test_rooms_import_only_downstream(package, forbidden):
-    assert _offenders(package, forbidden) == []
+def test_rooms_import_only_downstream(package, forbidden, allowed):
+    assert _offenders(package, forbidden, allowed=allowed) == []
+
+
+def test_training_uses_event_grid_only_to_publish_a_drift_alert_and_only_lazily():
+    # The drift check sends the project's drift event, nothing more: it knows the event's contract (the
+    # front door parses a published one in test_local_topic.py), not the front door; and training steps
+    # that never publish never load the SDK.
+    users = {
+        (file, at_module_level)
+        for file, module, at_module_level in _imports("training")
+        if _within(module, ("azure.eventgrid",))
+    }
+    assert {file for file, _ in users} == {"training/drift_publish.py"}
+    assert not any(at_module_level for _, at_module_level in users)
+
+
+def test_the_training_files_the_function_app_ships_import_only_the_standard_library():
+    # components/ imports training.planning, so the Function App, which has no torch and none of training/
+    # but these files, imports it too: they may import the standard library and training.errors only.
+    offenders = [
+        f"{file} imports {module}"
+        for path in SHIPPED_TRAINING_FILES
+        for file, module, _ in _file_imports(REPO_ROOT / path)
+        if module.split(".")[0] not in sys.stdlib_module_names and module != "training.errors"
+    ]
+    assert offenders == []
 
 
 @pytest.mark.parametrize("package", ["function_app", "components"])

@@ -8,17 +8,25 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Mapping
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
-from components.specs import COMPONENTS_DIR, load_component_spec
+from components.specs import (
+    COMPONENTS_DIR,
+    PIPELINE_FILE,
+    ParentInput,
+    load_component_spec,
+    load_pipeline_spec,
+)
 from training.cli import build_parser
-from training.config import TrainConfig
+from training.config import AUTO_INTERVAL, TrainConfig
 from training.gate import GatePolicy
-from training.train_args import add_train_arguments
+from training.train_args import add_train_arguments, config_from_args
 
-STEPS = ("prep", "train", "evaluate", "register")
+STEPS = ("prep", "train", "evaluate", "register", "drift")
 _SAMPLE = {
     "uri_folder": "/data/x",
     "uri_file": "/data/x.json",
@@ -28,12 +36,14 @@ _SAMPLE = {
 }
 
 
-def _rendered(step: str) -> list[str]:
-    """The step's command with every input and output filled, optional parts included."""
+def _rendered(step: str, values: Mapping[str, object] | None = None) -> list[str]:
+    """The step's command with every input and output filled, optional parts included: from `values`,
+    else the port's default, else a sample of its type."""
     spec = load_component_spec(COMPONENTS_DIR / f"{step}.yml")
     command = spec.command.replace("$[[", "").replace("]]", "")
     for name, port in {**spec.inputs, **spec.outputs}.items():
-        value = str(port.default) if port.default is not None else _SAMPLE[port.type]
+        value = (values or {}).get(name, port.default)
+        value = str(value) if value is not None else _SAMPLE[port.type]
         kind = "outputs" if name in spec.outputs else "inputs"
         command = command.replace(f"${{{{{kind}.{name}}}}}", value)
     return shlex.split(command)
@@ -54,12 +64,31 @@ def test_every_component_command_parses_with_the_training_cli(step):
     parser.parse_args(arguments)  # argparse exits (SystemExit) on an unknown or malformed flag
 
 
-def test_train_component_defaults_are_the_trainers_defaults():
+def _trainer_config(argv: list[str], data: Path) -> TrainConfig:
+    parser, arguments = _parser_for(argv)
+    args = parser.parse_args(arguments)
+    args.data = data  # the rendered command names a sample path; the config wants a folder that exists
+    return config_from_args(args, {}, data)
+
+
+def test_train_component_defaults_are_the_trainers_defaults(tmp_path):
     spec = load_component_spec(COMPONENTS_DIR / "train.yml")
     defaults = {field.name: field.default for field in fields(TrainConfig)}
-    for name, port in spec.inputs.items():
-        if port.default is not None and name in defaults:
-            assert float(port.default) == float(defaults[name]), name
+    declared = [name for name, port in spec.inputs.items() if port.default is not None and name in defaults]
+    assert {"checkpoint_every_seconds", "mtbe_hours"} <= set(declared)
+    config = _trainer_config(_rendered("train"), tmp_path)  # read as the trainer reads them: "300" is 300.0
+    for name in declared:
+        assert getattr(config, name) == defaults[name], name
+
+
+def test_the_pipeline_trains_at_the_interval_chosen_from_the_eviction_cost(tmp_path):
+    pipeline = load_pipeline_spec(PIPELINE_FILE)
+    bound = pipeline.steps["train"].inputs
+    values = {port: pipeline.inputs[b.name] for port, b in bound.items() if isinstance(b, ParentInput)}
+    assert values["checkpoint_every_seconds"] == AUTO_INTERVAL
+    config = _trainer_config(_rendered("train", values), tmp_path)
+    assert config.checkpoint_every_seconds == AUTO_INTERVAL
+    assert config.mtbe_hours == float(values["mtbe_hours"])
 
 
 def test_register_component_defaults_are_the_gate_policys_defaults():

@@ -9,7 +9,7 @@ import sys
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
-from training import planning_cli, registry_cli
+from training import drift_cli, planning_cli, registry_cli
 from training.errors import RetrainError
 from training.local_state import state_root
 from training.train_args import add_train_arguments
@@ -21,7 +21,11 @@ def _sample_data(args: argparse.Namespace) -> int:
     from training.sample_data import write_sample_batches
 
     paths = write_sample_batches(
-        args.out, batches=args.batches, file_format=args.format, label_noise=args.label_noise
+        args.out,
+        batches=args.batches,
+        file_format=args.format,
+        label_noise=args.label_noise,
+        shift=args.shift,
     )
     log.info("wrote %d raw batch files to %s", len(paths), args.out)
     return 0
@@ -45,13 +49,6 @@ def _train(args: argparse.Namespace) -> int:
     return launch(config, args.nproc, os.environ)
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from training.demo import run_demo
-
-    logging.getLogger().setLevel(logging.WARNING)  # the demo narrates; library INFO lines would interrupt
-    return run_demo(state_root(os.environ, Path.cwd()), sys.stdout, os.environ)
-
-
 def register_commands(commands: argparse._SubParsersAction) -> None:
     """Add the training room's subcommands to a `retrain` parser."""
     sample = commands.add_parser("sample-data", help="write the bundled digits data set as raw batch files")
@@ -64,6 +61,14 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
         default=0.0,
         metavar="FRACTION",
         help="relabel this fraction of rows to another class: a deliberately degraded data set",
+    )
+    sample.add_argument(
+        "--shift",
+        type=float,
+        default=0.0,
+        metavar="STRENGTH",
+        help="move the images right by 2*STRENGTH columns and brighten them by 1+STRENGTH, rounded "
+        "(STRENGTH 0 to 1): deliberately drifted data for `retrain drift`",
     )
     sample.set_defaults(handler=_sample_data)
 
@@ -84,9 +89,8 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     add_train_arguments(train)
     train.set_defaults(handler=_train)
 
-    demo = commands.add_parser("demo", help="sample data -> prepare -> train, with an eviction and a resume")
-    demo.set_defaults(handler=_demo)
     registry_cli.add_commands(commands)
+    drift_cli.add_commands(commands)
     planning_cli.add_commands(commands)
 
 

@@ -10,6 +10,7 @@ duration of the call only.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,6 +43,7 @@ DEFAULT_EXPERIMENT = "retrain"
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _ERROR_CHARS = 300
 _USER_INFO = re.compile(r"://[^/@]*@")
+_MLFLOW_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
 
 class RegistryError(RetrainError):
@@ -356,10 +358,15 @@ class ModelRegistry:
 
     @contextmanager
     def _fluent_store(self) -> Iterator[None]:
-        """Point MLflow's module-level API at this store, and back when done."""
+        """Point MLflow's module-level API at this store, and back when done.
+
+        `mlflow.set_tracking_uri` also exports MLFLOW_TRACKING_URI (and the registry's its variable), so the
+        variables are put back as they were: a default URI left in the environment would send every
+        process started later, a pipeline step included, to the working directory's store."""
         import mlflow
 
         tracking, registry = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+        exported = {name: os.environ.get(name) for name in _MLFLOW_URI_VARIABLES}
         mlflow.set_tracking_uri(self.store.tracking_uri)
         mlflow.set_registry_uri(self.store.tracking_uri)
         try:
@@ -367,6 +374,11 @@ class ModelRegistry:
         finally:
             mlflow.set_tracking_uri(tracking)
             mlflow.set_registry_uri(registry)
+            for name, value in exported.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 @dataclass(frozen=True)

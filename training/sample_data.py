@@ -19,6 +19,8 @@ from training.errors import InputError
 from training.schema import DIGITS_SCHEMA
 
 FILE_FORMATS = ("csv", "parquet")
+IMAGE_SIDE = 8  # the digits are 8x8 images, pixel_0..pixel_63 row by row
+MAX_PIXEL = 16  # their pixel values are whole numbers from 0 to 16
 # Upstream systems re-deliver records (retries, replays); the sample mimics it so dedupe has work to do.
 OVERLAP_ROWS = 5
 
@@ -72,15 +74,41 @@ def with_label_noise(table: pa.Table, fraction: float, seed: int = 0) -> pa.Tabl
     return table.set_column(position, DIGITS_SCHEMA.label_column, pa.array(labels))
 
 
+def with_shift(table: pa.Table, strength: float) -> pa.Table:
+    """The table with its images deliberately shifted, as a drifted camera or scanner would deliver them:
+    a data set for the drift check, with the labels and row keys unchanged.
+
+    With `strength` F from 0 to 1, each image moves right by 2F columns, then every pixel is brightened by
+    the factor 1 + F and capped at 16; both round halves up (F = 0.25 moves one column). The columns that
+    enter on the left are background, 0; those pushed off the right edge are lost. Pixels stay whole
+    numbers from 0 to 16, the digits' valid range; F = 0 leaves the table as it is.
+    """
+    if isinstance(strength, bool) or not isinstance(strength, int | float) or not 0.0 <= strength <= 1.0:
+        raise InputError(f"--shift {strength!r}: expected a strength from 0 to 1")
+    columns = list(DIGITS_SCHEMA.feature_columns)
+    pixels = np.column_stack([table.column(name).to_numpy() for name in columns]).astype(np.float64)
+    images = pixels.reshape(-1, IMAGE_SIDE, IMAGE_SIDE)
+    offset = int(np.floor(2 * strength + 0.5))
+    moved = np.zeros_like(images)
+    moved[:, :, offset:] = images[:, :, : IMAGE_SIDE - offset]
+    brightened = np.minimum(np.floor(moved * (1.0 + strength) + 0.5), MAX_PIXEL).astype(np.int64)
+    flat = brightened.reshape(len(pixels), -1)
+    for position, name in enumerate(columns):
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(flat[:, position]))
+    return table
+
+
 def write_sample_batches(
-    out: Path, *, batches: int = 4, file_format: str = "csv", label_noise: float = 0.0
+    out: Path, *, batches: int = 4, file_format: str = "csv", label_noise: float = 0.0, shift: float = 0.0
 ) -> list[Path]:
     """Write the digits data set into `out` as `batches` raw files `batch-0001.<format>`, ...
 
     Consecutive batches overlap: each batch after the first starts with the last `OVERLAP_ROWS` rows of
     the batch before it, identical re-deliveries of the same records, as happens with real feeds.
     Each file appears atomically (written under a hidden temporary name, then renamed), so a watcher never
-    sees a partial file. Existing batch files are never overwritten: that raises InputError.
+    sees a partial file. Existing batch files are never overwritten: that raises InputError. `label_noise`
+    relabels a fraction of rows (`with_label_noise`); `shift` shifts and brightens the images
+    (`with_shift`).
     """
     out = Path(out)
     if file_format not in FILE_FORMATS:
@@ -88,6 +116,7 @@ def write_sample_batches(
             f"file format {file_format!r} is not supported; expected one of {', '.join(FILE_FORMATS)}"
         )
     table = with_label_noise(digits_table(), label_noise) if label_noise else digits_table()
+    table = with_shift(table, shift) if shift else table
     if isinstance(batches, bool) or not isinstance(batches, int) or not 1 <= batches <= table.num_rows:
         raise InputError(
             f"batches={batches!r} is out of range; expected a whole number from 1 to {table.num_rows} "
@@ -101,12 +130,13 @@ def write_sample_batches(
             )
     out.mkdir(parents=True, exist_ok=True)
     for path, rows in zip(paths, batch_ranges(table.num_rows, batches), strict=True):
-        _write_atomically(table.slice(rows.start, len(rows)), path, file_format)
+        write_batch_file(table.slice(rows.start, len(rows)), path, file_format)
     return paths
 
 
-def _write_atomically(table: pa.Table, path: Path, file_format: str) -> None:
-    # Hidden and without the final suffix, so that neither a watcher nor `prepare` picks it up.
+def write_batch_file(table: pa.Table, path: Path, file_format: str = "csv") -> None:
+    """`table` as one raw batch file that appears at `path` whole: it is written under a hidden name (which
+    neither a watcher nor `prepare` picks up) and renamed."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
     try:
         if file_format == "parquet":

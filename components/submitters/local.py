@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from components.errors import SubmissionError
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
+from components.local.launch import ProcessStarted
 from components.request import RunRequest, Submission
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,11 @@ class LocalSubmitter:
         environ: Mapping[str, str],
         progress: TextIO | None = None,
         force_rerun: bool = False,
+        on_process_started: ProcessStarted | None = None,
     ) -> None:
-        self._runner = LocalRunner(options, environ, progress or _LoggingStream())
+        self._runner = LocalRunner(
+            options, environ, progress or _LoggingStream(), on_process_started=on_process_started
+        )
         self._runs = RunStore(Path(options.state_root) / "runs")
         self._force_rerun = force_rerun
 

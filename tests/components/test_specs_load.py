@@ -22,11 +22,15 @@ from components.specs import (
 )
 
 COMPONENT_FILES = sorted(COMPONENTS_DIR.glob("*.yml"))
+# Every component: the pipeline's steps, and the drift check, which runs on its own.
 STEP_COMPONENTS = [path for path in COMPONENT_FILES if path != PIPELINE_FILE]
+STANDALONE = {"drift"}
 
 
-def test_there_is_one_component_per_step():
-    assert {path.stem for path in STEP_COMPONENTS} == {"prep", "train", "evaluate", "register"}
+def test_there_is_one_component_per_step_plus_the_standalone_drift_check():
+    assert {path.stem for path in STEP_COMPONENTS} == {"prep", "train", "evaluate", "register", *STANDALONE}
+    used = {step.component.path for step in load_pipeline_spec().steps.values()}
+    assert {path.stem for path in STEP_COMPONENTS if path.resolve() not in used} == STANDALONE
 
 
 @pytest.mark.parametrize("path", STEP_COMPONENTS, ids=lambda path: path.stem)
@@ -80,6 +84,14 @@ def test_compute_specs_scale_to_zero_and_train_on_low_priority_with_a_dedicated_
     assert computes["gpu_spot"].tier == "low_priority"
     assert computes["gpu_dedicated"].tier == "dedicated"
     assert computes["gpu_spot"].size == computes["gpu_dedicated"].size
+
+
+def test_the_drift_check_reads_its_current_data_and_writes_a_report_folder():
+    drift = load_component_spec(COMPONENTS_DIR / "drift.yml")
+    assert drift.inputs["current_data"].type == "uri_folder"
+    assert drift.inputs["reference_data"].optional
+    assert drift.outputs["report"].type == "uri_folder"
+    assert drift.command.startswith("python -m training.cli drift ")
 
 
 def test_the_pipeline_yaml_loads_and_validates_with_azure_ml():

@@ -228,6 +228,9 @@ def test_ledger_prints_every_decision_and_submission(retrain, tmp_path):
     assert code == 0
     assert out[0] == "events (4):" and out[5] == "submissions (1):"
     assert submission["id"] in out[6] and "Completed" in out[6] and "1 input(s)" in out[6]
+    # Under each submission, what it was estimated to spend (no price set: in GPU-hours).
+    assert out[7] == f"    {submission['estimate']['summary']}"
+    assert out[7].startswith("    estimated cost unpriced: 1 GPU(s) x ")
 
 
 # -- watch --------------------------------------------------------------------------------------------------
@@ -351,3 +354,20 @@ def test_watch_needs_its_settings_and_folder(retrain, settings, tmp_path):
     code, out, err = retrain("watch", "--once", "--folder", str(tmp_path / "no-such-folder"))
     assert (code, out[1:], len(err)) == (2, [], 1)
     assert f"landing folder {tmp_path / 'no-such-folder'}: not a folder" in err[0]
+
+
+def test_a_local_run_watches_only_the_folder_it_pins_from(retrain, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    local = {"RETRAIN_SUBMITTER": "local"}
+
+    code, out, err = retrain("watch", "--once", "--folder", str(landing), **local)
+
+    assert (code, out, len(err)) == (2, [], 1)
+    assert f"expected RETRAIN_LANDING_FOLDER={landing} too" in err[0]
+    other = {**local, "RETRAIN_LANDING_FOLDER": str(tmp_path / "elsewhere")}
+    assert retrain("watch", "--once", "--folder", str(landing), **other)[0] == 2
+
+    # Set, it is the folder watched by default.
+    code, out, _ = retrain("watch", "--once", **local, RETRAIN_LANDING_FOLDER=str(landing))
+    assert code == 0 and out[0].startswith(f"watching folder {landing} as ")

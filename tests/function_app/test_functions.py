@@ -3,9 +3,9 @@ bindings, and what importing the entry costs (no torch, no mlflow, no azure-ai-m
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +16,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ENTRY_SETTING = "PYTHON_SCRIPT_FILE_NAME"
 HEAVY_MODULES = ("torch", "mlflow", "azure.ai.ml")
 IMPORT_TIMEOUT_S = 60
+GIT_TIMEOUT_S = 30
+SHIPPED_TRAINING = ("training/__init__.py", "training/errors.py", "training/planning.py")
+# What the front door loads of training/: the spot model that components/cost.py estimates runs with.
+LOADED_TRAINING = ("training", "training.errors", "training.planning")
 
 
 def _settings_example() -> dict:
@@ -73,32 +77,95 @@ def test_the_root_entry_is_the_file_the_settings_name():
     assert (REPO_ROOT / "function_app" / "__init__.py").is_file()
 
 
-def test_the_deployment_package_keeps_what_the_entry_needs():
-    # A .funcignore pattern that matched the entry would deploy an app with no functions, silently.
-    patterns = [
-        line.strip().rstrip("/")
-        for line in (REPO_ROOT / ".funcignore").read_text().splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
+def _candidates() -> set[str]:
+    """The checkout's files, as paths relative to the root; the bulky folders .funcignore must leave out
+    (the venv, node_modules, local state, caches) each stand in as one file, and .git not at all."""
+    skipped = {".git", ".venv", "node_modules", ".retrain", ".pytest_cache", ".ruff_cache", "__pycache__"}
+    found = {
+        ".venv/pyvenv.cfg",
+        "node_modules/azurite/package.json",
+        ".retrain/ledger/events/e.json",
+        "training/__pycache__/planning.cpython-311.pyc",
+        "training/checkpoint/__init__.py",  # a sub-package stays out even if the checkout loses this one
+    }
+    for folder, folders, files in os.walk(REPO_ROOT):
+        folders[:] = [name for name in folders if name not in skipped]
+        found.update((Path(folder) / name).relative_to(REPO_ROOT).as_posix() for name in files)
+    return found
+
+
+def _shipped(root: Path, candidates: set[str]) -> set[str]:
+    """Which candidates the deployment package keeps, by .funcignore read with gitignore semantics: git
+    itself applies the rules to empty stand-ins. (Core Tools' own matcher also lets a `!` rule win, so
+    `training/*` plus negations mean the same there.)"""
+    for path in candidates:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).touch()
+    shutil.copyfile(REPO_ROOT / ".funcignore", root / ".gitignore")
+    no_excludes = root.parent / "no-excludes"  # the developer's own global excludes must not count
+    no_excludes.touch()
+    git = ["git", "-c", f"core.excludesFile={no_excludes}", "-C", str(root)]
+    subprocess.run([*git, "init", "-q"], check=True, timeout=GIT_TIMEOUT_S)
+    listed = subprocess.run(
+        [*git, "ls-files", "--others", "--exclude-standard", "-z"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=GIT_TIMEOUT_S,
+    )
+    return set(filter(None, listed.stdout.split("\0")))
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    return _shipped(tmp_path_factory.mktemp("funcignore") / "app", _candidates())
+
+
+def test_the_deployment_package_keeps_what_the_entry_needs(shipped):
     entry = _settings_example()["Values"][ENTRY_SETTING]
-    for kept in (entry, "host.json", "requirements.txt", "function_app", "components"):
-        assert not any(fnmatch.fnmatch(kept, pattern) for pattern in patterns), kept
-    for left_out in ("training", "tests", "bench", "local.settings.json"):
-        assert any(fnmatch.fnmatch(left_out, pattern) for pattern in patterns), left_out
+    # A pattern that matched the entry would deploy an app with no functions, silently.
+    kept = {entry, "host.json", "requirements.txt", "function_app/__init__.py", "function_app/service.py"}
+    kept |= {"components/cost.py", "components/pipeline.yml", "components/compute/gpu-spot.yml"}
+    assert kept <= shipped
+    # Of training/, only what components/cost.py imports for the spot model (tests/test_architecture.py).
+    assert {path for path in shipped if path.startswith("training/")} == set(SHIPPED_TRAINING)
+    for left_out in ("tests", "bench", "docs", ".venv", "node_modules", ".retrain", "local.settings.json"):
+        assert not any(path == left_out or path.startswith(f"{left_out}/") for path in shipped), left_out
 
 
-def _import_entry(settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def test_the_deployment_package_starts_on_its_own(shipped, tmp_path, app_settings):
+    # The package as .funcignore leaves it, run from its own root: a module it lacks fails the import.
+    package = tmp_path / "package"
+    for path in shipped:
+        if (REPO_ROOT / path).is_file():  # the stand-ins for bulky folders have no original
+            (package / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO_ROOT / path, package / path)
+
+    result = _import_entry(app_settings(tmp_path / "home"), root=package)
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"heavy": [], "functions": 5, "training": list(LOADED_TRAINING), "outside": []}
+
+
+def _import_entry(settings: dict[str, str], root: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    """Import the entry in a fresh interpreter from `root`; report the heavy SDKs and training modules it
+    loaded, and which of our modules came from anywhere but `root`."""
     probe = (
-        "import json, sys\n"
+        "import json, os, sys\n"
         "import function_entry\n"
         f"roots = {HEAVY_MODULES!r}\n"
-        "heavy = sorted(m for m in sys.modules if any(m == r or m.startswith(r + '.') for r in roots))\n"
-        "print(json.dumps({'heavy': heavy, 'functions': len(function_entry.app.get_functions())}))\n"
+        "def under(*names):\n"
+        "    return sorted(m for m in sys.modules if any(m == r or m.startswith(r + '.') for r in names))\n"
+        "ours = under('function_entry', 'function_app', 'components', 'training')\n"
+        "outside = [m for m in ours if not sys.modules[m].__file__.startswith(os.getcwd() + os.sep)]\n"
+        "print(json.dumps({'heavy': under(*roots), 'functions': len(function_entry.app.get_functions()),\n"
+        "                  'training': under('training'), 'outside': outside}))\n"
     )
     environ = {key: value for key, value in os.environ.items() if not key.startswith("RETRAIN_")}
     return subprocess.run(
         [sys.executable, "-c", probe],
-        cwd=REPO_ROOT,  # the worker runs from the app root, where the entry file is
+        cwd=root,  # the worker runs from the app root, where the entry file is
         env={**environ, **settings},
         capture_output=True,
         text=True,
@@ -118,7 +185,7 @@ def test_importing_the_root_entry_loads_no_heavy_sdk(tmp_path, app_settings, sub
     result = _import_entry(settings)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report == {"heavy": [], "functions": 5}
+    assert report == {"heavy": [], "functions": 5, "training": list(LOADED_TRAINING), "outside": []}
 
 
 def test_an_invalid_setting_stops_start_up_naming_it(tmp_path, app_settings):

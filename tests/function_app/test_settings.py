@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from components.cost import CostSettings
 from components.data_version import DataError
 from components.errors import SubmissionError
 from components.request import DataRef, RunRequest
@@ -94,6 +95,21 @@ def test_every_variable_is_read():
         24,
         1024,
     )
+
+
+def test_the_cost_settings_are_read_by_components_cost_from_the_same_variables():
+    environ = {"RETRAIN_GPU_HOUR_PRICE": "3.67", "RETRAIN_SPOT_DISCOUNT": "0.7", "RETRAIN_MTBE_HOURS": " 6 "}
+
+    settings = AppSettings.from_environ(environ)
+
+    assert settings.cost == CostSettings.from_environ(environ)
+    assert (settings.cost.gpu_hour_price, settings.cost.spot_discount, settings.cost.mtbe_hours) == (
+        3.67,
+        0.7,
+        6.0,
+    )
+    assert AppSettings.from_environ({}).cost == CostSettings()  # unset: the documented defaults
+    assert "cost=(gpu_hour_price=3.67 spot_discount=0.7 " in settings.describe()
 
 
 def test_the_home_folder_moves_the_default_ledger_and_an_explicit_ledger_folder_wins():
@@ -224,6 +240,21 @@ def test_use_development_storage_means_azurites_well_known_account():
             "RETRAIN_STORAGE_CONNECTION_STRING",
             "is for account 'devstoreaccount1'",
         ),
+        ({"RETRAIN_GPU_HOUR_PRICE": "$3"}, "RETRAIN_GPU_HOUR_PRICE", "expected a number such as 3.67"),
+        ({"RETRAIN_SPOT_DISCOUNT": "1"}, "RETRAIN_SPOT_DISCOUNT", "expected a fraction in [0, 1)"),
+        ({"RETRAIN_MTBE_HOURS": "0"}, "RETRAIN_MTBE_HOURS", "expected a number of hours > 0"),
+        ({"RETRAIN_LOW_PRIORITY_COMPUTES": "gpu spot"}, "RETRAIN_LOW_PRIORITY_COMPUTES", "compute names"),
+        ({"RETRAIN_PIPELINE_PARAMETERS": "epochs"}, "RETRAIN_PIPELINE_PARAMETERS", "expected name=value"),
+        ({"RETRAIN_PIPELINE_PARAMETERS": "epochs="}, "RETRAIN_PIPELINE_PARAMETERS", "expected name=value"),
+        ({"RETRAIN_PIPELINE_PARAMETERS": "Epochs=3"}, "RETRAIN_PIPELINE_PARAMETERS", "expected name=value"),
+        ({"RETRAIN_PIPELINE_PARAMETERS": "epochs=3,epochs=4"}, "RETRAIN_PIPELINE_PARAMETERS", "twice"),
+        ({"RETRAIN_TRAIN_PROCESSES_PER_NODE": "0"}, "RETRAIN_TRAIN_PROCESSES_PER_NODE", "from 1 to 16"),
+        ({"RETRAIN_TRAIN_NODES": "two"}, "RETRAIN_TRAIN_NODES", "expected a whole number"),
+        (
+            {"RETRAIN_SUBMITTER": "dry-run", "RETRAIN_LANDING_FOLDER": "landing"},
+            "RETRAIN_LANDING_FOLDER",
+            "expected RETRAIN_LANDING_FOLDER unset, or RETRAIN_SUBMITTER=local",
+        ),
     ],
 )
 def test_an_invalid_setting_stops_start_up_with_one_line_naming_it(environ, named, expected):
@@ -325,3 +356,21 @@ def test_the_example_local_settings_are_valid():
 
     assert settings.blob is not None and settings.blob.endpoint.is_emulator
     assert settings.storage_connection_string is not None
+
+
+def test_the_run_shape_and_the_landing_folder_are_read():
+    settings = AppSettings.from_environ(
+        {
+            "RETRAIN_PIPELINE_PARAMETERS": " epochs=12 , hidden_width=512,checkpoint_every_seconds=auto ",
+            "RETRAIN_TRAIN_PROCESSES_PER_NODE": "2",
+            "RETRAIN_TRAIN_NODES": "3",
+            "RETRAIN_LANDING_FOLDER": "incoming",
+        }
+    )
+
+    assert settings.pipeline_parameters == {
+        "epochs": "12", "hidden_width": "512", "checkpoint_every_seconds": "auto"
+    }  # fmt: skip
+    assert (settings.processes_per_node, settings.nodes) == (2, 3)
+    assert settings.landing_folder == Path("incoming")
+    assert "train=3x2" in settings.describe() and "landing_folder=incoming" in settings.describe()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,17 @@ def test_a_better_candidate_takes_champion_and_the_old_champion_becomes_previous
     assert second["champion_compared"]["scores_from"] == "the evaluation"
     assert harness.registry.aliases("better") == {CHAMPION: "2", PREVIOUS: "1"}
     assert harness.champion_weights("better") == harness.weights("strong")
+
+
+def test_registering_leaves_no_mlflow_uri_in_the_environment(harness: Harness, monkeypatch):
+    # MLflow's set_tracking_uri exports MLFLOW_TRACKING_URI: left behind, every process started later (a
+    # pipeline step) would use the working directory's store instead of the state folder's.
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
+        monkeypatch.delenv(name, raising=False)
+
+    assert harness.evaluate_and_register("mid", "no-leak")["registered_version"] == "1"
+
+    assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
 
 
 def test_a_registered_version_loads_as_the_same_model_with_signature_and_input_example(
