@@ -23,8 +23,10 @@ def _table(say: Narrator, header: Sequence[str], rows: Sequence[Sequence[str]]) 
 def _event_label(event: Mapping[str, Any]) -> str:
     details = event.get("details") or {}
     if event["kind"] == "blob":
-        return str(details.get("url") or event.get("dedupe_key") or "").rsplit("/", 1)[-1] or "?"
-    return str(event.get("event_id") or "?")[:28]
+        # The dedupe key is the blob's URL and eTag: the file name says which batch it was.
+        key = str(details.get("url") or event.get("dedupe_key") or "?")
+        return key.rsplit("/", 1)[-1].split("#", 1)[0]
+    return f"{event['kind']} event {str(event.get('event_id') or '?')[:8]}"
 
 
 def events_table(say: Narrator, ledger: Mapping[str, Any]) -> None:

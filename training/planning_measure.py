@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -30,6 +31,7 @@ from training.planning import StepTime
 from training.supervise import TrainingProcess
 
 log = logging.getLogger(__name__)
+_ERROR_LINE = re.compile(r"(Error|error:|exitcode|Exception)\b")
 
 DEFAULT_MAX_PROCS = 2
 DEFAULT_STEPS = 60
@@ -241,8 +243,12 @@ def _processes(count: int) -> str:
 
 
 def _last_line(path: Path) -> str:
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1] if lines else "(no output)"
+    """The line of the training's stderr that says why it failed: the last error line, else the last
+    line that is not decoration (torchrun ends its failure report with a rule of '=')."""
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
+    lines = [line for line in lines if line.strip("=-") and not line.startswith("File ")]
+    errors = [line for line in lines if _ERROR_LINE.search(line)]
+    return (errors or lines or ["(no output)"])[-1]
 
 
 def _prepare_sample(folder: Path) -> Path:
