@@ -8,6 +8,7 @@ the local runner for Azure ML, SQLite for MLflow. The state lives in `<state>/de
 
 from __future__ import annotations
 
+import json
 import secrets
 import shutil
 from collections.abc import Callable, Mapping
@@ -161,8 +162,6 @@ class DemoStory:
 def _registration(folder: str | None) -> dict[str, Any]:
     if folder is None:
         raise RetrainError("the pipeline run has no registration output; see its run record")
-    import json
-
     return json.loads((Path(folder) / "registration.json").read_text())
 
 

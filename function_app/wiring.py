@@ -76,6 +76,8 @@ def build_front_door(
 
 def _check_pipeline_parameters(settings: AppSettings) -> None:
     """Refuse at start-up, not at the first submission, a parameter the pipeline has no input for."""
+    if not settings.pipeline_parameters:
+        return  # nothing to check: no cold start pays for reading the pipeline's YAMLs
     from components.errors import SubmissionError
     from components.local.plan import check_parameters
     from components.specs import load_pipeline_spec

@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
 import sys
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from training.atomic_files import write_atomically
 from training.errors import InputError
 from training.local_state import (
     artifacts_beside,
@@ -230,18 +229,6 @@ def plot_psi(report: DriftReport, path: Path) -> Path:
     finally:
         plt.close(figure)
     return path
-
-
-def write_atomically(path: Path, write: Callable[[BinaryIO], Any]) -> None:
-    """Write through a temporary sibling and a rename, so that readers see all of the file or none."""
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            write(handle)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def log_check(

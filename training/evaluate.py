@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 
+from training.atomic_files import write_atomically
 from training.dataset import PreparedData, SplitData, load_prepared
 from training.errors import InputError
 from training.gate import LOADED, NO_CHAMPION, UNLOADABLE, Champion, Scored
 from training.metrics import score_classifier
 from training.model import ModelConfig, TabularClassifier
-from training.outputs import METADATA_FILE, MODEL_FILE, MODEL_FORMAT, weights_sha256, write_atomically
+from training.outputs import METADATA_FILE, MODEL_FILE, MODEL_FORMAT, weights_sha256
 from training.registry import (
     CHAMPION,
     ModelLoadError,

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from torch import nn
+
+from training.atomic_files import write_atomically
 
 MODEL_FILE = "model.pt"
 METADATA_FILE = "metadata.json"
@@ -24,21 +23,6 @@ def weights_sha256(model: nn.Module) -> str:
     for _, parameter in sorted(model.named_parameters()):
         digest.update(parameter.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write a file through a temporary sibling and a rename, so readers see all of it or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def write_model(out_dir: Path, model: nn.Module, model_config: dict[str, Any]) -> Path:

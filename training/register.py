@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.atomic_files import write_atomically
 from training.dataset import PreparedData
 from training.errors import InputError
 from training.evaluate import (
@@ -42,7 +43,7 @@ from training.lineage import (
     lineage_of,
     metric_tags,
 )
-from training.outputs import METADATA_FILE, write_atomically
+from training.outputs import METADATA_FILE
 from training.registry import (
     CHAMPION,
     PREVIOUS,

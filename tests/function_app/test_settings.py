@@ -374,3 +374,19 @@ def test_the_run_shape_and_the_landing_folder_are_read():
     assert (settings.processes_per_node, settings.nodes) == (2, 3)
     assert settings.landing_folder == Path("incoming")
     assert "train=3x2" in settings.describe() and "landing_folder=incoming" in settings.describe()
+
+
+def test_a_pipeline_parameter_the_pipeline_has_no_input_for_stops_start_up(tmp_path):
+    from function_app.wiring import build_front_door
+
+    settings = AppSettings.from_environ(
+        {
+            "RETRAIN_SUBMITTER": "dry-run",
+            "RETRAIN_HOME": str(tmp_path),
+            "RETRAIN_PIPELINE_PARAMETERS": "bogus=1",
+        }
+    )
+    with pytest.raises(
+        SettingsError, match=r"^RETRAIN_PIPELINE_PARAMETERS: parameters \['bogus'\]: not inputs"
+    ):
+        build_front_door(settings, {})
