@@ -19,10 +19,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from training.dataset import load_prepared
-from training.model import ModelConfig, TabularClassifier
+from training.tasks.tabular.dataset import load_prepared
+from training.tasks.tabular.model import ModelConfig, TabularClassifier
 
-WARMUP_STEPS = 3  # as training.throughput.ThroughputMeter
+WARMUP_STEPS = 3  # as training.engine.throughput.ThroughputMeter
 
 
 def main() -> None:

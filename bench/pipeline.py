@@ -61,7 +61,7 @@ OVERHEAD_TARGET, CACHED_TARGET = 1.05, 0.05
 
 
 def pinned_request() -> RunRequest:
-    from training.sample_data import write_sample_batches
+    from training.tasks.tabular.sample_data import write_sample_batches
 
     raw = OUT / "raw"
     if not raw.is_dir():

@@ -48,8 +48,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "RETRAIN_HOME": str(OUT / "state")}
 
 
 def prepare_data() -> Path:
-    from training.prepare import prepare
-    from training.sample_data import write_sample_batches
+    from training.tasks.tabular.prepare import prepare
+    from training.tasks.tabular.sample_data import write_sample_batches
 
     data = OUT / "prepared"
     if not (data / "manifest.json").exists():

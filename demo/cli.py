@@ -14,8 +14,8 @@ from demo.scenario import DemoSize
 def run_demo(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from demo.story import MODEL_NAME, run_story
     from demo.summary import summarise
-    from training.registry import ModelRegistry, resolve_store
-    from training.registry_history import model_listing
+    from training.gate.history import model_listing
+    from training.gate.registry import ModelRegistry, resolve_store
 
     out = out or sys.stdout
     # The demo narrates; library INFO lines (MLflow, the runner's own logger) would interrupt it.

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from demo.narration import Narrator
-from training import drift_cli
+from training.drift import cli as drift_cli
 
 
 def run_drift_check(

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training.errors import InputError
-from training.sample_data import batch_file_name, batch_ranges, digits_table, with_shift, write_batch_file
+from training.tasks.tabular.sample_data import (
+    batch_file_name,
+    batch_ranges,
+    digits_table,
+    with_shift,
+    write_batch_file,
+)
 
 DIGITS_ROWS = 1797
 LANDING_ACCOUNT, LANDING_CONTAINER, LANDING_PREFIX = "retraindemo", "landing", "incoming/"

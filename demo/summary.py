@@ -115,8 +115,8 @@ def plot_training_runs(record: DemoRecord) -> list[Path]:
     from mlflow.tracking import MlflowClient
 
     from components.local import RunStore
+    from training.engine.run_plots import plot_training_curves
     from training.local_state import default_mlflow_tracking_uri
-    from training.run_plots import plot_training_curves
 
     client = MlflowClient(default_mlflow_tracking_uri(record.home))
     plots = []

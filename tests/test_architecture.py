@@ -11,8 +11,13 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The one module of training/ that components/ may import, so the cost formula has one home. The Function
 # App ships it with its package and errors, and nothing else of training/ (.funcignore).
-SHARED_TRAINING_MODULE = "training.planning"
-SHIPPED_TRAINING_FILES = ("training/__init__.py", "training/errors.py", "training/planning.py")
+SHARED_TRAINING_MODULE = "training.planning.maths"
+SHIPPED_TRAINING_FILES = (
+    "training/__init__.py",
+    "training/errors.py",
+    "training/planning/__init__.py",
+    "training/planning/maths.py",
+)
 
 
 def _file_imports(path: Path) -> list[tuple[str, str, bool]]:
@@ -78,13 +83,14 @@ def test_training_uses_event_grid_only_to_publish_a_drift_alert_and_only_lazily(
         for file, module, at_module_level in _imports("training")
         if _within(module, ("azure.eventgrid",))
     }
-    assert {file for file, _ in users} == {"training/drift_publish.py"}
+    assert {file for file, _ in users} == {"training/drift/publish.py"}
     assert not any(at_module_level for _, at_module_level in users)
 
 
 def test_the_training_files_the_function_app_ships_import_only_the_standard_library():
-    # components/ imports training.planning, so the Function App, which has no torch and none of training/
-    # but these files, imports it too: they may import the standard library and training.errors only.
+    # components/ imports training.planning.maths, so the Function App, which has no torch and none of
+    # training/ but these files, imports it too: they may import the standard library and training.errors
+    # only.
     offenders = [
         f"{file} imports {module}"
         for path in SHIPPED_TRAINING_FILES

@@ -22,9 +22,9 @@ from components.specs import (
     load_pipeline_spec,
 )
 from training.cli import build_parser
-from training.config import AUTO_INTERVAL, TrainConfig
-from training.gate import GatePolicy
-from training.train_args import add_train_arguments, config_from_args
+from training.engine.config import AUTO_INTERVAL, TrainConfig
+from training.engine.train_args import add_train_arguments, config_from_args
+from training.gate.policy import GatePolicy
 
 STEPS = ("prep", "train", "evaluate", "register", "drift")
 _SAMPLE = {
@@ -50,7 +50,7 @@ def _rendered(step: str, values: Mapping[str, object] | None = None) -> list[str
 
 
 def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
-    if argv[:3] == ["python", "-m", "training.worker"]:
+    if argv[:3] == ["python", "-m", "training.engine.worker"]:
         parser = argparse.ArgumentParser()
         add_train_arguments(parser)
         return parser, argv[3:]

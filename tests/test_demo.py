@@ -22,9 +22,9 @@ from demo.narration import Narrator
 from demo.scenario import DemoSize
 from demo.story import DemoStory, fresh_home
 from demo.summary import summarise
+from training.gate.history import model_listing
+from training.gate.registry import ModelRegistry, resolve_store
 from training.local_state import default_mlflow_tracking_uri
-from training.registry import ModelRegistry, resolve_store
-from training.registry_history import model_listing
 
 # Smaller than `make demo`, on one process (DDP is tested in tests/training/test_resume.py). The train step
 # must outlast its first durable checkpoint, when the eviction notice is sent: that save is taken after step

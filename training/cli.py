@@ -9,16 +9,18 @@ import sys
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
-from training import drift_cli, planning_cli, registry_cli
+from training.drift import cli as drift_cli
+from training.engine.train_args import add_train_arguments
 from training.errors import RetrainError
+from training.gate import cli as registry_cli
 from training.local_state import state_root
-from training.train_args import add_train_arguments
+from training.planning import cli as planning_cli
 
 log = logging.getLogger("retrain")
 
 
 def _sample_data(args: argparse.Namespace) -> int:
-    from training.sample_data import write_sample_batches
+    from training.tasks.tabular.sample_data import write_sample_batches
 
     paths = write_sample_batches(
         args.out,
@@ -32,8 +34,8 @@ def _sample_data(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from training.prepare import prepare
-    from training.schema import SplitFractions
+    from training.data.splits import SplitFractions
+    from training.tasks.tabular.prepare import prepare
 
     split = SplitFractions.parse(args.split)
     manifest = prepare(args.raw, args.out, previous=args.previous, split=split)
@@ -42,8 +44,8 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from training.launch import launch
-    from training.train_args import config_from_args
+    from training.engine.launch import launch
+    from training.engine.train_args import config_from_args
 
     config = config_from_args(args, os.environ, Path.cwd())
     return launch(config, args.nproc, os.environ)

@@ -34,7 +34,7 @@ SMALL_TRAINING: dict[str, Any] = {
 @pytest.fixture(scope="session")
 def sample_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The digits sample as 4 raw CSV batches (read-only for tests: copy it to change it)."""
-    from training.sample_data import write_sample_batches
+    from training.tasks.tabular.sample_data import write_sample_batches
 
     raw = tmp_path_factory.mktemp("sample-raw") / "raw"
     write_sample_batches(raw, batches=4)
@@ -90,7 +90,7 @@ elif args.action == "double":
     if attempt <= args.preempt_times:
         print(f"rank {rank} attempt {attempt}: preempted, state saved")
         error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if error_file:  # torchelastic's error-file protocol, as training.worker reports a preemption
+        if error_file:  # torchelastic's error-file protocol, as training.engine.worker reports a preemption
             pathlib.Path(error_file).parent.mkdir(parents=True, exist_ok=True)
             pathlib.Path(error_file).write_text('{"message": {"message": "preempted", "errorCode": 75}}')
         sys.exit(75)

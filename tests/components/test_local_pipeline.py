@@ -1,8 +1,8 @@
 """`retrain run` and `retrain runs` on the real pipeline: prep -> train -> evaluate -> register.
 
-Every step runs its component's real command (training.cli / training.worker under torchrun) with a small
-training. The runs share one state folder, as a developer's runs do; each test states what it expects of
-the cache given what the module's first run left there.
+Every step runs its component's real command (training.cli / training.engine.worker under torchrun)
+with a small training. The runs share one state folder, as a developer's runs do; each test states what
+it expects of the cache given what the module's first run left there.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRec
 from components.local.cache import STAGING_PREFIX
 from components.request import CANCELED, COMPLETED, FAILED
 from components.specs import REPO_ROOT
-from training.sample_data import write_sample_batches
+from training.tasks.tabular.sample_data import write_sample_batches
 
 
 def small_training(epochs: int = SMALL_TRAINING["epochs"]) -> list[str]:
@@ -86,7 +86,7 @@ def test_the_first_run_executes_every_components_real_command(first_run):
     assert commands["train"][:5] == (
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"
     )  # fmt: skip
-    assert commands["train"][6:8] == ("-m", "training.worker")
+    assert commands["train"][6:8] == ("-m", "training.engine.worker")
     assert commands["evaluate"][:4] == (sys.executable, "-m", "training.cli", "evaluate")
     assert commands["register"][:4] == (sys.executable, "-m", "training.cli", "register")
 

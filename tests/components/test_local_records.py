@@ -106,7 +106,7 @@ def make_record(created_at: str, status: str = RUNNING) -> RunRecord:
                 "train",
                 "retrain_train:1",
                 status=FAILED,
-                command=("python", "-m", "training.worker"),
+                command=("python", "-m", "training.engine.worker"),
                 attempts=(StepAttempt(1, 75, created_at, 1.5), StepAttempt(2, 1, created_at, 0.5)),
                 log="/runs/x/train/log.txt",
             ),

@@ -48,7 +48,7 @@ def test_every_component_loads_with_azure_ml_and_reads_the_same_here(path: Path)
 def test_every_step_command_calls_into_the_training_package():
     for path in STEP_COMPONENTS:
         assert load_component_spec(path).command.startswith(
-            ("python -m training.cli", "python -m training.worker")
+            ("python -m training.cli", "python -m training.engine.worker")
         )
 
 

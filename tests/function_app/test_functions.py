@@ -17,9 +17,14 @@ ENTRY_SETTING = "PYTHON_SCRIPT_FILE_NAME"
 HEAVY_MODULES = ("torch", "mlflow", "azure.ai.ml")
 IMPORT_TIMEOUT_S = 60
 GIT_TIMEOUT_S = 30
-SHIPPED_TRAINING = ("training/__init__.py", "training/errors.py", "training/planning.py")
+SHIPPED_TRAINING = (
+    "training/__init__.py",
+    "training/errors.py",
+    "training/planning/__init__.py",
+    "training/planning/maths.py",
+)
 # What the front door loads of training/: the spot model that components/cost.py estimates runs with.
-LOADED_TRAINING = ("training", "training.errors", "training.planning")
+LOADED_TRAINING = ("training", "training.errors", "training.planning", "training.planning.maths")
 
 
 def _settings_example() -> dict:

@@ -19,10 +19,10 @@ from function_app.drift_events import RETRAIN_DRIFT_DETECTED, parse_drift_alert
 from function_app.local_topic import KEY_HEADER, LocalTopic, LocalTopicError
 from function_app.requests import KIND_DRIFT, TriggerRequest
 from training.cli import main
-from training.drift import compare
-from training.drift_publish import PublishError, TopicSettings, drift_event, publish
-from training.prepare import prepare
-from training.sample_data import write_sample_batches
+from training.drift.check import compare
+from training.drift.publish import PublishError, TopicSettings, drift_event, publish
+from training.tasks.tabular.prepare import prepare
+from training.tasks.tabular.sample_data import write_sample_batches
 
 KEY = secrets.token_urlsafe(32)
 

@@ -14,10 +14,10 @@ import pytest
 
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
-from training.prepare import prepare
-from training.sample_data import write_sample_batches
-from training.schema import Manifest
-from training.supervise import TrainingProcess
+from training.engine.supervise import TrainingProcess
+from training.tasks.tabular.prepare import prepare
+from training.tasks.tabular.sample_data import write_sample_batches
+from training.tasks.tabular.schema import Manifest
 
 # A small model and three short epochs: 1421 training rows / 32 = 44 steps per epoch, 132 steps in all.
 STEPS_PER_EPOCH = 44

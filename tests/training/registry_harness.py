@@ -12,11 +12,11 @@ from conftest import SMALL_RUN
 from mlflow.tracking import MlflowClient
 
 from training.cli import main
-from training.dataset import load_prepared
-from training.evaluate import EVALUATION_FILE, load_trained_model
-from training.metrics import score_classifier
-from training.register import REGISTRATION_FILE
-from training.registry import CHAMPION, MlflowStore, ModelRegistry
+from training.gate.evaluate import EVALUATION_FILE, load_trained_model
+from training.gate.metrics import score_classifier
+from training.gate.register import REGISTRATION_FILE
+from training.gate.registry import CHAMPION, MlflowStore, ModelRegistry
+from training.tasks.tabular.dataset import load_prepared
 
 FAST = ["--checkpoint-every-steps", "off", "--progress", "none"]
 MODELS = {

@@ -21,8 +21,8 @@ from conftest import (
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import committed_checkpoints
 from training.checkpoint.stores import CONNECTION_STRING_VARIABLE
-from training.preemption import PREEMPTED_EXIT_CODE
-from training.supervise import TrainingProcess
+from training.engine.preemption import PREEMPTED_EXIT_CODE
+from training.engine.supervise import TrainingProcess
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint_interval import (
+from training.engine.checkpoint_interval import (
     FALLBACK_INTERVAL_SECONDS,
     RULE_DALY,
     RULE_FALLBACK,
@@ -22,15 +22,15 @@ from training.checkpoint_interval import (
     IntervalCalibration,
     choose_interval,
 )
-from training.config import AUTO_INTERVAL, DEFAULT_MTBE_HOURS, TrainConfig
-from training.dataset import load_prepared
-from training.distributed import init_distributed
+from training.engine.config import AUTO_INTERVAL, DEFAULT_MTBE_HOURS, TrainConfig
+from training.engine.distributed import init_distributed
+from training.engine.preemption import PreemptionNotice
+from training.engine.progress import describe
+from training.engine.tracking import make_tracker
+from training.engine.train_args import add_train_arguments, config_from_args, config_to_argv
+from training.engine.trainer import COMPLETED, Trainer
 from training.errors import InputError
-from training.preemption import PreemptionNotice
-from training.progress import describe
-from training.tracking import make_tracker
-from training.train_args import add_train_arguments, config_from_args, config_to_argv
-from training.trainer import COMPLETED, Trainer
+from training.tasks.tabular.dataset import load_prepared
 
 # -- the choice: Daly's interval for the measured cost, floored at twice the write ------------------------
 

@@ -1,7 +1,7 @@
 import torch
 
-from training.consensus import StepConsensus
-from training.distributed import DistContext
+from training.engine.consensus import StepConsensus
+from training.engine.distributed import DistContext
 
 SINGLE = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

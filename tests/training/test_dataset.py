@@ -9,11 +9,11 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from training.dataset import load_prepared
 from training.errors import InputError
-from training.prepare import prepare
-from training.sample_data import write_sample_batches
-from training.schema import SPLIT_NAMES
+from training.tasks.tabular.dataset import load_prepared
+from training.tasks.tabular.prepare import prepare
+from training.tasks.tabular.sample_data import write_sample_batches
+from training.tasks.tabular.schema import SPLIT_NAMES
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from components.data_version import snapshot_folder
 from components.specs import COMPONENTS_DIR, load_component_spec
 from training.cli import build_parser, main
-from training.drift import (
+from training.drift.check import (
     EPSILON,
     DriftPolicy,
     DriftReport,
@@ -27,13 +27,13 @@ from training.drift import (
     population_stability_index,
     quantile_edges,
 )
-from training.drift_cli import REPORT_FILE
-from training.drift_data import raw_data_version, reference_from_lineage
-from training.drift_publish import TopicSettings, event_data, new_check_id
+from training.drift.cli import REPORT_FILE
+from training.drift.data import raw_data_version, reference_from_lineage
+from training.drift.publish import TopicSettings, event_data, new_check_id
 from training.errors import InputError
-from training.lineage import Trigger, lineage_of
-from training.sample_data import digits_table, with_shift, write_sample_batches
-from training.schema import DIGITS_SCHEMA, read_manifest
+from training.gate.lineage import Trigger, lineage_of
+from training.tasks.tabular.sample_data import digits_table, with_shift, write_sample_batches
+from training.tasks.tabular.schema import DIGITS_SCHEMA, read_manifest
 
 TEN = np.arange(10.0)  # quantile edges at 0, 4.5 and 9 with two bins
 

@@ -13,11 +13,11 @@ from conftest import NO_TRACKING, SMALL_RUN
 
 from training.cli import main
 from training.errors import InputError
-from training.evaluate import EVALUATION_FILE, EVALUATION_FORMAT, evaluate, load_trained_model
-from training.prepare import prepare
-from training.register import REGISTRATION_FILE, REGISTRATION_FORMAT
-from training.registry import MlflowStore, ModelRegistry, resolve_store
-from training.sample_data import write_sample_batches
+from training.gate.evaluate import EVALUATION_FILE, EVALUATION_FORMAT, evaluate, load_trained_model
+from training.gate.register import REGISTRATION_FILE, REGISTRATION_FORMAT
+from training.gate.registry import MlflowStore, ModelRegistry, resolve_store
+from training.tasks.tabular.prepare import prepare
+from training.tasks.tabular.sample_data import write_sample_batches
 
 FAST = ["--checkpoint-every-steps", "off", "--progress", "none"]
 

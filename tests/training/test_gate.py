@@ -7,7 +7,7 @@ import math
 import pytest
 
 from training.errors import InputError
-from training.gate import Champion, GatePolicy, Scored, decide, parse_bounds
+from training.gate.policy import Champion, GatePolicy, Scored, decide, parse_bounds
 
 DATA = "dv-0123456789abcdef"
 GOOD = {"accuracy": 0.95, "macro_f1": 0.94, "loss": 0.2, "recall_0": 0.96, "recall_1": 0.92}

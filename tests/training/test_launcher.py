@@ -8,6 +8,9 @@ import sys
 
 def test_the_launcher_and_the_cli_import_no_torch():
     # Each multi-process launch would otherwise spend seconds importing torch before torchrun even starts.
-    probe = "import sys, training.cli, training.launch; print(sorted({'torch', 'mlflow'} & set(sys.modules)))"
+    probe = (
+        "import sys, training.cli, training.engine.launch; "
+        "print(sorted({'torch', 'mlflow'} & set(sys.modules)))"
+    )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import training
-from training import lineage
 from training.errors import InputError
-from training.lineage import (
+from training.gate import lineage as lineage
+from training.gate.lineage import (
     Trigger,
     code_version,
     decision_tags,

@@ -10,7 +10,7 @@ import torch
 from sklearn.metrics import accuracy_score, f1_score, log_loss, recall_score
 from torch import nn
 
-from training.metrics import non_finite, score_classifier
+from training.gate.metrics import non_finite, score_classifier
 
 N_FEATURES, N_CLASSES = 6, 4
 

@@ -9,7 +9,7 @@ import pytest
 
 from training.cli import main
 from training.errors import InputError
-from training.planning import (
+from training.planning.maths import (
     IntervalInputs,
     ScalingInputs,
     SpotScenario,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from training import planning_cli
 from training.cli import build_parser, main
 from training.errors import InputError, RetrainError
-from training.planning import (
+from training.planning import cli as planning_cli
+from training.planning.maths import (
     MeasuredRow,
     ScalingInputs,
     StepTime,
@@ -24,7 +24,7 @@ from training.planning import (
     measured_scaling,
     scaling_plan,
 )
-from training.planning_measure import (
+from training.planning.measure import (
     MeasureSettings,
     StepTiming,
     default_global_batch_size,

@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from training.preemption import (
+from training.engine.preemption import (
     ELASTIC_ERROR_FILE_VARIABLE,
     PREEMPTED_EXIT_CODE,
     PreemptionNotice,

@@ -15,10 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from training.cli import main
+from training.data.splits import assign_splits, split_position
 from training.errors import InputError
-from training.prepare import assign_splits, prepare, split_position
-from training.sample_data import write_sample_batches
-from training.schema import DIGITS_SCHEMA, SPLIT_NAMES, Manifest, SplitFractions
+from training.tasks.tabular.prepare import prepare
+from training.tasks.tabular.sample_data import write_sample_batches
+from training.tasks.tabular.schema import DIGITS_SCHEMA, SPLIT_NAMES, Manifest, SplitFractions
 
 HEADER = list(DIGITS_SCHEMA.columns)
 
@@ -182,7 +183,7 @@ def test_incremental_preparation_equals_a_full_one(sample_raw, tmp_path, caplog)
     correction[0] = "digits-0003"  # a key from the first batch, now with another label and pixels
     write_csv(raw / "batch-0005.csv", [correction])
 
-    caplog.set_level(logging.INFO, logger="training.prepare")
+    caplog.set_level(logging.INFO, logger="training.tasks.tabular.prepare")
     incremental = prepare(raw, tmp_path / "v2", previous=tmp_path / "v1")
     full = prepare(raw, tmp_path / "full")
 
@@ -215,7 +216,7 @@ def test_incremental_falls_back_to_a_full_preparation_when_seen_files_changed(
     else:
         shutil.copy(batches[3], raw / "batch-0000.csv")
 
-    caplog.set_level(logging.INFO, logger="training.prepare")
+    caplog.set_level(logging.INFO, logger="training.tasks.tabular.prepare")
     incremental = prepare(raw, tmp_path / "v2", previous=tmp_path / "v1")
 
     reason = {"edit": "batch-0001.csv has changed", "remove": "batch-0001.csv that it saw has been removed",

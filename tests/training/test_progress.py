@@ -1,7 +1,7 @@
 import io
 import json
 
-from training.progress import BarRenderer, JsonLinesRenderer, describe
+from training.engine.progress import BarRenderer, JsonLinesRenderer, describe
 
 
 class FakeClock:

@@ -19,11 +19,11 @@ import torch
 import yaml
 from registry_harness import MODELS, Harness, build_harness, evaluation_document
 
-from training import lineage as tags
-from training.dataset import load_prepared
-from training.evaluate import EVALUATION_FILE, load_trained_model
-from training.register import REGISTRATION_FILE
-from training.registry import CHAMPION, PREVIOUS, ModelLoadError
+from training.gate import lineage as tags
+from training.gate.evaluate import EVALUATION_FILE, load_trained_model
+from training.gate.register import REGISTRATION_FILE
+from training.gate.registry import CHAMPION, PREVIOUS, ModelLoadError
+from training.tasks.tabular.dataset import load_prepared
 
 
 @pytest.fixture(scope="module")

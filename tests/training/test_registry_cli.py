@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from registry_harness import RAW_VERSION, Harness, build_harness
 
-from training import lineage as tags
 from training.cli import main
-from training.lineage import code_version, file_sha256
-from training.registry import CHAMPION, PREVIOUS
+from training.gate import lineage as tags
+from training.gate.lineage import code_version, file_sha256
+from training.gate.registry import CHAMPION, PREVIOUS
 
 HISTORY = ("mid", "strong", "best")  # each beats the one before: three versions, each the champion in turn
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from training.errors import CheckpointError, InputError
-from training.registry_lock import BlobLeaseLock, FileLock, LockTimeoutError, open_registry_lock
+from training.gate.lock import BlobLeaseLock, FileLock, LockTimeoutError, open_registry_lock
 
 HOLD_UNTIL_STDIN_CLOSES = """
 import sys
 from pathlib import Path
-from training.registry_lock import FileLock
+from training.gate.lock import FileLock
 with FileLock(Path(sys.argv[1])):
     print("held", flush=True)
     sys.stdin.read()

@@ -16,7 +16,7 @@ from conftest import (
     resumed_event,
 )
 
-from training.preemption import PREEMPTED_EXIT_CODE
+from training.engine.preemption import PREEMPTED_EXIT_CODE
 
 
 def test_uninterrupted_runs_with_the_same_seed_give_equal_weights(uninterrupted_run, start_training, folders):

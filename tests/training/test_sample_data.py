@@ -10,14 +10,14 @@ from sklearn.datasets import load_digits
 
 from training.cli import main
 from training.errors import InputError
-from training.sample_data import (
+from training.tasks.tabular.sample_data import (
     OVERLAP_ROWS,
     batch_ranges,
     digits_table,
     with_label_noise,
     write_sample_batches,
 )
-from training.schema import DIGITS_SCHEMA
+from training.tasks.tabular.schema import DIGITS_SCHEMA
 
 N_DIGITS = 1797
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from training.errors import InputError
-from training.schema import Manifest, SplitFractions, TableSchema
+from training.tasks.tabular.schema import Manifest, SplitFractions, TableSchema
 
 
 @pytest.mark.parametrize(

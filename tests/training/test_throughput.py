@@ -1,4 +1,4 @@
-from training.throughput import ThroughputMeter
+from training.engine.throughput import ThroughputMeter
 
 
 class FakeClock:

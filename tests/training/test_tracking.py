@@ -10,7 +10,7 @@ import signal
 from conftest import STEPS_PER_EPOCH, is_step, read_metadata
 from mlflow.tracking import MlflowClient
 
-from training.preemption import PREEMPTED_EXIT_CODE
+from training.engine.preemption import PREEMPTED_EXIT_CODE
 
 TWO_EPOCHS = ("--epochs", "2")  # three attempts of the small run; two epochs are enough to show it
 

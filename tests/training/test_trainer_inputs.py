@@ -10,8 +10,8 @@ import pytest
 from conftest import NO_TRACKING, SMALL_RUN
 
 from training.cli import main
-from training.prepare import prepare
-from training.sample_data import write_sample_batches
+from training.tasks.tabular.prepare import prepare
+from training.tasks.tabular.sample_data import write_sample_batches
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,65 @@
+"""Publish a prepared data version: every file appears at once, the manifest last, or nothing does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from training.errors import InputError
+
+
+def publish(out: Path, files: Mapping[str, bytes]) -> None:
+    """Make `files` appear in `out`, in order (so the manifest, last, marks a complete version).
+
+    A new `out` is staged beside it and renamed into place; an existing empty one (an Azure ML output
+    mount cannot be replaced) is staged inside it and filled by renames. On failure nothing is left.
+    """
+    created_parents = make_parents(out.parent)
+    out_existed = out.exists()
+    stage_name = f".{out.name}.staging-{uuid.uuid4().hex}"
+    staging = out / stage_name if out_existed else out.parent / stage_name
+    moved: list[Path] = []
+    try:
+        staging.mkdir()
+        for name, data in files.items():
+            _write_durably(staging / name, data)
+        if out_existed:
+            for name in files:
+                os.replace(staging / name, out / name)
+                moved.append(out / name)
+            staging.rmdir()
+        else:
+            staging.rename(out)
+    except BaseException as error:
+        for path in reversed(moved):
+            path.unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        for parent in reversed(created_parents):
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        if isinstance(error, OSError):
+            raise InputError(
+                f"{out}: cannot write the prepared data ({error}); expected a writable folder"
+            ) from error
+        raise
+
+
+def make_parents(folder: Path) -> list[Path]:
+    """Create `folder` and any missing ancestors; return the ones created, outermost first."""
+    missing = [path for path in (folder, *folder.parents) if not path.exists()][::-1]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"{folder}: cannot create the output's parent folder ({error})") from error
+    return missing
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with path.open("wb") as stream:
+        stream.write(data)
+        stream.flush()
+        os.fsync(stream.fileno())

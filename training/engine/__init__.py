@@ -1,0 +1,1 @@
+"""The task-agnostic training engine: the loop, DDP, sampling, preemption, consensus, progress, tracking."""

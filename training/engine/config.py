@@ -1,0 +1,144 @@
+"""The trainer's configuration: one frozen dataclass, validated at construction.
+
+Every validation error names the option and says what to use instead, because these objects are built
+straight from command-line arguments and app settings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from training.errors import InputError
+
+PROGRESS_MODES = ("auto", "bar", "log", "jsonl", "none")
+
+# `--checkpoint-every-seconds auto`: the trainer measures its own checkpoint cost at its first saves and
+# takes Daly's optimum interval for that cost and `--mtbe-hours` (training/engine/checkpoint_interval.py).
+AUTO_INTERVAL = "auto"
+DEFAULT_CHECKPOINT_EVERY_SECONDS = 300.0
+
+# The mean time between evictions of the training job: any node's eviction stops it, so on N nodes it is a
+# node's MTBE / N. Azure publishes none for low-priority capacity, only coarse eviction-rate bands per VM
+# size and region in the portal, which change with the hour; 12 hours is the cautious guess the cost
+# estimate uses too (components/cost.py), so that the interval and the estimate assume the same capacity.
+# Erring is cheap: the overhead is flat around Daly's optimum, so an MTBE off by a factor of 4 moves the
+# interval by a factor of 2 and raises the overhead (saves plus rework) by only a quarter. Once measured
+# (evictions per node-hour in the ledger), pass --mtbe-hours.
+DEFAULT_MTBE_HOURS = 12.0
+
+# The options that decide the training trajectory. A checkpoint only resumes under the same values;
+# anything else (epochs, checkpoint interval, world size, progress display) may change between attempts.
+TRAJECTORY_FIELDS = (
+    "seed",
+    "global_batch_size",
+    "learning_rate",
+    "weight_decay",
+    "warmup_steps",
+    "hidden_width",
+    "hidden_layers",
+    "dropout",
+)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InputError(message)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _finite_number(value: object) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
+def _shown(value: object) -> str:
+    """A number as the user typed it (`-1`, not the parsed `-1.0`); anything else as it is."""
+    return format(value, "g") if _is_number(value) else str(value)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: Path
+    out: Path
+    checkpoints: str
+    epochs: int = 5
+    seed: int = 0
+    global_batch_size: int = 64
+    learning_rate: float = 3e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 20
+    hidden_width: int = 256
+    hidden_layers: int = 2
+    dropout: float = 0.1
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_seconds: float | str | None = DEFAULT_CHECKPOINT_EVERY_SECONDS
+    mtbe_hours: float = DEFAULT_MTBE_HOURS
+    keep_checkpoints: int = 2
+    deterministic: bool = False
+    allow_data_change: bool = False
+    device: str = "auto"
+    progress: str = "auto"
+    mlflow_tracking_uri: str | None = None
+    mlflow_experiment: str = "retrain"
+    mlflow_artifact_location: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.epochs >= 1, f"--epochs {self.epochs}: expected a positive integer")
+        _require(self.seed >= 0, f"--seed {self.seed}: expected a non-negative integer")
+        _require(self.learning_rate > 0, f"--learning-rate {self.learning_rate}: expected a positive number")
+        _require(self.weight_decay >= 0, f"--weight-decay {self.weight_decay}: expected 0 or more")
+        _require(self.warmup_steps >= 0, f"--warmup-steps {self.warmup_steps}: expected 0 or more")
+        _require(
+            self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
+            f"--checkpoint-every-steps {self.checkpoint_every_steps}: expected a positive integer",
+        )
+        _require(
+            self.checkpoint_every_seconds in (None, AUTO_INTERVAL)
+            or (_finite_number(self.checkpoint_every_seconds) and self.checkpoint_every_seconds > 0),
+            f"--checkpoint-every-seconds {_shown(self.checkpoint_every_seconds)}: expected a number of "
+            f"seconds > 0, '{AUTO_INTERVAL}' (chosen from the measured checkpoint cost) or 'off'",
+        )
+        _require(
+            _finite_number(self.mtbe_hours) and self.mtbe_hours > 0,
+            f"--mtbe-hours {_shown(self.mtbe_hours)}: expected a number of hours > 0",
+        )
+        _require(
+            self.keep_checkpoints >= 2,
+            f"--keep-checkpoints {self.keep_checkpoints}: keep at least 2, so that a corrupt newest "
+            "checkpoint still leaves one to resume from",
+        )
+        _require(
+            self.progress in PROGRESS_MODES,
+            f"--progress {self.progress!r}: expected one of {', '.join(PROGRESS_MODES)}",
+        )
+        _require(bool(self.checkpoints), "--checkpoints: expected a folder or a Blob Storage URL")
+        _require(
+            "?" not in self.checkpoints,
+            "--checkpoints: credentials in the URL (a SAS query string) are not accepted; use managed "
+            "identity, or RETRAIN_STORAGE_CONNECTION_STRING for the emulator",
+        )
+
+    def trajectory(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in TRAJECTORY_FIELDS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; what checkpoints and metadata record (tracking location excluded: it may hold a
+        host name, and does not describe the run)."""
+        values = asdict(self)
+        for name in ("mlflow_tracking_uri", "mlflow_artifact_location"):
+            values.pop(name)
+        return {key: str(value) if isinstance(value, Path) else value for key, value in values.items()}
+
+
+def trajectory_mismatches(saved: dict[str, Any], current: TrainConfig) -> list[str]:
+    """Human-readable differences between a checkpoint's trajectory options and the current ones."""
+    return [
+        f"--{name.replace('_', '-')} {getattr(current, name)} (checkpoint: {saved.get(name)})"
+        for name in TRAJECTORY_FIELDS
+        if saved.get(name) != getattr(current, name)
+    ]

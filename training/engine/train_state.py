@@ -1,0 +1,154 @@
+"""The trainable objects, and the state a checkpoint captures and a resume restores.
+
+A checkpoint holds the model, optimizer and LR scheduler states, the step, the data cursor (epoch and
+position), the RNG scheme (counter-based, so derivable from seed, step and rank), the config, the data
+version, the attempt history and the MLflow run id. Rank 0 writes it: data-parallel ranks hold identical
+model and optimizer states, and everything per-rank is derivable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from training.checkpoint.checkpointer import LoadedCheckpoint
+from training.engine.config import TrainConfig
+from training.engine.sampling import DataCursor
+from training.tasks.tabular.dataset import PreparedData
+from training.tasks.tabular.model import ModelConfig, TabularClassifier
+
+log = logging.getLogger(__name__)
+
+RNG_SCHEME = "counter:sha256(seed,step,rank)"
+
+
+@dataclass
+class TrainingObjects:
+    model: TabularClassifier
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR
+
+
+@dataclass
+class RunState:
+    """Progress that survives restarts."""
+
+    step: int = 0
+    cursor: DataCursor = field(default_factory=DataCursor)
+    elapsed_seconds: float = 0.0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    mlflow_run_id: str | None = None
+
+    @property
+    def attempt(self) -> int:
+        return len(self.attempts)
+
+    @property
+    def evictions_survived(self) -> int:
+        return sum(1 for entry in self.attempts if entry["ended"] in ("preempted", "interrupted"))
+
+    @property
+    def resumes(self) -> int:
+        return sum(1 for entry in self.attempts if entry["resumed_from"] is not None)
+
+    def begin_attempt(self, launch_id: str, world_size: int, resumed_from: str | None) -> None:
+        self.attempts.append(
+            {
+                "attempt": self.attempt + 1,
+                "launch_id": launch_id,
+                "world_size": world_size,
+                "started_at_step": self.step,
+                "resumed_from": resumed_from,
+                "ended": None,
+                "ended_at_step": None,
+            }
+        )
+
+    def end_attempt(self, how: str) -> None:
+        self.attempts[-1].update(ended=how, ended_at_step=self.step)
+
+
+def model_config_for(config: TrainConfig, data: PreparedData) -> ModelConfig:
+    return ModelConfig(
+        n_features=len(data.schema.feature_columns),
+        n_classes=data.schema.n_classes,
+        hidden_width=config.hidden_width,
+        hidden_layers=config.hidden_layers,
+        dropout=config.dropout,
+    )
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int):
+    """LR multiplier: linear warm-up, then cosine decay to 10% over the remaining steps."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_training_objects(config: TrainConfig, data: PreparedData, total_steps: int) -> TrainingObjects:
+    torch.manual_seed(config.seed)  # identical initial weights on every rank and every attempt
+    mean, std = data.normalization
+    model = TabularClassifier(model_config_for(config, data), mean, std)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
+    )
+    scheduler = LambdaLR(optimizer, warmup_cosine(config.warmup_steps, total_steps))
+    return TrainingObjects(model, optimizer, scheduler)
+
+
+def checkpoint_state(objects: TrainingObjects, run: RunState, config: TrainConfig, data_version: str) -> dict:
+    return {
+        "model": objects.model.state_dict(),
+        "optimizer": objects.optimizer.state_dict(),
+        "scheduler": objects.scheduler.state_dict(),
+        "progress": {
+            "step": run.step,
+            "epoch": run.cursor.epoch,
+            "position": run.cursor.position,
+            "elapsed_seconds": run.elapsed_seconds,
+        },
+        "rng": {"scheme": RNG_SCHEME, "seed": config.seed},
+        "config": config.to_dict(),
+        "data_version": data_version,
+        "attempts": [dict(entry) for entry in run.attempts],
+        "mlflow_run_id": run.mlflow_run_id,
+    }
+
+
+def restore(objects: TrainingObjects, loaded: LoadedCheckpoint, data_version: str) -> RunState:
+    state = loaded.state
+    objects.model.load_state_dict(state["model"])
+    objects.optimizer.load_state_dict(state["optimizer"])
+    objects.scheduler.load_state_dict(state["scheduler"])
+    progress = state["progress"]
+    cursor = DataCursor(epoch=progress["epoch"], position=progress["position"])
+    if state["data_version"] != data_version:
+        log.warning(
+            "continuing checkpoint %s (data %s) on data %s: epoch %d restarts at its first sample",
+            loaded.record.name,
+            state["data_version"],
+            data_version,
+            cursor.epoch,
+        )
+        cursor = DataCursor(epoch=cursor.epoch, position=0)
+    run = RunState(
+        step=progress["step"],
+        cursor=cursor,
+        elapsed_seconds=progress["elapsed_seconds"],
+        attempts=[dict(entry) for entry in state["attempts"]],
+        mlflow_run_id=state["mlflow_run_id"],
+    )
+    if run.attempts and run.attempts[-1]["ended"] is None:
+        # The attempt that wrote this checkpoint never said goodbye: killed (SIGKILL, node loss) or crashed.
+        run.attempts[-1]["ended"] = "interrupted"
+    return run

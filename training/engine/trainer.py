@@ -1,0 +1,395 @@
+"""The data-parallel training loop that survives eviction.
+
+One loop serves every case (single process, torchrun on CPU with gloo, GPUs with NCCL): each step
+trains on its share of a global batch, then the ranks exchange one tiny tensor (the loss for the log, and
+a vote on whether anyone received an eviction notice), so that all of them stop at the same step. Rank 0
+checkpoints asynchronously at the configured interval (or, with `--checkpoint-every-seconds auto`, at one
+chosen from what its first saves cost: training/engine/checkpoint_interval.py), immediately when evicted,
+and at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import training
+from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta, LoadedCheckpoint, SaveResult
+from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL, REASON_PREEMPTED
+from training.engine.checkpoint_interval import IntervalCalibration, IntervalChoice
+from training.engine.config import AUTO_INTERVAL, TrainConfig
+from training.engine.consensus import StepConsensus, StepVerdict
+from training.engine.distributed import DistContext, barrier, broadcast_from_primary
+from training.engine.outputs import classification_metrics, weights_sha256, write_metadata, write_model
+from training.engine.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
+from training.engine.progress import ProgressRenderer
+from training.engine.resume_policy import check_resumable
+from training.engine.sampling import BatchPlan, epoch_permutation, rank_batch_indices, step_seed
+from training.engine.throughput import ThroughputMeter
+from training.engine.tracking import Tracker
+from training.engine.train_state import RunState, build_training_objects, checkpoint_state, restore
+from training.tasks.tabular.dataset import PreparedData
+
+log = logging.getLogger(__name__)
+
+COMPLETED = "completed"
+PREEMPTED = "preempted"
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    status: str
+    step: int
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: TrainConfig,
+        context: DistContext,
+        data: PreparedData,
+        checkpointer: Checkpointer,
+        tracker: Tracker,
+        renderer: ProgressRenderer,
+        launch_id: str,
+        notice: PreemptionNotice,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.context = context
+        self.data = data
+        self.checkpointer = checkpointer
+        self.tracker = tracker
+        self.renderer = renderer
+        self.launch_id = launch_id
+        self.notice = notice
+        self._clock = clock
+        self._calibration: IntervalCalibration | None = None
+
+    def run(self) -> TrainOutcome:
+        train_split = self.data.split("train")
+        self._features = train_split.features.to(self.context.device)
+        self._labels = train_split.labels.to(self.context.device)
+        self._plan = BatchPlan(len(self._labels), self.config.global_batch_size)
+        self._plan.per_rank_batch_size(self.context.world_size)
+        self._total_steps = self._plan.steps_per_epoch * self.config.epochs
+        self._objects = build_training_objects(self.config, self.data, self._total_steps)
+        self._objects.model.to(self.context.device)
+        resumed = self._resume()
+        self._start_attempt(resumed)
+        self._network = self._wrap(self._objects.model)
+        if self._train() == PREEMPTED:
+            return self._leave_preempted()
+        # Re-running a finished training only rewrites its outputs; there is nothing new to checkpoint.
+        return self._finish(progressed=resumed is None or self._run.step > resumed.record.step)
+
+    # -- start ----------------------------------------------------------------------------------------
+
+    def _resume(self) -> LoadedCheckpoint | None:
+        """Rank 0 picks the newest valid checkpoint; every rank loads that same one."""
+        choice = None
+        if self.context.is_primary:
+            newest = self.checkpointer.newest_valid()
+            choice = newest.record.name if newest else None
+        choice = broadcast_from_primary(choice, self.context)
+        if choice is None:
+            self._run = RunState()
+            return None
+        loaded = self.checkpointer.load(choice)
+        check_resumable(loaded.record, self.config, self.data.data_version)
+        self._run = restore(self._objects, loaded, self.data.data_version)
+        return loaded
+
+    def _start_attempt(self, resumed: LoadedCheckpoint | None) -> None:
+        run = self._run
+        previous_world = run.attempts[-1]["world_size"] if run.attempts else None
+        run.begin_attempt(self.launch_id, self.context.world_size, resumed.record.name if resumed else None)
+        self._attempt_started = self._clock()
+        self._elapsed_before = run.elapsed_seconds
+        self._last_save = self._clock()
+        # Only the primary saves, so only it measures; every attempt anew, for its node's storage.
+        if self.config.checkpoint_every_seconds == AUTO_INTERVAL and self.context.is_primary:
+            self._calibration = IntervalCalibration(self.config.mtbe_hours)
+        self._meter = ThroughputMeter(clock=time.perf_counter)
+        self._last_loss: float | None = None
+        self._permutation_epoch, self._permutation = -1, torch.empty(0)
+        if previous_world is not None and previous_world != self.context.world_size:
+            log.warning(
+                "world size changed from %d to %d: global batch stays %d (per rank %d)",
+                previous_world,
+                self.context.world_size,
+                self.config.global_batch_size,
+                self._plan.per_rank_batch_size(self.context.world_size),
+            )
+        run.mlflow_run_id = self.tracker.start(run.mlflow_run_id, self._tracked_params(), self._tags())
+        if resumed is not None:
+            self._emit(
+                "resumed",
+                checkpoint=resumed.record.name,
+                step=run.step,
+                epoch=run.cursor.epoch,
+                position=run.cursor.position,
+            )
+        self._emit(
+            "start",
+            step=run.step,
+            total_steps=self._total_steps,
+            world_size=self.context.world_size,
+            data_version=self.data.data_version,
+        )
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        if not self.context.is_distributed:
+            return model
+        device_ids = [self.context.local_rank] if self.context.device.type == "cuda" else None
+        # The normalisation buffers are constants: no need to broadcast them every forward.
+        return DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def _train(self) -> str:
+        consensus = StepConsensus(self.context)
+        while self._run.step < self._total_steps:
+            local_loss = self._train_step()
+            self._meter.update(self.config.global_batch_size)
+            verdict = consensus.exchange(
+                self._run.step, local_loss, self.notice.received, self._step_details()
+            )
+            if verdict is not None:
+                self._report_step(verdict)
+                if verdict.stop_requested:  # every rank reads the same verdict here: all stop together
+                    self._report_step(consensus.drain())
+                    return PREEMPTED
+            if self._interval_checkpoint_due():
+                self._save(REASON_INTERVAL)
+            self._report_durable(self.checkpointer.poll())
+        self._report_step(consensus.drain())
+        return COMPLETED
+
+    def _train_step(self) -> float:
+        run, objects = self._run, self._objects
+        indices = rank_batch_indices(
+            self._epoch_permutation(run.cursor.epoch),
+            run.cursor,
+            self._plan,
+            self.context.rank,
+            self.context.world_size,
+        )
+        torch.manual_seed(step_seed(self.config.seed, run.step, self.context.rank))
+        self._network.train()
+        loss = nn.functional.cross_entropy(self._network(self._features[indices]), self._labels[indices])
+        objects.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        # A snapshot still copying the previous checkpoint reads the weights the optimizer is about to change.
+        self.checkpointer.wait_until_staged()
+        objects.optimizer.step()
+        objects.scheduler.step()
+        run.step += 1
+        run.cursor = run.cursor.advance(self._plan)
+        return loss.item()
+
+    def _epoch_permutation(self, epoch: int) -> torch.Tensor:
+        if epoch != self._permutation_epoch:
+            self._permutation = epoch_permutation(self.config.seed, epoch, self._plan.dataset_size)
+            self._permutation_epoch = epoch
+        return self._permutation
+
+    def _interval_checkpoint_due(self) -> bool:
+        if not self.context.is_primary or self._run.step >= self._total_steps:
+            return False
+        every_steps = self.config.checkpoint_every_steps
+        by_steps = every_steps is not None and self._run.step % every_steps == 0
+        return by_steps or self._save_due_by_time()
+
+    def _save_due_by_time(self) -> bool:
+        every_seconds = self.config.checkpoint_every_seconds
+        if self._calibration is not None:
+            if self._calibration.wants_save():
+                return True
+            every_seconds = self._calibration.interval_seconds  # None while a measuring save is in flight
+        return every_seconds is not None and self._clock() - self._last_save >= every_seconds
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+
+    def _save(self, reason: str) -> None:
+        run = self._run
+        run.elapsed_seconds = self._elapsed_before + self._clock() - self._attempt_started
+        self._last_save = self._clock()
+        meta = CheckpointMeta(
+            step=run.step,
+            epoch=run.cursor.epoch,
+            position=run.cursor.position,
+            reason=reason,
+            attempt=run.attempt,
+            launch_id=self.launch_id,
+            world_size=self.context.world_size,
+            data_version=self.data.data_version,
+            trajectory=self.config.trajectory(),
+        )
+        state = checkpoint_state(self._objects, run, self.config, self.data.data_version)
+        self._report_durable(self.checkpointer.save(state, meta))
+        if self._calibration is not None and reason == REASON_INTERVAL:
+            self._calibration.save_started()
+
+    def _save_and_wait(self, reason: str) -> None:
+        self._save(reason)
+        self._report_durable(self.checkpointer.wait_until_durable())
+
+    def _report_durable(self, result: SaveResult | None) -> None:
+        if result is None:
+            return
+        if result.record is not None:
+            self._report_checkpoint(result)
+        if self._calibration is not None and result.reason == REASON_INTERVAL:
+            choice = self._calibration.observe(result.blocked_seconds, result.write_seconds)
+            if choice is not None:
+                self._report_interval(choice)
+
+    def _report_checkpoint(self, result: SaveResult) -> None:
+        blocked_ms = result.blocked_seconds * 1000
+        self._emit(
+            "checkpoint",
+            name=result.record.name,
+            step=result.step,
+            reason=result.reason,
+            bytes=result.record.size,
+            blocked_ms=blocked_ms,
+            write_seconds=result.write_seconds,
+        )
+        self.tracker.log_metrics(
+            {
+                "checkpoint_blocked_ms": blocked_ms,
+                "checkpoint_write_seconds": result.write_seconds or 0.0,
+                "checkpoint_megabytes": result.record.size / 1e6,
+            },
+            step=result.step,
+        )
+
+    def _report_interval(self, choice: IntervalChoice) -> None:
+        self._run.attempts[-1]["checkpoint_interval"] = choice.fields()
+        self._emit("checkpoint_interval", step=self._run.step, **choice.fields())
+        self.tracker.log_metrics(choice.metrics(), step=self._run.step)
+
+    # -- the end --------------------------------------------------------------------------------------
+
+    def _leave_preempted(self) -> TrainOutcome:
+        self._run.end_attempt("preempted")
+        if self.context.is_primary:
+            self._save_and_wait(REASON_PREEMPTED)
+            self._emit("preempted", step=self._run.step, exit_code=PREEMPTED_EXIT_CODE)
+            self.tracker.set_tags({"retrain.preempted_at_step": str(self._run.step)})
+            self.tracker.finish("KILLED")
+        barrier(self.context)  # nobody leaves before the agreed checkpoint is durable
+        return TrainOutcome(PREEMPTED, self._run.step)
+
+    def _finish(self, progressed: bool) -> TrainOutcome:
+        self._run.end_attempt(COMPLETED)
+        if self.context.is_primary:
+            if progressed:
+                self._save_and_wait(REASON_FINAL)
+            self._write_outputs()
+        barrier(self.context)
+        return TrainOutcome(COMPLETED, self._run.step)
+
+    def _write_outputs(self) -> None:
+        model = self._objects.model
+        validation = self.data.split("validation")
+        metrics = classification_metrics(
+            model, validation.features.to(self.context.device), validation.labels.to(self.context.device)
+        )
+        final_metrics = {
+            "validation_accuracy": metrics["accuracy"],
+            "validation_loss": metrics["loss"],
+            "train_loss": self._last_loss,
+        }
+        out: Path = self.config.out
+        write_model(out, model, model.config.to_dict())
+        write_metadata(out, self._metadata(final_metrics))
+        self.tracker.log_metrics(final_metrics, step=self._run.step)
+        self.tracker.finish("FINISHED")
+        self._emit("done", steps=self._run.step, validation_accuracy=metrics["accuracy"], out=str(out))
+
+    def _metadata(self, final_metrics: dict[str, float]) -> dict[str, Any]:
+        run, config = self._run, self.config
+        return {
+            "format": "retrain-training/1",
+            "weights_sha256": weights_sha256(self._objects.model),
+            "data_version": self.data.data_version,
+            "steps": run.step,
+            "epochs": run.step / self._plan.steps_per_epoch,
+            "seed": config.seed,
+            "world_size": self.context.world_size,
+            "global_batch_size": config.global_batch_size,
+            "wall_time_seconds": self._elapsed_before + self._clock() - self._attempt_started,
+            "resumes": run.resumes,
+            "evictions_survived": run.evictions_survived,
+            "attempts": run.attempts,
+            "final_metrics": final_metrics,
+            "throughput": {
+                "samples_per_second": self._meter.samples_per_second(),
+                "measured_steps": self._meter.measured_steps,
+            },
+            "checkpoints": {
+                "location": self.checkpointer.store.location,
+                **self.checkpointer.stats.summary(),
+            },
+            "parameters": sum(p.numel() for p in self._objects.model.parameters()),
+            "mlflow_run_id": run.mlflow_run_id,
+            "config": config.to_dict(),
+            "code_version": training.__version__,
+            "torch_version": torch.__version__,
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+
+    # -- reporting ------------------------------------------------------------------------------------
+
+    def _step_details(self) -> dict[str, Any]:
+        return {
+            "epoch": self._run.cursor.epoch,
+            "position": self._run.cursor.position,
+            "learning_rate": self._objects.scheduler.get_last_lr()[0],
+            "samples_per_second": self._meter.samples_per_second(),
+        }
+
+    def _report_step(self, verdict: StepVerdict | None) -> None:
+        if verdict is None:  # nothing trained in this attempt (it resumed a finished run)
+            return
+        self._last_loss = verdict.mean_loss
+        details = verdict.details
+        self._emit(
+            "step", step=verdict.step, total_steps=self._total_steps, loss=verdict.mean_loss, **details
+        )
+        self.tracker.log_metrics(
+            {
+                "loss": verdict.mean_loss,
+                "learning_rate": details["learning_rate"],
+                "samples_per_second": details["samples_per_second"],
+            },
+            step=verdict.step,
+        )
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        self.renderer.emit({"event": kind, **fields})
+
+    def _tracked_params(self) -> dict[str, Any]:
+        return {
+            **self.config.to_dict(),
+            "total_steps": self._total_steps,
+            "parameters": sum(p.numel() for p in self._objects.model.parameters()),
+        }
+
+    def _tags(self) -> dict[str, str]:
+        return {
+            "retrain.data_version": self.data.data_version,
+            "retrain.launch_id": self.launch_id,
+            "retrain.world_size": str(self.context.world_size),
+        }

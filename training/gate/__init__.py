@@ -1,0 +1,1 @@
+"""The way into the registry: evaluation, the gate's policy, registration, the MLflow registry and lineage."""

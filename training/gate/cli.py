@@ -1,0 +1,328 @@
+"""The gate's commands: `evaluate` and `register` (pipeline steps), and `models`, `lineage`, `rollback`.
+
+Handlers read the state folder and the environment from `args.state_root` and `args.environ`, which the
+root command line puts there; they print only here, to the stream they are given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from training.gate.lock import RegistryLock
+    from training.gate.policy import GatePolicy
+    from training.gate.registry import ModelRegistry
+
+DEFAULT_MODEL_NAME = "digits"
+LOCKS_FOLDER = "locks"
+PIPELINE_JOB_VARIABLES = ("AZUREML_ROOT_RUN_ID", "RETRAIN_PIPELINE_RUN")  # Azure ML's, the local runner's
+# The gate pulls in torch; the parser is built for every `retrain` command, so defaults are filled in later.
+_GATE_DEFAULT = "default: GatePolicy's, training/gate/policy.py"
+_TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _registry(args: argparse.Namespace) -> ModelRegistry:
+    from training.gate.registry import ModelRegistry, check_model_name, resolve_store
+
+    check_model_name(args.model_name)
+    return ModelRegistry(resolve_store(args.mlflow_tracking_uri, args.environ, args.state_root))
+
+
+def _lock(args: argparse.Namespace) -> RegistryLock:
+    from training.gate.lock import open_registry_lock
+
+    spec = args.lock if args.lock is not None else str(args.state_root / LOCKS_FOLDER)
+    return open_registry_lock(spec, args.model_name, args.environ, args.lock_wait)
+
+
+# -- handlers -------------------------------------------------------------------------------------------
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from training.gate.evaluate import write_evaluation
+
+    write_evaluation(args.model, args.data, args.model_name, _registry(args), args.out)
+    return 0
+
+
+def _policy(args: argparse.Namespace) -> GatePolicy:
+    from training.gate.policy import GatePolicy
+
+    defaults = GatePolicy().describe()
+
+    def given(option: str) -> str:
+        value = getattr(args, option)
+        return defaults[option] if value is None else value
+
+    return GatePolicy.from_options(
+        given("primary_metric"),
+        float(given("min_improvement")),
+        given("floors"),
+        given("max_regression"),
+        given("first_model_floors"),
+        args.bootstrap_unloadable_champion,
+    )
+
+
+def _register(args: argparse.Namespace) -> int:
+    from training.gate.lineage import Trigger
+    from training.gate.register import RegisterRequest, write_registration
+
+    policy = _policy(args)
+    pipeline_job = next(
+        (args.environ[name] for name in PIPELINE_JOB_VARIABLES if args.environ.get(name)), None
+    )
+    request = RegisterRequest(
+        model_dir=args.model,
+        evaluation_dir=args.evaluation,
+        data_dir=args.data,
+        model_name=args.model_name,
+        trigger=Trigger.parse(args.trigger),
+        raw_data_version=args.raw_data_version,
+        environment_version=args.environment_version,
+        pipeline_job=pipeline_job,
+        policy=policy,
+        experiment=args.mlflow_experiment,
+    )
+    write_registration(request, _registry(args), _lock(args), args.out)
+    return 0
+
+
+def _models(args: argparse.Namespace, stream: TextIO | None = None) -> int:
+    from training.gate.history import model_listing
+
+    stream = stream or sys.stdout
+    listing = model_listing(_registry(args), args.model_name)
+    if args.json:
+        print(json.dumps(listing, indent=2, sort_keys=True), file=stream)
+    else:
+        _print_listing(listing, stream)
+    return 0
+
+
+def _lineage(args: argparse.Namespace, stream: TextIO | None = None) -> int:
+    from training.gate.history import lineage_report
+
+    stream = stream or sys.stdout
+    with tempfile.TemporaryDirectory(prefix="retrain-lineage-") as scratch:
+        report = lineage_report(_registry(args), args.model_name, args.version, Path(scratch))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True), file=stream)
+    else:
+        _print_lineage(report, stream)
+    return 0
+
+
+def _rollback(args: argparse.Namespace, stream: TextIO | None = None) -> int:
+    from training.gate.history import rollback
+
+    stream = stream or sys.stdout
+    result = rollback(_registry(args), _lock(args), args.model_name, args.reason, datetime.now(UTC))
+    previous = f"v{result['previous']}" if result["previous"] else "none"
+    print(
+        f"{args.model_name}: champion v{result['rolled_back_from']} -> v{result['champion']}; "
+        f"previous: {previous}; reason: {args.reason}",
+        file=stream,
+    )
+    return 0
+
+
+# -- printing -------------------------------------------------------------------------------------------
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _print_listing(listing: dict[str, Any], stream: TextIO) -> None:
+    versions = listing["versions"]
+    if not versions:
+        print(f"{listing['model_name']}: no registered versions", file=stream)
+        return
+    header = (
+        "VERSION",
+        "ALIASES",
+        "MACRO_F1",
+        "ACCURACY",
+        "LOSS",
+        "DATA",
+        "TRIGGER",
+        "PIPELINE JOB",
+        "CREATED",
+    )
+    rows = [header]
+    for version in versions:
+        metrics, lineage = version["metrics"], version["lineage"]
+        trigger = lineage["trigger"]
+        rows.append(
+            (
+                f"v{version['version']}",
+                ",".join(version["aliases"]) or "-",
+                _number(metrics.get("macro_f1")),
+                _number(metrics.get("accuracy")),
+                _number(metrics.get("loss")),
+                f"{lineage['raw_data_version'] or '-'} -> {lineage['data_version'] or '-'}",
+                f"{trigger['kind'] or '-'} {trigger['event_id'] or '-'}",
+                lineage["pipeline_job"] or "-",
+                version["created_at"],
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(),
+            file=stream,
+        )
+
+
+def _print_lineage(report: dict[str, Any], stream: TextIO) -> None:
+    chain, manifest = report["lineage"], report["manifest"]
+    gate, trigger = chain["gate"], chain["trigger"]
+    aliases = f" ({', '.join(report['aliases'])})" if report["aliases"] else ""
+    lines = [
+        f"{report['model_name']} v{report['version']}{aliases}, registered {report['created_at']}",
+        f"  gate       {'accepted' if gate['accepted'] else 'rejected'}: {'; '.join(gate['reasons'])}",
+        f"  pipeline   {chain['pipeline_job']}",
+        f"  trigger    kind {trigger['kind']}, event id {trigger['event_id']} ({trigger['text']})",
+        f"  code       {chain['code']['source']} {chain['code']['version']}; "
+        f"environment {chain['environment_version']}",
+        f"  data       raw {chain['raw_data_version']} -> prepared {chain['data_version']}",
+        f"  manifest   {manifest['location']} (sha256 {manifest['sha256']}, verified)",
+    ]
+    for entry in manifest["raw_files"]:
+        lines.append(f"    raw file {entry['name']}: {entry['rows']} rows, sha256 {entry['sha256']}")
+    for name, entry in manifest["splits"].items():
+        lines.append(f"    split {name}: {entry['rows']} rows in {entry['file']}")
+    if chain["rollback"]:
+        rollback_info = chain["rollback"]
+        lines.append(
+            f"  rolled back to v{rollback_info['to']} at {rollback_info['at']}: {rollback_info['reason']}"
+        )
+    print("\n".join(lines), file=stream)
+
+
+# -- parsers --------------------------------------------------------------------------------------------
+
+
+def _add_registry_options(parser: argparse.ArgumentParser, model_name_required: bool) -> None:
+    parser.add_argument(
+        "--model-name",
+        required=model_name_required,
+        default=None if model_name_required else DEFAULT_MODEL_NAME,
+        help="the registered model's name"
+        + ("" if model_name_required else f" (default {DEFAULT_MODEL_NAME})"),
+    )
+    parser.add_argument(
+        "--mlflow-tracking-uri",
+        help="MLflow tracking and registry store "
+        "(default: $MLFLOW_TRACKING_URI, else SQLite in the state folder)",
+    )
+
+
+def _add_lock_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--lock",
+        help="where the registry lock lives: a folder, or https://<account>.blob.core.windows.net/<container>"
+        f"[/<prefix>] for a blob lease (default: <state folder>/{LOCKS_FOLDER})",
+    )
+    parser.add_argument(
+        "--lock-wait", type=float, default=600.0, metavar="SECONDS", help="how long to wait for the lock"
+    )
+
+
+def _add_policy_options(parser: argparse.ArgumentParser) -> None:
+    policy = parser.add_argument_group("gate policy")
+    policy.add_argument(
+        "--primary-metric", metavar="METRIC", help=f"accuracy, macro_f1 or loss ({_GATE_DEFAULT})"
+    )
+    policy.add_argument(
+        "--min-improvement",
+        type=float,
+        metavar="NUMBER",
+        help=f"how much the primary metric must beat the champion's by, absolute ({_GATE_DEFAULT})",
+    )
+    policy.add_argument(
+        "--floors",
+        metavar="METRIC=NUMBER,...",
+        help=f"bounds for every candidate, or 'none' ({_GATE_DEFAULT})",
+    )
+    policy.add_argument(
+        "--max-regression",
+        metavar="METRIC=NUMBER,...",
+        help="how much worse than the champion a metric may get; 'recall_*' covers every class "
+        f"({_GATE_DEFAULT})",
+    )
+    policy.add_argument(
+        "--first-model-floors",
+        metavar="METRIC=NUMBER,...",
+        help=f"what the first model must meet ({_GATE_DEFAULT})",
+    )
+    policy.add_argument(
+        "--bootstrap-unloadable-champion",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="true|false",
+        help="let a candidate meeting the first-model floors replace a champion that cannot be loaded",
+    )
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    evaluate = commands.add_parser(
+        "evaluate", help="score a candidate and the champion on the same test split"
+    )
+    evaluate.add_argument("--model", type=Path, required=True, help="a training's output folder")
+    evaluate.add_argument("--data", type=Path, required=True, help="the prepared data version it trained on")
+    evaluate.add_argument("--out", type=Path, required=True, help="folder for evaluation.json")
+    _add_registry_options(evaluate, model_name_required=True)
+    evaluate.set_defaults(handler=_evaluate)
+
+    register = commands.add_parser("register", help="gate an evaluated candidate; register it if it passes")
+    register.add_argument("--model", type=Path, required=True, help="a training's output folder")
+    register.add_argument("--evaluation", type=Path, required=True, help="the evaluate step's output folder")
+    register.add_argument("--data", type=Path, required=True, help="the prepared data version it trained on")
+    register.add_argument("--trigger", default="manual", help="'manual' or KEY=VALUE,... (kind, event_id)")
+    register.add_argument("--raw-data-version", required=True, help="the pinned raw data version (rd-...)")
+    register.add_argument("--environment-version", required=True, help="the training environment's version")
+    register.add_argument("--out", type=Path, required=True, help="folder for registration.json")
+    register.add_argument("--mlflow-experiment", default="retrain", help="experiment of the registering run")
+    _add_registry_options(register, model_name_required=True)
+    _add_lock_options(register)
+    _add_policy_options(register)
+    register.set_defaults(handler=_register)
+
+    models = commands.add_parser("models", help="registered versions with aliases, metrics and lineage")
+    models.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_registry_options(models, model_name_required=False)
+    models.set_defaults(handler=_models)
+
+    lineage = commands.add_parser(
+        "lineage", help="from a model version back to its trigger and data manifest"
+    )
+    lineage.add_argument("version", help="the version number (e.g. 3)")
+    lineage.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_registry_options(lineage, model_name_required=False)
+    lineage.set_defaults(handler=_lineage)
+
+    rollback_command = commands.add_parser("rollback", help="move 'champion' back to the 'previous' version")
+    rollback_command.add_argument(
+        "--reason", required=True, help="why; recorded on the version rolled back from"
+    )
+    _add_registry_options(rollback_command, model_name_required=False)
+    _add_lock_options(rollback_command)
+    rollback_command.set_defaults(handler=_rollback)

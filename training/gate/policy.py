@@ -1,0 +1,303 @@
+"""The registration gate: (candidate scores, champion scores, policy) -> a decision with its reasons. Pure.
+
+It fails closed. A missing or non-finite metric, scores computed on different data versions, or a champion
+that cannot be loaded are rejections with a reason, never a pass by default. The only way past an
+unloadable champion is a configured bootstrap, which then holds the candidate to the first-model floors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from training.errors import InputError
+
+if TYPE_CHECKING:
+    from training.tasks.base import MetricSet
+
+from training.gate.metrics import PRIMARY_CANDIDATES, RECALL_PREFIX, higher_is_better, non_finite
+
+ALL_RECALLS = f"{RECALL_PREFIX}*"  # in max_regression: every per-class recall
+
+
+def parse_bounds(text: str, option: str) -> dict[str, float]:
+    """`accuracy=0.9,loss=0.3` -> {'accuracy': 0.9, 'loss': 0.3}; '' or 'none' -> {}."""
+    if text.strip().lower() in ("", "none"):
+        return {}
+    bounds: dict[str, float] = {}
+    for part in text.split(","):
+        name, separator, value = part.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not separator or not name.strip() or not math.isfinite(number):
+            raise InputError(
+                f"{option} {text!r}: expected METRIC=NUMBER[,METRIC=NUMBER...], e.g. accuracy=0.9"
+            )
+        bounds[name.strip()] = number
+    return bounds
+
+
+def _format_bounds(bounds: Mapping[str, float]) -> str:
+    return ",".join(f"{name}={value:g}" for name, value in bounds.items()) or "none"
+
+
+@dataclass(frozen=True)
+class GatePolicy:
+    """What a candidate must show to enter the registry.
+
+    - `primary_metric` must beat the champion's by at least `min_improvement` (absolute);
+    - `floors` bound every candidate (a minimum, or for loss a maximum);
+    - `max_regression` bounds how much worse than the champion any secondary metric may get
+      (`recall_*` covers every per-class recall);
+    - `first_model_floors` is what the first model must meet when there is no champion;
+    - `bootstrap_unloadable_champion` lets a candidate replace a champion that cannot be loaded, held to
+      the first-model floors. Off by default: an unreadable champion blocks registration until fixed.
+    """
+
+    primary_metric: str = "macro_f1"
+    min_improvement: float = 0.002
+    floors: Mapping[str, float] = field(default_factory=lambda: {"accuracy": 0.8})
+    max_regression: Mapping[str, float] = field(default_factory=lambda: {"accuracy": 0.01, ALL_RECALLS: 0.1})
+    first_model_floors: Mapping[str, float] = field(
+        default_factory=lambda: {"accuracy": 0.9, "macro_f1": 0.9}
+    )
+    bootstrap_unloadable_champion: bool = False
+
+    def __post_init__(self) -> None:
+        if self.primary_metric not in PRIMARY_CANDIDATES:
+            raise InputError(
+                f"--primary-metric {self.primary_metric!r}: expected one of {', '.join(PRIMARY_CANDIDATES)}"
+            )
+        if not math.isfinite(self.min_improvement) or self.min_improvement < 0:
+            raise InputError(f"--min-improvement {self.min_improvement}: expected a number >= 0")
+        negative = sorted(name for name, value in self.max_regression.items() if value < 0)
+        if negative:
+            raise InputError(f"--max-regression {negative}: expected allowances >= 0 (how much worse may be)")
+        for name in ("floors", "max_regression", "first_model_floors"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+
+    @classmethod
+    def from_options(
+        cls,
+        primary_metric: str,
+        min_improvement: float,
+        floors: str,
+        max_regression: str,
+        first_model_floors: str,
+        bootstrap_unloadable_champion: bool = False,
+    ) -> GatePolicy:
+        return cls(
+            primary_metric=primary_metric,
+            min_improvement=min_improvement,
+            floors=parse_bounds(floors, "--floors"),
+            max_regression=parse_bounds(max_regression, "--max-regression"),
+            first_model_floors=parse_bounds(first_model_floors, "--first-model-floors"),
+            bootstrap_unloadable_champion=bootstrap_unloadable_champion,
+        )
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "primary_metric": self.primary_metric,
+            "min_improvement": f"{self.min_improvement:g}",
+            "floors": _format_bounds(self.floors),
+            "max_regression": _format_bounds(self.max_regression),
+            "first_model_floors": _format_bounds(self.first_model_floors),
+            "bootstrap_unloadable_champion": str(self.bootstrap_unloadable_champion).lower(),
+        }
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A model's scores, and exactly what they were computed on."""
+
+    metrics: Mapping[str, float]
+    data_version: str
+    weights_sha256: str
+
+
+NO_CHAMPION, LOADED, UNLOADABLE = "none", "loaded", "unloadable"
+
+
+@dataclass(frozen=True)
+class Champion:
+    state: str
+    version: str | None = None
+    scored: Scored | None = None
+    error: str | None = None
+
+    @classmethod
+    def none(cls) -> Champion:
+        return cls(NO_CHAMPION)
+
+    @classmethod
+    def loaded(cls, version: str, scored: Scored) -> Champion:
+        return cls(LOADED, version, scored)
+
+    @classmethod
+    def unloadable(cls, version: str, error: str) -> Champion:
+        return cls(UNLOADABLE, version, error=error)
+
+
+@dataclass(frozen=True)
+class Decision:
+    accepted: bool
+    reasons: tuple[str, ...]
+    primary_metric: str
+    candidate_value: float | None
+    champion_value: float | None
+    champion_version: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "reasons": list(self.reasons)}
+
+    @property
+    def summary(self) -> str:
+        return ("accepted: " if self.accepted else "rejected: ") + "; ".join(self.reasons)
+
+
+def _worse_by(metric: str, candidate: float, champion: float) -> float:
+    """How much worse the candidate is (positive) or better (negative)."""
+    return champion - candidate if higher_is_better(metric) else candidate - champion
+
+
+def _bound_violations(metrics: Mapping[str, float], bounds: Mapping[str, float], label: str) -> list[str]:
+    reasons = []
+    for metric, bound in bounds.items():
+        value = metrics[metric]
+        if higher_is_better(metric) and value < bound:
+            reasons.append(f"{metric} {value:.4f} is below the {label} {bound:g}")
+        elif not higher_is_better(metric) and value > bound:
+            reasons.append(f"{metric} {value:.4f} is above the {label} {bound:g}")
+    return reasons
+
+
+def _required_metrics(policy: GatePolicy, against_champion: bool) -> set[str]:
+    names = {policy.primary_metric, *policy.floors, *policy.first_model_floors}
+    if against_champion:
+        names |= {name for name in policy.max_regression if name != ALL_RECALLS}
+    return names
+
+
+def _unusable(metrics: Mapping[str, float], required: set[str], whose: str) -> list[str]:
+    missing = sorted(required - set(metrics))
+    bad = non_finite({name: metrics[name] for name in required & set(metrics)})
+    reasons = [f"{whose} has no {name}" for name in missing]
+    return reasons + [f"{whose}'s {name} is not a finite number" for name in bad]
+
+
+def _regressions(
+    candidate: Mapping[str, float], champion: Mapping[str, float], policy: GatePolicy
+) -> list[str]:
+    allowances = {name: value for name, value in policy.max_regression.items() if name != ALL_RECALLS}
+    if ALL_RECALLS in policy.max_regression:
+        for name in champion:
+            if name.startswith(RECALL_PREFIX):
+                allowances.setdefault(name, policy.max_regression[ALL_RECALLS])
+    reasons = []
+    for metric, allowed in sorted(allowances.items()):
+        if metric == policy.primary_metric:
+            continue
+        if metric not in candidate or not math.isfinite(candidate[metric]):
+            reasons.append(f"candidate has no usable {metric} to compare with the champion's")
+            continue
+        worse = _worse_by(metric, candidate[metric], champion[metric])
+        if worse > allowed:
+            reasons.append(
+                f"{metric} regresses by {worse:.4f} against the champion; at most {allowed:g} allowed"
+            )
+    return reasons
+
+
+def _against_champion(
+    candidate: Scored, theirs: Scored, version: str | None, policy: GatePolicy
+) -> list[str]:
+    if theirs.data_version != candidate.data_version:
+        return [
+            f"champion v{version} was scored on {theirs.data_version}, the candidate on "
+            f"{candidate.data_version}; scores on different data are not comparable"
+        ]
+    unusable = _unusable(theirs.metrics, {policy.primary_metric}, f"champion v{version}")
+    if unusable:
+        return unusable
+    metric = policy.primary_metric
+    # How much worse the champion is than the candidate; for a tie +0.0, where negating would print -0.0.
+    improvement = _worse_by(metric, theirs.metrics[metric], candidate.metrics[metric])
+    reasons = []
+    if improvement <= 0 or improvement < policy.min_improvement:
+        reasons.append(
+            f"{metric} {candidate.metrics[metric]:.4f} does not beat champion v{version}'s "
+            f"{theirs.metrics[metric]:.4f} by the margin {policy.min_improvement:g} "
+            f"(improvement {improvement:+.4f})"
+        )
+    return reasons + _regressions(candidate.metrics, theirs.metrics, policy)
+
+
+def _rejections(candidate: Scored, champion: Champion, policy: GatePolicy) -> list[str]:
+    unusable = _unusable(candidate.metrics, _required_metrics(policy, champion.state == LOADED), "candidate")
+    if unusable:
+        return unusable
+    reasons = _bound_violations(candidate.metrics, policy.floors, "floor")
+    if champion.state == LOADED and champion.scored is not None:
+        return reasons + _against_champion(candidate, champion.scored, champion.version, policy)
+    if champion.state == UNLOADABLE and not policy.bootstrap_unloadable_champion:
+        return [
+            *reasons,
+            f"champion v{champion.version} cannot be loaded ({champion.error}); fix it, or allow a bootstrap",
+        ]
+    return reasons + _bound_violations(candidate.metrics, policy.first_model_floors, "first-model floor")
+
+
+def _acceptance_reasons(candidate: Scored, champion: Champion, policy: GatePolicy) -> list[str]:
+    metric = policy.primary_metric
+    if champion.state == LOADED and champion.scored is not None:
+        return [
+            f"{metric} {candidate.metrics[metric]:.4f} beats champion v{champion.version}'s "
+            f"{champion.scored.metrics[metric]:.4f} by at least {policy.min_improvement:g} "
+            f"on {candidate.data_version}"
+        ]
+    if champion.state == UNLOADABLE:
+        return [f"bootstrap over unloadable champion v{champion.version}; first-model floors met"]
+    return ["no champion yet; first-model floors met"]
+
+
+def decide(candidate: Scored, champion: Champion, policy: GatePolicy) -> Decision:
+    reasons = _rejections(candidate, champion, policy)
+    accepted = not reasons
+    if accepted:
+        reasons = _acceptance_reasons(candidate, champion, policy)
+    metric = policy.primary_metric
+    theirs = champion.scored.metrics if champion.scored is not None else {}
+    return Decision(
+        accepted=accepted,
+        reasons=tuple(reasons),
+        primary_metric=metric,
+        candidate_value=candidate.metrics.get(metric),
+        champion_value=theirs.get(metric),
+        champion_version=champion.version,
+    )
+
+
+def validate_policy_metrics(policy: GatePolicy, metrics: MetricSet, where: str = "the gate policy") -> None:
+    """Refuse a policy that names a metric the task does not report, before any step runs: otherwise the
+    gate would reject every candidate after a whole training, for a typo."""
+    named = [
+        ("primary_metric", policy.primary_metric),
+        *(("floors", name) for name in policy.floors),
+        *(("max_regression", name) for name in policy.max_regression),
+        *(("first_model_floors", name) for name in policy.first_model_floors),
+    ]
+    for field_name, metric in named:
+        if metrics.find(metric) is None:
+            raise InputError(
+                f"{where}: {field_name} names metric {metric!r}, which the task does not report; "
+                f"expected one of {metrics.describe()}"
+            )
+    if metrics.find(policy.primary_metric).is_family:
+        raise InputError(
+            f"{where}: primary_metric {policy.primary_metric!r} is a family of metrics; name one metric"
+        )

@@ -1,0 +1,1 @@
+"""Planning maths: spot against dedicated cost, the checkpoint interval, and scaling efficiency."""

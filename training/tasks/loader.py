@@ -1,0 +1,184 @@
+"""Find a task by reference: a built-in name, `path/to/file.py:Attr` or `package.module:Attr`.
+
+`Attr` may be a `Task` instance (then it takes no options), or a class or factory that the task's options
+are passed to as keyword arguments. Whatever goes wrong (no such file, an import error inside the user's
+module, a missing attribute, a part of the contract missing) is one `InputError` line that names the task
+reference and what is missing, raised before any data is read or any process started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.errors import InputError, RetrainError
+from training.tasks.base import Task, missing_parts
+
+BUILTIN_TASKS: dict[str, str] = {
+    "tabular": "training.tasks.tabular.task:TabularTask",
+    "image": "training.tasks.image.task:ImageTask",
+}
+TASK_FORMS = "a built-in (tabular, image), path/to/file.py:Attr or package.module:Attr"
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """A parsed `--task` value. `path` is set for a task file, `module` for an importable module."""
+
+    text: str
+    module: str | None
+    path: Path | None
+    attribute: str
+
+    @property
+    def is_file(self) -> bool:
+        return self.path is not None
+
+
+def parse_task_ref(text: str, cwd: Path | None = None) -> TaskRef:
+    """`tabular` | `file.py:Attr` | `pkg.mod:Attr`, checked for form only (nothing is imported)."""
+    text = (text or "").strip()
+    if text in BUILTIN_TASKS:
+        module, _, attribute = BUILTIN_TASKS[text].partition(":")
+        return TaskRef(text, module, None, attribute)
+    location, colon, attribute = text.rpartition(":")
+    if not colon or not location or not attribute.isidentifier():
+        raise InputError(f"--task {text!r}: expected {TASK_FORMS}")
+    if location.endswith(".py"):
+        path = Path(location)
+        if not path.is_absolute():
+            path = (cwd or Path.cwd()) / path
+        return TaskRef(text, None, path.resolve(), attribute)
+    if not all(part.isidentifier() for part in location.split(".")):
+        raise InputError(
+            f"--task {text!r}: {location!r} is neither a .py file nor a module name; expected {TASK_FORMS}"
+        )
+    return TaskRef(text, location, None, attribute)
+
+
+def task_file_sha256(ref: TaskRef) -> str | None:
+    """The content hash of a task file (what the local runner's cache key and lineage record)."""
+    if ref.path is None or not ref.path.is_file():
+        return None
+    return hashlib.sha256(ref.path.read_bytes()).hexdigest()
+
+
+def _import_module(ref: TaskRef) -> Any:
+    if ref.path is not None:
+        if not ref.path.is_file():
+            raise InputError(f"--task {ref.text!r}: no file {ref.path}; expected {TASK_FORMS}")
+        name = "retrain_user_task_" + hashlib.sha256(str(ref.path).encode()).hexdigest()[:12]
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, ref.path)
+        if spec is None or spec.loader is None:
+            raise InputError(f"--task {ref.text!r}: {ref.path} cannot be imported as Python")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and pickling look the module up by name
+        try:
+            spec.loader.exec_module(module)
+        except Exception as error:
+            del sys.modules[name]
+            raise InputError(
+                f"--task {ref.text!r}: importing {ref.path} failed: {_one_line(error)}"
+            ) from error
+        return module
+    try:
+        return importlib.import_module(str(ref.module))
+    except ModuleNotFoundError as error:
+        raise InputError(f"--task {ref.text!r}: no module {error.name!r}; expected {TASK_FORMS}") from error
+    except Exception as error:
+        raise InputError(f"--task {ref.text!r}: importing {ref.module} failed: {_one_line(error)}") from error
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")[:300]
+
+
+def _instantiate(ref: TaskRef, target: Any, options: Mapping[str, Any]) -> Any:
+    if not (inspect.isclass(target) or inspect.isfunction(target)):
+        if options:
+            raise InputError(
+                f"--task {ref.text!r}: {ref.attribute} is a task instance, which takes no options; "
+                f"remove {sorted(options)} or point --task at its class"
+            )
+        return target
+    factory: Callable[..., Any] = target
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
+        unknown = sorted(set(options) - set(signature.parameters)) if not accepts_any else []
+        if unknown:
+            known = [name for name in signature.parameters if name != "self"]
+            raise InputError(
+                f"--task {ref.text!r}: unknown option(s) {unknown}; this task takes {known or 'none'}"
+            )
+    try:
+        return factory(**options)
+    except RetrainError as error:
+        raise InputError(f"--task {ref.text!r}: {error}") from error
+    except TypeError as error:
+        raise InputError(f"--task {ref.text!r}: cannot build the task ({_one_line(error)})") from error
+
+
+def load_task(text: str, options: Mapping[str, Any] | None = None, cwd: Path | None = None) -> Task:
+    """The task `text` names, built with `options`, checked to have every part of the contract."""
+    ref = parse_task_ref(text, cwd)
+    module = _import_module(ref)
+    if not hasattr(module, ref.attribute):
+        where = ref.path or ref.module
+        raise InputError(f"--task {ref.text!r}: {where} has no attribute {ref.attribute!r}")
+    task = _instantiate(ref, getattr(module, ref.attribute), dict(options or {}))
+    missing = missing_parts(task)
+    if missing:
+        raise InputError(
+            f"--task {ref.text!r}: not a complete task, it lacks {', '.join(missing)} "
+            "(see training/tasks/base.py)"
+        )
+    return task
+
+
+def parse_task_options(pairs: list[str] | None) -> dict[str, Any]:
+    """`--task-option KEY=VALUE` (repeatable) -> options; VALUE is JSON when it parses (numbers, lists,
+    booleans), else a plain string."""
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, separator, value = pair.partition("=")
+        if not separator or not key.strip().isidentifier():
+            raise InputError(f"--task-option {pair!r}: expected KEY=VALUE, e.g. label_column=species")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return options
+
+
+def options_argument(options: Mapping[str, Any]) -> str:
+    """Options as one JSON object, for a pipeline input or a command line."""
+    return json.dumps(dict(options), sort_keys=True, separators=(",", ":"))
+
+
+def options_from_json(text: str | None, what: str = "--task-options") -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except ValueError as error:
+        raise InputError(
+            f'{what} {text!r}: not JSON ({error}); expected an object such as {{"hidden_width": 128}}'
+        ) from None
+    if not isinstance(options, dict):
+        raise InputError(f'{what} {text!r}: expected a JSON object such as {{"hidden_width": 128}}')
+    return options

@@ -1,0 +1,1 @@
+"""The built-in tabular task: numeric feature columns and an integer class label from CSV or Parquet."""

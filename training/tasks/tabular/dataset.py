@@ -1,0 +1,99 @@
+"""Load a prepared data version for training: verified against its manifest, as torch tensors."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from training.errors import InputError
+from training.tasks.tabular.schema import (
+    SPLIT_NAMES,
+    Manifest,
+    TableSchema,
+    feature_matrix,
+    read_manifest,
+    read_split_table,
+)
+
+log = logging.getLogger(__name__)
+
+# A feature (near-)constant in the training split (digits' corner pixels are always 0) gets std 1: dividing
+# by a tiny std would blow up any value it takes elsewhere, while 1 leaves it merely centred.
+CONSTANT_STD_BELOW = 1e-6
+
+
+@dataclass(frozen=True)
+class SplitData:
+    """One split: `features` float32 [N, F] in the schema's column order, `labels` int64 [N], row keys."""
+
+    name: str
+    features: torch.Tensor
+    labels: torch.Tensor
+    keys: list[str]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """A prepared data version whose files matched their manifest when loaded."""
+
+    data_dir: Path
+    manifest: Manifest
+    splits: Mapping[str, SplitData]
+
+    @property
+    def data_version(self) -> str:
+        return self.manifest.data_version
+
+    @property
+    def schema(self) -> TableSchema:
+        return self.manifest.schema
+
+    def split(self, name: str) -> SplitData:
+        if name not in self.splits:
+            raise InputError(f"no split named {name!r}; expected one of {', '.join(SPLIT_NAMES)}")
+        return self.splits[name]
+
+    @property
+    def normalization(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Train-split (mean, std) per feature as float32 tensors; std 1 for constant features."""
+        mean = torch.tensor(self.manifest.normalization.mean, dtype=torch.float32)
+        std = torch.tensor(self.manifest.normalization.std, dtype=torch.float32)
+        return mean, torch.where(std < CONSTANT_STD_BELOW, torch.ones_like(std), std)
+
+
+def load_prepared(data_dir: Path) -> PreparedData:
+    """Read the manifest in `data_dir` and every split, checking each file's sha256 against the manifest.
+
+    Raises InputError (saying to re-run prepare) when the manifest is missing or a file differs from it.
+    """
+    data_dir = Path(data_dir)
+    manifest = read_manifest(data_dir)
+    splits = {name: _load_split(data_dir, manifest, name) for name in SPLIT_NAMES}
+    log.info(
+        "loaded data version %s from %s: %s",
+        manifest.data_version,
+        data_dir,
+        ", ".join(f"{name} {len(split)}" for name, split in splits.items()),
+    )
+    return PreparedData(data_dir=data_dir, manifest=manifest, splits=splits)
+
+
+def _load_split(data_dir: Path, manifest: Manifest, name: str) -> SplitData:
+    table = read_split_table(data_dir, manifest, name)
+    schema = manifest.schema
+    features = feature_matrix(table, schema).astype(np.float32)
+    labels = table.column(schema.label_column).to_numpy().astype(np.int64)
+    return SplitData(
+        name=name,
+        features=torch.from_numpy(np.ascontiguousarray(features)),
+        labels=torch.from_numpy(np.ascontiguousarray(labels)),
+        keys=table.column(schema.key_column).to_pylist(),
+    )

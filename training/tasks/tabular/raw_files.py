@@ -1,0 +1,202 @@
+"""Raw batch files: find them, fingerprint them, and read one into a validated table.
+
+A validated table has the schema's columns with fixed types (key string, label int64, features float64)
+plus provenance: `source_file` (the file name) and `source_row` (the 1-based data row in that file).
+Reading is vectorized with pyarrow; only when a value does not convert do we search for the first bad
+row, so that the error can name it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+from training.errors import InputError
+from training.tasks.tabular.schema import SOURCE_FILE_COLUMN, SOURCE_ROW_COLUMN, TableSchema
+
+log = logging.getLogger(__name__)
+
+RAW_SUFFIXES = (".csv", ".parquet")
+_CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
+_MESSAGE_LIMIT = 200
+
+
+@dataclass(frozen=True)
+class RawFingerprint:
+    """What identifies a raw file's content without parsing it."""
+
+    path: Path
+    sha256: str
+    bytes: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+@dataclass(frozen=True)
+class _Problem:
+    row_index: int
+    column_position: int
+    column: str
+    expected: str
+    value: Any
+
+
+def list_raw_files(raw_dir: Path) -> list[Path]:
+    """The raw batch files in `raw_dir`, sorted by name, which is their arrival order.
+
+    Hidden files (a leading '.') are skipped: writers use such names for files still being written.
+    """
+    expected = "a folder of .csv or .parquet raw batch files"
+    if not raw_dir.exists():
+        raise InputError(f"{raw_dir}: the raw data folder does not exist; expected {expected}")
+    if not raw_dir.is_dir():
+        raise InputError(f"{raw_dir}: is not a folder; expected {expected}")
+    candidates = [path for path in raw_dir.iterdir() if path.is_file() and not path.name.startswith(".")]
+    files = sorted((path for path in candidates if path.suffix.lower() in RAW_SUFFIXES), key=lambda p: p.name)
+    ignored = sorted(path.name for path in candidates if path.suffix.lower() not in RAW_SUFFIXES)
+    if ignored:
+        log.info("ignoring %d files in %s that are not .csv or .parquet: %s", len(ignored), raw_dir, ignored)
+    if not files:
+        raise InputError(f"{raw_dir}: holds no raw files; expected {expected} (e.g. batch-0001.csv)")
+    return files
+
+
+def fingerprint(path: Path) -> RawFingerprint:
+    with path.open("rb") as stream:
+        digest = hashlib.file_digest(stream, "sha256")
+    return RawFingerprint(path=path, sha256=digest.hexdigest(), bytes=path.stat().st_size)
+
+
+def read_raw_file(path: Path, schema: TableSchema) -> pa.Table:
+    """Read and validate one raw batch file; any problem raises an InputError naming file, row, column."""
+    if path.stat().st_size == 0:
+        raise InputError(
+            f"{path}: the file is empty (0 bytes); expected a header row with {schema.describe_columns()}"
+        )
+    table = _parse(path, schema)
+    _check_columns(path, table.column_names, schema)
+    return _validated(path, table, schema)
+
+
+def _parse(path: Path, schema: TableSchema) -> pa.Table:
+    try:
+        if path.suffix.lower() == ".parquet":
+            return pq.read_table(path)
+        # Read every expected column as text; converting afterwards lets a failure be traced to its row.
+        text_columns = {name: pa.string() for name in schema.columns}
+        return pa_csv.read_csv(path, convert_options=pa_csv.ConvertOptions(column_types=text_columns))
+    except (*_CONVERSION_ERRORS, OSError) as error:
+        kind = "Parquet" if path.suffix.lower() == ".parquet" else "CSV"
+        reason = str(error).splitlines()[0][:_MESSAGE_LIMIT] if str(error) else type(error).__name__
+        raise InputError(f"{path}: not a readable {kind} file ({reason}); expected a {kind} table") from error
+
+
+def _check_columns(path: Path, names: list[str], schema: TableSchema) -> None:
+    expected = f"expected the columns {schema.describe_columns()}"
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    missing = [name for name in schema.columns if name not in names]
+    unexpected = [name for name in names if name not in schema.columns]
+    for problem, found in (("repeated", repeated), ("missing", missing), ("unexpected", unexpected)):
+        if found:
+            label = "column" if len(found) == 1 else "columns"
+            shown = ", ".join(repr(name) for name in found[:5]) + (
+                f" and {len(found) - 5} more" if len(found) > 5 else ""
+            )
+            raise InputError(f"{path}: {problem} {label} {shown}; {expected}")
+
+
+def _validated(path: Path, table: pa.Table, schema: TableSchema) -> pa.Table:
+    positions = {name: position for position, name in enumerate(table.column_names)}
+    converted: dict[str, pa.ChunkedArray] = {}
+    problems: list[_Problem] = []
+    for name in schema.columns:
+        raw = table.column(name)
+        target, expected = _target(name, schema)
+        values, bad_index = _convert(raw, target, must_be_text=name == schema.key_column)
+        if values is not None:
+            converted[name] = values
+            bad_index = _first_invalid(values, name, schema)
+        if bad_index is not None:
+            problems.append(_Problem(bad_index, positions[name], name, expected, raw[bad_index].as_py()))
+    if problems:
+        first = min(problems, key=lambda problem: (problem.row_index, problem.column_position))
+        raise InputError(
+            f"{path}: row {first.row_index + 1}, column {first.column!r}: expected {first.expected}, "
+            f"got {_show(first.value)}"
+        )
+    converted[SOURCE_FILE_COLUMN] = pa.chunked_array([pa.array([path.name] * table.num_rows, pa.string())])
+    converted[SOURCE_ROW_COLUMN] = pa.chunked_array([pa.array(np.arange(1, table.num_rows + 1), pa.int64())])
+    arrow_schema = schema.prepared_arrow_schema()
+    return pa.Table.from_arrays([converted[name] for name in arrow_schema.names], schema=arrow_schema)
+
+
+def _target(name: str, schema: TableSchema) -> tuple[pa.DataType, str]:
+    if name == schema.key_column:
+        return pa.string(), "a non-empty string"
+    if name == schema.label_column:
+        return pa.int64(), f"an integer class in [0, {schema.n_classes})"
+    return pa.float64(), "a finite number"
+
+
+def _convert(
+    column: pa.ChunkedArray, target: pa.DataType, *, must_be_text: bool
+) -> tuple[pa.ChunkedArray | None, int | None]:
+    """`column` cast to `target`, or (None, index of the first value that does not convert)."""
+    if must_be_text and not _is_text(column.type) and len(column) > 0:
+        return None, 0
+    try:
+        return pc.cast(column, target), None
+    except _CONVERSION_ERRORS:
+        return None, _first_unconvertible(column, target)
+
+
+def _is_text(data_type: pa.DataType) -> bool:
+    if pa.types.is_dictionary(data_type):
+        data_type = data_type.value_type
+    return pa.types.is_string(data_type) or pa.types.is_large_string(data_type)
+
+
+def _first_unconvertible(column: pa.ChunkedArray, target: pa.DataType) -> int:
+    """Bisect on prefixes: the cast kernel itself decides, so the slow path agrees with the fast one."""
+    low, high = 0, len(column)  # the prefix of length `high` fails to convert, `low` converts
+    while high - low > 1:
+        middle = (low + high) // 2
+        try:
+            pc.cast(column.slice(0, middle), target)
+            low = middle
+        except _CONVERSION_ERRORS:
+            high = middle
+    return high - 1 if high > 0 else 0
+
+
+def _first_invalid(values: pa.ChunkedArray, name: str, schema: TableSchema) -> int | None:
+    """Index of the first converted value that is null or outside the column's allowed values."""
+    bad = values.is_null().to_numpy(zero_copy_only=False)
+    if name == schema.key_column:
+        blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(values)), 0)
+        bad |= blank.fill_null(False).to_numpy(zero_copy_only=False)
+    elif name == schema.label_column:
+        labels = values.fill_null(0).to_numpy()
+        bad |= (labels < 0) | (labels >= schema.n_classes)
+    else:
+        bad |= ~np.isfinite(values.fill_null(0.0).to_numpy())
+    indices = np.flatnonzero(bad)
+    return int(indices[0]) if indices.size else None
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "an empty value"
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
