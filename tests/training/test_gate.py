@@ -7,7 +7,17 @@ import math
 import pytest
 
 from training.errors import InputError
-from training.gate.policy import Champion, GatePolicy, Scored, decide, parse_bounds
+from training.gate import policy as gate
+from training.gate.policy import (
+    Champion,
+    GatePolicy,
+    Scored,
+    parse_bounds,
+    policy_for_task,
+    task_defaults,
+    validate_policy_metrics,
+)
+from training.tasks.base import Metric, MetricSet
 
 DATA = "dv-0123456789abcdef"
 GOOD = {"accuracy": 0.95, "macro_f1": 0.94, "loss": 0.2, "recall_0": 0.96, "recall_1": 0.92}
@@ -26,6 +36,19 @@ def without(metric: str) -> Scored:
 
 
 POLICY = GatePolicy()
+CLASSIFIER = MetricSet(
+    (
+        Metric("accuracy", "higher"),
+        Metric("macro_f1", "higher"),
+        Metric("loss", "lower"),
+        Metric("recall_*", "higher"),
+    )
+)
+REGRESSION = MetricSet((Metric("mse", "lower"), Metric("r2", "higher")))
+
+
+def decide(candidate: Scored, current: Champion, policy: GatePolicy, metrics: MetricSet = CLASSIFIER):
+    return gate.decide(candidate, current, policy, metrics)
 
 
 def test_a_candidate_that_beats_the_champion_by_the_margin_is_accepted_with_the_reason():
@@ -214,7 +237,8 @@ def test_malformed_bounds_are_refused_in_one_line_naming_the_option(text: str, o
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"primary_metric": "f1"}, "--primary-metric 'f1': expected one of accuracy, macro_f1, loss"),
+        ({"primary_metric": ""}, "--primary-metric '': expected the name of one of the task's metrics"),
+        ({"primary_metric": "recall_*"}, "--primary-metric 'recall_*': a family of metrics; name one"),
         ({"min_improvement": -0.1}, "--min-improvement -0.1: expected a number >= 0"),
         ({"min_improvement": math.nan}, "--min-improvement nan: expected a number >= 0"),
         ({"max_regression": {"accuracy": -0.01}}, "--max-regression ['accuracy']: expected allowances >= 0"),
@@ -230,3 +254,80 @@ def test_the_policy_cannot_be_changed_after_construction():
     policy = GatePolicy()
     with pytest.raises(TypeError):
         policy.floors["accuracy"] = 0.0  # type: ignore[index]
+
+
+# -- directions and defaults from the task ---------------------------------------------------------------
+
+
+def regression(version: str | None = None, **metrics: float) -> Scored | Champion:
+    scores = Scored(metrics, DATA, "r" * 64)
+    return scores if version is None else Champion.loaded(version, scores)
+
+
+def test_a_lower_is_better_metric_from_the_task_must_go_down_to_win():
+    policy = policy_for_task(REGRESSION, "mse")
+    assert decide(
+        regression(mse=0.10, r2=0.5), regression("1", mse=0.20, r2=0.4), policy, REGRESSION
+    ).accepted
+    refused = decide(regression(mse=0.30, r2=0.6), regression("1", mse=0.20, r2=0.4), policy, REGRESSION)
+    assert not refused.accepted
+    assert refused.reasons == (
+        "mse 0.3000 does not beat champion v1's 0.2000 by the margin 0.002 (improvement -0.1000)",
+    )
+
+
+def test_a_floor_on_a_lower_is_better_metric_is_a_maximum():
+    policy = policy_for_task(REGRESSION, "mse", first_model_floors="mse=0.5,r2=0.3")
+    refused = decide(regression(mse=0.7, r2=0.2), Champion.none(), policy, REGRESSION)
+    assert refused.reasons == (
+        "mse 0.7000 is above the first-model floor 0.5",
+        "r2 0.2000 is below the first-model floor 0.3",
+    )
+    assert decide(regression(mse=0.4, r2=0.35), Champion.none(), policy, REGRESSION).accepted
+
+
+def test_a_task_gets_its_primary_metric_and_only_the_classifier_bounds_on_metrics_it_reports():
+    assert task_defaults(REGRESSION, "mse") == GatePolicy(
+        primary_metric="mse", floors={}, max_regression={}, first_model_floors={}
+    )
+    assert task_defaults(CLASSIFIER, "macro_f1") == GatePolicy()
+    accuracy_only = MetricSet((Metric("accuracy", "higher"), Metric("loss", "lower")))
+    assert task_defaults(accuracy_only, "accuracy") == GatePolicy(
+        primary_metric="accuracy",
+        max_regression={"accuracy": 0.01},
+        first_model_floors={"accuracy": 0.9},
+    )
+
+
+def test_given_values_override_the_task_defaults_and_default_keeps_them():
+    policy = policy_for_task(
+        CLASSIFIER, "macro_f1", primary_metric="default", floors="default", max_regression="none"
+    )
+    assert policy == GatePolicy(max_regression={})
+    configured = policy_for_task(
+        REGRESSION, "mse", primary_metric="r2", min_improvement=0.0, floors={"mse": 1}
+    )
+    assert (configured.primary_metric, configured.min_improvement, dict(configured.floors)) == (
+        "r2",
+        0.0,
+        {"mse": 1},
+    )
+
+
+def test_a_policy_naming_a_metric_the_task_does_not_report_is_refused_naming_it():
+    with pytest.raises(InputError) as raised:
+        policy_for_task(REGRESSION, "mse", floors="accuracy=0.9", where="models/house.toml [gate]")
+    assert str(raised.value).startswith(
+        "models/house.toml [gate]: floors names metric 'accuracy', which the task does not report; "
+        "expected one of mse (lower is better), r2 (higher is better)"
+    )
+    with pytest.raises(InputError, match="primary_metric names metric 'macro_f1'"):
+        validate_policy_metrics(GatePolicy(), REGRESSION)
+
+
+def test_a_family_floor_bounds_every_member_and_a_named_member_wins():
+    policy = GatePolicy(floors={"recall_*": 0.9, "recall_1": 0.5}, first_model_floors={})
+    refused = decide(scored(recall_0=0.85, recall_1=0.6), Champion.none(), policy)
+    assert refused.reasons == ("recall_0 0.8500 is below the floor 0.9",)
+    nan = decide(scored(recall_0=math.nan), Champion.none(), policy)
+    assert nan.reasons == ("recall_0 is not a finite number, so it cannot meet the floor 0.9",)

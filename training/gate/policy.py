@@ -16,11 +16,20 @@ from typing import TYPE_CHECKING, Any
 from training.errors import InputError
 
 if TYPE_CHECKING:
-    from training.tasks.base import MetricSet
+    from training.tasks.base import MetricSet, Task
 
-from training.gate.metrics import PRIMARY_CANDIDATES, RECALL_PREFIX, higher_is_better, non_finite
+ALL_RECALLS = "recall_*"  # in max_regression: every per-class recall
+DEFAULT = "default"  # an option's value meaning: the task's default
+FAMILY = "*"  # a bound whose name ends in it covers every metric with that prefix (`recall_*`)
 
-ALL_RECALLS = f"{RECALL_PREFIX}*"  # in max_regression: every per-class recall
+
+def non_finite(metrics: Mapping[str, Any]) -> list[str]:
+    """Names of metrics whose value is NaN, infinite or not a number at all."""
+    bad = []
+    for name, value in metrics.items():
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            bad.append(name)
+    return sorted(bad)
 
 
 def parse_bounds(text: str, option: str) -> dict[str, float]:
@@ -48,15 +57,19 @@ def _format_bounds(bounds: Mapping[str, float]) -> str:
 
 @dataclass(frozen=True)
 class GatePolicy:
-    """What a candidate must show to enter the registry.
+    """What a candidate must show to enter the registry. Directions come from the task's metrics.
 
     - `primary_metric` must beat the champion's by at least `min_improvement` (absolute);
-    - `floors` bound every candidate (a minimum, or for loss a maximum);
+    - `floors` bound every candidate (a minimum, or for a lower-is-better metric such as loss a maximum);
     - `max_regression` bounds how much worse than the champion any secondary metric may get
-      (`recall_*` covers every per-class recall);
+      (a name ending in `*` covers a family: `recall_*` is every per-class recall);
     - `first_model_floors` is what the first model must meet when there is no champion;
     - `bootstrap_unloadable_champion` lets a candidate replace a champion that cannot be loaded, held to
       the first-model floors. Off by default: an unreadable champion blocks registration until fixed.
+
+    The defaults here are a classifier's (accuracy, macro-F1, per-class recall): the built-in tabular and
+    image tasks'. `policy_for_task` keeps only those a task reports, so a regression task gets its own
+    primary metric and no bounds unless they are configured.
     """
 
     primary_metric: str = "macro_f1"
@@ -69,9 +82,13 @@ class GatePolicy:
     bootstrap_unloadable_champion: bool = False
 
     def __post_init__(self) -> None:
-        if self.primary_metric not in PRIMARY_CANDIDATES:
+        if not isinstance(self.primary_metric, str) or not self.primary_metric.strip():
             raise InputError(
-                f"--primary-metric {self.primary_metric!r}: expected one of {', '.join(PRIMARY_CANDIDATES)}"
+                f"--primary-metric {self.primary_metric!r}: expected the name of one of the task's metrics"
+            )
+        if self.primary_metric.endswith(FAMILY):
+            raise InputError(
+                f"--primary-metric {self.primary_metric!r}: a family of metrics; name one metric"
             )
         if not math.isfinite(self.min_improvement) or self.min_improvement < 0:
             raise InputError(f"--min-improvement {self.min_improvement}: expected a number >= 0")
@@ -160,18 +177,34 @@ class Decision:
         return ("accepted: " if self.accepted else "rejected: ") + "; ".join(self.reasons)
 
 
-def _worse_by(metric: str, candidate: float, champion: float) -> float:
-    """How much worse the candidate is (positive) or better (negative)."""
-    return champion - candidate if higher_is_better(metric) else candidate - champion
+def _worse_by(metrics: MetricSet, metric: str, candidate: float, champion: float) -> float:
+    """How much worse the candidate is (positive) or better (negative), in the metric's direction."""
+    return champion - candidate if metrics.higher_is_better(metric) else candidate - champion
 
 
-def _bound_violations(metrics: Mapping[str, float], bounds: Mapping[str, float], label: str) -> list[str]:
+def _expand(bounds: Mapping[str, float], present: Mapping[str, float]) -> dict[str, float]:
+    """Bounds with each family (`recall_*`) replaced by the members `present` has; a named metric wins
+    over its family's bound."""
+    named = {name: value for name, value in bounds.items() if not name.endswith(FAMILY)}
+    for family, value in bounds.items():
+        if family.endswith(FAMILY):
+            for name in present:
+                if name.startswith(family[:-1]):
+                    named.setdefault(name, value)
+    return named
+
+
+def _bound_violations(
+    metrics: MetricSet, scores: Mapping[str, float], bounds: Mapping[str, float], label: str
+) -> list[str]:
     reasons = []
-    for metric, bound in bounds.items():
-        value = metrics[metric]
-        if higher_is_better(metric) and value < bound:
+    for metric, bound in _expand(bounds, scores).items():
+        value = scores[metric]
+        if non_finite({metric: value}):  # a family member; named metrics were checked before
+            reasons.append(f"{metric} is not a finite number, so it cannot meet the {label} {bound:g}")
+        elif metrics.higher_is_better(metric) and value < bound:
             reasons.append(f"{metric} {value:.4f} is below the {label} {bound:g}")
-        elif not higher_is_better(metric) and value > bound:
+        elif not metrics.higher_is_better(metric) and value > bound:
             reasons.append(f"{metric} {value:.4f} is above the {label} {bound:g}")
     return reasons
 
@@ -179,33 +212,30 @@ def _bound_violations(metrics: Mapping[str, float], bounds: Mapping[str, float],
 def _required_metrics(policy: GatePolicy, against_champion: bool) -> set[str]:
     names = {policy.primary_metric, *policy.floors, *policy.first_model_floors}
     if against_champion:
-        names |= {name for name in policy.max_regression if name != ALL_RECALLS}
-    return names
+        names |= set(policy.max_regression)
+    return {name for name in names if not name.endswith(FAMILY)}  # a family has no member it must have
 
 
-def _unusable(metrics: Mapping[str, float], required: set[str], whose: str) -> list[str]:
-    missing = sorted(required - set(metrics))
-    bad = non_finite({name: metrics[name] for name in required & set(metrics)})
+def _unusable(scores: Mapping[str, float], required: set[str], whose: str) -> list[str]:
+    missing = sorted(required - set(scores))
+    bad = non_finite({name: scores[name] for name in required & set(scores)})
     reasons = [f"{whose} has no {name}" for name in missing]
     return reasons + [f"{whose}'s {name} is not a finite number" for name in bad]
 
 
 def _regressions(
-    candidate: Mapping[str, float], champion: Mapping[str, float], policy: GatePolicy
+    metrics: MetricSet, candidate: Mapping[str, float], champion: Mapping[str, float], policy: GatePolicy
 ) -> list[str]:
-    allowances = {name: value for name, value in policy.max_regression.items() if name != ALL_RECALLS}
-    if ALL_RECALLS in policy.max_regression:
-        for name in champion:
-            if name.startswith(RECALL_PREFIX):
-                allowances.setdefault(name, policy.max_regression[ALL_RECALLS])
     reasons = []
-    for metric, allowed in sorted(allowances.items()):
+    for metric, allowed in sorted(_expand(policy.max_regression, champion).items()):
         if metric == policy.primary_metric:
             continue
         if metric not in candidate or not math.isfinite(candidate[metric]):
             reasons.append(f"candidate has no usable {metric} to compare with the champion's")
             continue
-        worse = _worse_by(metric, candidate[metric], champion[metric])
+        if metric not in champion or not math.isfinite(champion[metric]):
+            continue  # nothing to regress from: a champion scored before the metric existed
+        worse = _worse_by(metrics, metric, candidate[metric], champion[metric])
         if worse > allowed:
             reasons.append(
                 f"{metric} regresses by {worse:.4f} against the champion; at most {allowed:g} allowed"
@@ -214,7 +244,7 @@ def _regressions(
 
 
 def _against_champion(
-    candidate: Scored, theirs: Scored, version: str | None, policy: GatePolicy
+    metrics: MetricSet, candidate: Scored, theirs: Scored, version: str | None, policy: GatePolicy
 ) -> list[str]:
     if theirs.data_version != candidate.data_version:
         return [
@@ -226,7 +256,7 @@ def _against_champion(
         return unusable
     metric = policy.primary_metric
     # How much worse the champion is than the candidate; for a tie +0.0, where negating would print -0.0.
-    improvement = _worse_by(metric, theirs.metrics[metric], candidate.metrics[metric])
+    improvement = _worse_by(metrics, metric, theirs.metrics[metric], candidate.metrics[metric])
     reasons = []
     if improvement <= 0 or improvement < policy.min_improvement:
         reasons.append(
@@ -234,22 +264,25 @@ def _against_champion(
             f"{theirs.metrics[metric]:.4f} by the margin {policy.min_improvement:g} "
             f"(improvement {improvement:+.4f})"
         )
-    return reasons + _regressions(candidate.metrics, theirs.metrics, policy)
+    return reasons + _regressions(metrics, candidate.metrics, theirs.metrics, policy)
 
 
-def _rejections(candidate: Scored, champion: Champion, policy: GatePolicy) -> list[str]:
-    unusable = _unusable(candidate.metrics, _required_metrics(policy, champion.state == LOADED), "candidate")
+def _rejections(metrics: MetricSet, candidate: Scored, champion: Champion, policy: GatePolicy) -> list[str]:
+    required = _required_metrics(policy, champion.state == LOADED)
+    unusable = _unusable(candidate.metrics, required, "candidate")
     if unusable:
         return unusable
-    reasons = _bound_violations(candidate.metrics, policy.floors, "floor")
+    reasons = _bound_violations(metrics, candidate.metrics, policy.floors, "floor")
     if champion.state == LOADED and champion.scored is not None:
-        return reasons + _against_champion(candidate, champion.scored, champion.version, policy)
+        return reasons + _against_champion(metrics, candidate, champion.scored, champion.version, policy)
     if champion.state == UNLOADABLE and not policy.bootstrap_unloadable_champion:
         return [
             *reasons,
             f"champion v{champion.version} cannot be loaded ({champion.error}); fix it, or allow a bootstrap",
         ]
-    return reasons + _bound_violations(candidate.metrics, policy.first_model_floors, "first-model floor")
+    return reasons + _bound_violations(
+        metrics, candidate.metrics, policy.first_model_floors, "first-model floor"
+    )
 
 
 def _acceptance_reasons(candidate: Scored, champion: Champion, policy: GatePolicy) -> list[str]:
@@ -265,8 +298,10 @@ def _acceptance_reasons(candidate: Scored, champion: Champion, policy: GatePolic
     return ["no champion yet; first-model floors met"]
 
 
-def decide(candidate: Scored, champion: Champion, policy: GatePolicy) -> Decision:
-    reasons = _rejections(candidate, champion, policy)
+def decide(candidate: Scored, champion: Champion, policy: GatePolicy, metrics: MetricSet) -> Decision:
+    """The gate's decision. `metrics` (the task's) says which way each metric is better; the policy must
+    name only metrics it declares (`validate_policy_metrics`, which `policy_for_task` applies)."""
+    reasons = _rejections(metrics, candidate, champion, policy)
     accepted = not reasons
     if accepted:
         reasons = _acceptance_reasons(candidate, champion, policy)
@@ -297,7 +332,67 @@ def validate_policy_metrics(policy: GatePolicy, metrics: MetricSet, where: str =
                 f"{where}: {field_name} names metric {metric!r}, which the task does not report; "
                 f"expected one of {metrics.describe()}"
             )
-    if metrics.find(policy.primary_metric).is_family:
+    if policy.primary_metric.endswith(FAMILY):
         raise InputError(
             f"{where}: primary_metric {policy.primary_metric!r} is a family of metrics; name one metric"
         )
+
+
+Bounds = str | Mapping[str, float] | None
+
+
+def task_defaults(metrics: MetricSet, default_primary_metric: str) -> GatePolicy:
+    """The policy a task gets when nothing is configured: its own primary metric, and of the classifier
+    defaults (GatePolicy's) only the bounds on metrics it reports. A regression task reporting `mse` gets
+    `mse` as its primary metric and no floors or regression allowances."""
+    classifier = GatePolicy()
+
+    def reported(bounds: Mapping[str, float]) -> dict[str, float]:
+        return {name: value for name, value in bounds.items() if metrics.find(name) is not None}
+
+    return GatePolicy(
+        primary_metric=default_primary_metric,
+        min_improvement=classifier.min_improvement,
+        floors=reported(classifier.floors),
+        max_regression=reported(classifier.max_regression),
+        first_model_floors=reported(classifier.first_model_floors),
+    )
+
+
+def _bounds(given: Bounds, default: Mapping[str, float], option: str) -> Mapping[str, float]:
+    if given is None or (isinstance(given, str) and given.strip().lower() == DEFAULT):
+        return default
+    return parse_bounds(given, option) if isinstance(given, str) else dict(given)
+
+
+def policy_for_task(
+    metrics: MetricSet,
+    default_primary_metric: str,
+    *,
+    primary_metric: str | None = None,
+    min_improvement: float | None = None,
+    floors: Bounds = None,
+    max_regression: Bounds = None,
+    first_model_floors: Bounds = None,
+    bootstrap_unloadable_champion: bool = False,
+    where: str = "the gate policy",
+) -> GatePolicy:
+    """The gate policy for a task: each value given (None or 'default': the task's default), checked
+    against the task's metrics. Bounds are mappings or option text (`accuracy=0.9,loss=0.3`, 'none')."""
+    defaults = task_defaults(metrics, default_primary_metric)
+    primary = primary_metric.strip() if isinstance(primary_metric, str) else primary_metric
+    policy = GatePolicy(
+        primary_metric=defaults.primary_metric if primary in (None, "", DEFAULT) else primary,
+        min_improvement=defaults.min_improvement if min_improvement is None else float(min_improvement),
+        floors=_bounds(floors, defaults.floors, "--floors"),
+        max_regression=_bounds(max_regression, defaults.max_regression, "--max-regression"),
+        first_model_floors=_bounds(first_model_floors, defaults.first_model_floors, "--first-model-floors"),
+        bootstrap_unloadable_champion=bootstrap_unloadable_champion,
+    )
+    validate_policy_metrics(policy, metrics, where)
+    return policy
+
+
+def policy_of(task: Task, **given: Any) -> GatePolicy:
+    """`policy_for_task` with the metrics and default primary metric of `task`."""
+    return policy_for_task(task.metrics, task.default_primary_metric, **given)
