@@ -95,5 +95,5 @@ def _load_split(data_dir: Path, manifest: Manifest, name: str) -> SplitData:
         name=name,
         features=torch.from_numpy(np.ascontiguousarray(features)),
         labels=torch.from_numpy(np.ascontiguousarray(labels)),
-        keys=table.column(schema.key_column).to_pylist(),
+        keys=table.column(schema.key_field).to_pylist(),
     )

@@ -29,11 +29,11 @@ class ModelConfig:
                 f"{self.n_classes} classes; check the prepared data's schema"
             )
         if self.hidden_width < 1:
-            raise InputError(f"--hidden-width {self.hidden_width}: expected a positive integer")
+            raise InputError(f"task option hidden_width {self.hidden_width!r}: expected a positive integer")
         if self.hidden_layers < 1:
-            raise InputError(f"--hidden-layers {self.hidden_layers}: expected a positive integer")
+            raise InputError(f"task option hidden_layers {self.hidden_layers!r}: expected a positive integer")
         if not 0.0 <= self.dropout < 1.0:
-            raise InputError(f"--dropout {self.dropout}: expected a probability in [0, 1)")
+            raise InputError(f"task option dropout {self.dropout!r}: expected a probability in [0, 1)")
 
     def to_dict(self) -> dict[str, int | float]:
         return asdict(self)

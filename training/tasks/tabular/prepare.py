@@ -8,6 +8,7 @@ then are the files written, into a staging folder that is moved into place with 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -23,7 +24,13 @@ import pyarrow.parquet as pq
 from training.data.publish import publish
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
 from training.errors import InputError
-from training.tasks.tabular.raw_files import RawFingerprint, fingerprint, list_raw_files, read_raw_file
+from training.tasks.tabular.raw_files import (
+    RawFingerprint,
+    fingerprint,
+    list_raw_files,
+    read_raw_file,
+    with_features,
+)
 from training.tasks.tabular.schema import (
     DIGITS_SCHEMA,
     MANIFEST_NAME,
@@ -75,12 +82,16 @@ def prepare(
 
     With `previous` (an earlier output), files it already saw unchanged are not re-read: their rows come
     from its prepared splits. The result is identical to a full preparation. If `out` already holds the
-    same data version this is a no-op returning that manifest.
+    same data version this is a no-op returning that manifest. A schema with open parts (feature columns,
+    class count) has them fixed here, from the first raw file's header and the labels, and the manifest
+    records the result.
     """
     raw, out = Path(raw), Path(out)
     split = split or SplitFractions()
     existing = _existing_manifest(out)
-    fingerprints = [fingerprint(path) for path in list_raw_files(raw)]
+    paths = list_raw_files(raw)
+    schema = with_features(schema, paths)
+    fingerprints = [fingerprint(path) for path in paths]
     previous_manifest = read_manifest(Path(previous)) if previous is not None else None
     earlier = (Path(previous), previous_manifest) if previous is not None and previous_manifest else None
     gathered = _gather(fingerprints, schema, earlier)
@@ -90,6 +101,7 @@ def prepare(
             f"of {schema.describe_columns()}"
         )
     deduplicated = deduplicate(gathered.table, schema)
+    schema = with_class_count(schema, deduplicated.table, raw)
     tables = _split_tables(deduplicated.table, schema, split, raw)
     payloads = {
         f"{name}.parquet": _parquet_bytes(table) for name, table in zip(SPLIT_NAMES, tables, strict=True)
@@ -178,7 +190,7 @@ def _why_not_incremental(
     previous: Manifest, fingerprints: Sequence[RawFingerprint], schema: TableSchema
 ) -> str | None:
     """Why the previous version cannot be built on, or None when it can."""
-    if previous.schema != schema:
+    if not schema.accepts(previous.schema):
         return "it was prepared with another table schema"
     current = {item.name: item.sha256 for item in fingerprints}
     for entry in previous.raw_files:
@@ -217,6 +229,19 @@ def _incremental(
     return _Gathered(pa.concat_tables([*reused, *tables]), entries, drops)
 
 
+def with_class_count(schema: TableSchema, table: pa.Table, raw: Path) -> TableSchema:
+    """`schema` with an open class count fixed from the data: the largest label + 1."""
+    if schema.n_classes is not None:
+        return schema
+    largest = pc.max(table.column(schema.label_column)).as_py()
+    if largest is None or largest < 1:
+        raise InputError(
+            f"{raw}: the label column {schema.label_column!r} holds only class {largest}; expected at least "
+            "two classes (or set the task option n_classes)"
+        )
+    return dataclasses.replace(schema, n_classes=int(largest) + 1)
+
+
 def _raw_entry(item: RawFingerprint, rows: int) -> RawFileEntry:
     return RawFileEntry(name=item.name, sha256=item.sha256, rows=rows, bytes=item.bytes)
 
@@ -231,13 +256,13 @@ def deduplicate(table: pa.Table, schema: TableSchema) -> Deduplicated:
     order = pc.sort_indices(
         table,
         sort_keys=[
-            (schema.key_column, "ascending"),
+            (schema.key_field, "ascending"),
             (SOURCE_FILE_COLUMN, "ascending"),
             (SOURCE_ROW_COLUMN, "ascending"),
         ],
     )
     ordered = table.take(order)
-    keys = ordered.column(schema.key_column).to_numpy(zero_copy_only=False)
+    keys = ordered.column(schema.key_field).to_numpy(zero_copy_only=False)
     labels = ordered.column(schema.label_column).to_numpy()
     features = feature_matrix(ordered, schema)
     same_as_next = keys[:-1] == keys[1:]
@@ -251,7 +276,7 @@ def deduplicate(table: pa.Table, schema: TableSchema) -> Deduplicated:
 def _split_tables(
     table: pa.Table, schema: TableSchema, fractions: SplitFractions, raw: Path
 ) -> list[pa.Table]:
-    assignment = assign_splits(table.column(schema.key_column).to_pylist(), fractions)
+    assignment = assign_splits(table.column(schema.key_field).to_pylist(), fractions)
     tables = [table.filter(pa.array(assignment == index)) for index in range(len(SPLIT_NAMES))]
     for name, split_table in zip(SPLIT_NAMES, tables, strict=True):
         if split_table.num_rows == 0:
@@ -269,7 +294,7 @@ def _show_fractions(fractions: SplitFractions) -> str:
 
 def content_sha256(table: pa.Table, schema: TableSchema) -> str:
     """Hash of what a split holds (keys, labels, features in row order), independent of file encoding."""
-    keys = table.column(schema.key_column)
+    keys = table.column(schema.key_field)
     lengths = pc.binary_length(keys).to_numpy(zero_copy_only=False).astype("<i8")
     features = feature_matrix(table, schema)
     digest = hashlib.sha256(_CONTENT_TAG)

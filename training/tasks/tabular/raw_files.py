@@ -8,6 +8,7 @@ row, so that the error can name it.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -21,13 +22,19 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from training.errors import InputError
-from training.tasks.tabular.schema import SOURCE_FILE_COLUMN, SOURCE_ROW_COLUMN, TableSchema
+from training.tasks.tabular.schema import (
+    DERIVED_KEY_COLUMN,
+    SOURCE_FILE_COLUMN,
+    SOURCE_ROW_COLUMN,
+    TableSchema,
+)
 
 log = logging.getLogger(__name__)
 
 RAW_SUFFIXES = (".csv", ".parquet")
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 _MESSAGE_LIMIT = 200
+_DERIVED_KEY_TAG = b"retrain-row/1\n"
 
 
 @dataclass(frozen=True)
@@ -78,8 +85,35 @@ def fingerprint(path: Path) -> RawFingerprint:
     return RawFingerprint(path=path, sha256=digest.hexdigest(), bytes=path.stat().st_size)
 
 
+def header_columns(path: Path) -> list[str]:
+    """The column names of a raw batch file, in file order, without reading its rows."""
+    try:
+        if path.suffix.lower() == ".parquet":
+            return list(pq.read_schema(path).names)
+        with path.open(newline="", encoding="utf-8") as stream:
+            return next(csv.reader(stream), [])
+    except (*_CONVERSION_ERRORS, OSError, UnicodeDecodeError, csv.Error) as error:
+        reason = str(error).splitlines()[0][:_MESSAGE_LIMIT] if str(error) else type(error).__name__
+        raise InputError(
+            f"{path}: cannot read its header ({reason}); expected a CSV or Parquet table"
+        ) from error
+
+
+def with_features(schema: TableSchema, paths: list[Path]) -> TableSchema:
+    """`schema` with open feature columns fixed from the first raw file's header."""
+    if schema.feature_columns is not None or not paths:
+        return schema
+    if paths[0].stat().st_size == 0:
+        raise InputError(
+            f"{paths[0]}: the file is empty (0 bytes); expected a header row with {schema.describe_columns()}"
+        )
+    return schema.with_features_from(header_columns(paths[0]))
+
+
 def read_raw_file(path: Path, schema: TableSchema) -> pa.Table:
-    """Read and validate one raw batch file; any problem raises an InputError naming file, row, column."""
+    """Read and validate one raw batch file; any problem raises an InputError naming file, row, column.
+
+    `schema` must know its feature columns (`with_features`); its class count may still be open."""
     if path.stat().st_size == 0:
         raise InputError(
             f"{path}: the file is empty (0 bytes); expected a header row with {schema.describe_columns()}"
@@ -123,7 +157,10 @@ def _validated(path: Path, table: pa.Table, schema: TableSchema) -> pa.Table:
     for name in schema.columns:
         raw = table.column(name)
         target, expected = _target(name, schema)
-        values, bad_index = _convert(raw, target, must_be_text=name == schema.key_column)
+        if name == schema.label_column and schema.classes:
+            values, bad_index = _class_indices(raw, schema)
+        else:
+            values, bad_index = _convert(raw, target, must_be_text=name == schema.key_column)
         if values is not None:
             converted[name] = values
             bad_index = _first_invalid(values, name, schema)
@@ -135,6 +172,8 @@ def _validated(path: Path, table: pa.Table, schema: TableSchema) -> pa.Table:
             f"{path}: row {first.row_index + 1}, column {first.column!r}: expected {first.expected}, "
             f"got {_show(first.value)}"
         )
+    if not schema.key_column:
+        converted[DERIVED_KEY_COLUMN] = derived_keys(converted, schema)
     converted[SOURCE_FILE_COLUMN] = pa.chunked_array([pa.array([path.name] * table.num_rows, pa.string())])
     converted[SOURCE_ROW_COLUMN] = pa.chunked_array([pa.array(np.arange(1, table.num_rows + 1), pa.int64())])
     arrow_schema = schema.prepared_arrow_schema()
@@ -145,8 +184,43 @@ def _target(name: str, schema: TableSchema) -> tuple[pa.DataType, str]:
     if name == schema.key_column:
         return pa.string(), "a non-empty string"
     if name == schema.label_column:
-        return pa.int64(), f"an integer class in [0, {schema.n_classes})"
+        return pa.int64(), schema.describe_labels()
     return pa.float64(), "a finite number"
+
+
+def derived_keys(converted: dict[str, pa.ChunkedArray], schema: TableSchema) -> pa.ChunkedArray:
+    """Each row's key in a table without a key column: a hash of its label and feature values (as
+    validated numbers, so `1` and `1.0` are the same row), which exact duplicates share."""
+    labels = converted[schema.label_column].to_numpy().astype("<i8")
+    features = np.column_stack(
+        [converted[name].to_numpy().astype("<f8") for name in schema.feature_columns or ()]
+    )
+    features = np.ascontiguousarray(features + 0.0, dtype="<f8")  # -0.0 and 0.0 are one value
+    rows = np.concatenate([labels.reshape(-1, 1).view(np.uint8), features.view(np.uint8)], axis=1)
+    tagged = hashlib.sha256(_DERIVED_KEY_TAG)
+    keys = []
+    for row in rows:
+        digest = tagged.copy()
+        digest.update(row.tobytes())
+        keys.append(digest.hexdigest()[:32])
+    return pa.chunked_array([pa.array(keys, pa.string())])
+
+
+def _class_indices(column: pa.ChunkedArray, schema: TableSchema) -> tuple[pa.ChunkedArray | None, int | None]:
+    """Class names (or indices written as text) -> class indices; (None, first bad row) otherwise."""
+    names = list(schema.classes or ())
+    spellings = names + [str(index) for index in range(len(names)) if str(index) not in names]
+    index_of = np.array([*range(len(names)), *(int(text) for text in spellings[len(names) :])], np.int64)
+    try:
+        text = pc.utf8_trim_whitespace(pc.cast(column, pa.string()))
+    except _CONVERSION_ERRORS:
+        return None, 0
+    positions = pc.index_in(text, value_set=pa.array(spellings, pa.string()))
+    missing = np.flatnonzero(positions.is_null().to_numpy(zero_copy_only=False))
+    if missing.size:
+        return None, int(missing[0])
+    found = positions.to_numpy(zero_copy_only=False).astype(np.int64)
+    return pa.chunked_array([pa.array(index_of[found], pa.int64())]), None
 
 
 def _convert(
@@ -188,7 +262,9 @@ def _first_invalid(values: pa.ChunkedArray, name: str, schema: TableSchema) -> i
         bad |= blank.fill_null(False).to_numpy(zero_copy_only=False)
     elif name == schema.label_column:
         labels = values.fill_null(0).to_numpy()
-        bad |= (labels < 0) | (labels >= schema.n_classes)
+        bad |= labels < 0
+        if schema.n_classes is not None:
+            bad |= labels >= schema.n_classes
     else:
         bad |= ~np.isfinite(values.fill_null(0.0).to_numpy())
     indices = np.flatnonzero(bad)

@@ -1,0 +1,213 @@
+"""The tabular task behind the task contract: its options describe any numeric CSV, not only the digits."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from training.data.splits import SplitFractions
+from training.errors import InputError
+from training.tasks.base import missing_parts
+from training.tasks.loader import load_task
+from training.tasks.tabular.prepare import prepare
+from training.tasks.tabular.schema import DERIVED_KEY_COLUMN, DIGITS_SCHEMA, read_manifest
+from training.tasks.tabular.task import DIGITS_OPTIONS, TabularTask
+
+IRIS_COLUMNS = ["sepal_length", "sepal_width", "petal_length", "petal_width", "species"]
+SPECIES = ["setosa", "versicolor", "virginica"]
+IRIS_TEXT = {"label_column": "species", "key_column": None, "classes": SPECIES}
+
+
+def write_iris(raw: Path, *, text_labels: bool = True, name: str = "iris.csv") -> Path:
+    """`raw` with the iris data set as one raw CSV: four measurements and the species, as names or as
+    integers."""
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    raw.mkdir(parents=True, exist_ok=True)
+    path = raw / name
+    with path.open("w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(IRIS_COLUMNS)
+        for features, target in zip(iris.data, iris.target, strict=True):
+            writer.writerow([*features, SPECIES[target] if text_labels else int(target)])
+    return raw
+
+
+def iris_task(**options) -> TabularTask:
+    return load_task("tabular", {**IRIS_TEXT, "hidden_width": 32, **options})
+
+
+def test_the_builtin_is_a_complete_task_with_directed_metrics():
+    task = load_task("tabular")
+
+    assert missing_parts(task) == []
+    assert task.metrics.direction("loss") == "lower"
+    assert task.metrics.direction("recall_3") == "higher"
+    assert task.default_primary_metric == "macro_f1"
+    assert task.raw_suffixes == (".csv", ".parquet")
+
+
+def test_default_options_prepare_the_digits_sample_as_its_own_schema_does(sample_raw, prepared, tmp_path):
+    manifest, _ = prepared  # prepared with DIGITS_SCHEMA itself
+
+    task = load_task("tabular")
+
+    version = task.prepare(sample_raw, tmp_path / "out", previous=None, split=SplitFractions())
+
+    assert version == manifest.data_version
+    assert read_manifest(tmp_path / "out").schema == DIGITS_SCHEMA
+    assert TabularTask(**DIGITS_OPTIONS).schema == DIGITS_SCHEMA
+
+
+def test_an_iris_csv_with_text_classes_prepares_loads_and_serves(tmp_path):
+    raw = write_iris(tmp_path / "raw")
+    task = iris_task()
+
+    version = task.prepare(raw, tmp_path / "prepared", previous=None, split=SplitFractions())
+    data = task.load(tmp_path / "prepared")
+
+    assert data.data_version == version
+    assert data.info["feature_columns"] == IRIS_COLUMNS[:4]
+    assert data.info["n_classes"] == 3
+    assert data.info["classes"] == SPECIES
+    train = data.split("train")
+    assert train.inputs.dtype == torch.float32 and train.targets.dtype == torch.int64
+    assert sum(len(data.split(name)) for name in ("train", "validation", "test")) == 149  # one exact repeat
+    assert set(torch.unique(train.targets).tolist()) == {0, 1, 2}
+
+    model = task.build_model(data.info).eval()
+    answers = task.predict(model, data.info, pd.read_csv(raw / "iris.csv"))
+    assert len(answers) == 150
+    assert set(answers) <= set(SPECIES)
+
+
+def test_integer_labels_need_no_class_names_and_the_class_count_comes_from_the_data(tmp_path):
+    raw = write_iris(tmp_path / "raw", text_labels=False)
+    task = load_task("tabular", {"label_column": "species", "key_column": None})
+
+    task.prepare(raw, tmp_path / "prepared", previous=None, split=SplitFractions())
+    data = task.load(tmp_path / "prepared")
+
+    assert data.info["n_classes"] == 3
+    assert data.info["classes"] is None
+    answers = task.predict(task.build_model(data.info).eval(), data.info, pd.read_csv(raw / "iris.csv"))
+    assert answers.dtype == np.int64
+
+
+def test_names_and_indices_of_a_class_are_the_same_label(tmp_path):
+    text = write_iris(tmp_path / "text", text_labels=True)
+    numbers = write_iris(tmp_path / "numbers", text_labels=False)
+    task = iris_task()
+
+    from_text = task.prepare(text, tmp_path / "a", previous=None, split=SplitFractions())
+    from_numbers = task.prepare(numbers, tmp_path / "b", previous=None, split=SplitFractions())
+
+    assert from_text == from_numbers
+
+
+def test_without_a_key_column_re_delivered_rows_are_exact_duplicates(tmp_path):
+    raw = write_iris(tmp_path / "raw", name="batch-1.csv")
+    write_iris(raw, name="batch-2.csv")  # the whole file delivered again
+
+    task = iris_task()
+    task.prepare(raw, tmp_path / "prepared", previous=None, split=SplitFractions())
+    manifest = read_manifest(tmp_path / "prepared")
+
+    assert manifest.stats.raw_rows == 300
+    assert manifest.stats.unique_rows == 149
+    assert manifest.stats.superseded == 0
+    assert manifest.schema.key_field == DERIVED_KEY_COLUMN
+
+
+def test_a_label_outside_the_named_classes_is_one_line_naming_row_and_column(tmp_path):
+    raw = write_iris(tmp_path / "raw")
+    lines = raw.joinpath("iris.csv").read_text().splitlines()
+    lines[3] = lines[3].rsplit(",", 1)[0] + ",daisy"
+    raw.joinpath("iris.csv").write_text("\n".join(lines) + "\n")
+
+    with pytest.raises(InputError, match=r"row 3, column 'species': expected one of the classes setosa"):
+        iris_task().prepare(raw, tmp_path / "out", previous=None, split=SplitFractions())
+    assert not (tmp_path / "out").exists()
+
+
+def test_predict_names_missing_feature_columns_and_ignores_extra_ones(tmp_path):
+    raw = write_iris(tmp_path / "raw")
+    task = iris_task()
+    task.prepare(raw, tmp_path / "prepared", previous=None, split=SplitFractions())
+    data = task.load(tmp_path / "prepared")
+    model = task.build_model(data.info).eval()
+    frame = pd.read_csv(raw / "iris.csv").assign(notes="x")
+
+    with pytest.raises(InputError, match=r"lacks feature column\(s\) sepal_length, petal_width"):
+        task.predict(model, data.info, frame.drop(columns=["petal_width", "sepal_length"]))
+    from_frame = task.predict(model, data.info, frame)
+    from_array = task.predict(model, data.info, frame[IRIS_COLUMNS[:4]].to_numpy())
+    assert list(from_frame) == list(from_array)
+
+
+def test_loading_data_prepared_with_other_options_is_refused(tmp_path):
+    raw = write_iris(tmp_path / "raw", text_labels=False)
+    load_task("tabular", {"label_column": "species", "key_column": None}).prepare(
+        raw, tmp_path / "prepared", previous=None, split=SplitFractions()
+    )
+
+    with pytest.raises(InputError, match=r"was prepared with classes None \(task option: \['setosa'"):
+        iris_task().load(tmp_path / "prepared")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"hidden_width": 0}, r"hidden_width 0: expected a positive integer"),
+        ({"dropout": 1.5}, r"dropout 1.5: expected a probability in \[0, 1\)"),
+        ({"classes": ["a", "b"], "n_classes": 3}, r"n_classes 3 but 2 classes are named"),
+        ({"feature_columns": "x"}, r"feature_columns 'x': expected a list of names"),
+        ({"n_classes": 1}, r"n_classes must be an integer of at least 2"),
+        ({"colour": "red"}, r"unknown option\(s\) \['colour'\]"),
+    ],
+)
+def test_bad_options_are_one_line_naming_the_option(options, message):
+    with pytest.raises(InputError, match=message):
+        load_task("tabular", options)
+
+
+def test_options_are_json_ready_and_rebuild_the_same_task():
+    task = iris_task()
+
+    again = load_task("tabular", json.loads(json.dumps(task.options())))
+
+    assert again.schema == task.schema
+    assert again.options() == task.options()
+
+
+def test_drift_features_are_the_feature_columns_of_deduplicated_raw_rows_or_the_train_split(tmp_path):
+    raw = write_iris(tmp_path / "raw", name="batch-1.csv")
+    write_iris(raw, name="batch-2.csv")
+    task = iris_task()
+    task.prepare(raw, tmp_path / "prepared", previous=None, split=SplitFractions())
+
+    current = task.drift_features(raw, prepared=False)
+    reference = task.drift_features(tmp_path / "prepared", prepared=True)
+
+    assert current.names == reference.names == tuple(IRIS_COLUMNS[:4])
+    assert len(current) == 149
+    assert len(reference) == len(task.load(tmp_path / "prepared").split("train"))
+
+
+def test_the_digits_schema_still_validates_labels_against_its_class_count(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    header = list(DIGITS_SCHEMA.columns)
+    rows = [[f"k{index}", "10" if index == 2 else "1", *["0"] * 64] for index in range(40)]
+    with (raw / "batch-0001.csv").open("w", newline="") as stream:
+        csv.writer(stream).writerows([header, *rows])
+
+    with pytest.raises(InputError, match=r"row 3, column 'label': expected an integer class in \[0, 10\)"):
+        prepare(raw, tmp_path / "out", schema=TabularTask(**DIGITS_OPTIONS).schema)

@@ -1,0 +1,57 @@
+"""How a classifier is scored: accuracy, macro-F1, cross-entropy loss and per-class recall.
+
+One function scores any classifier on one split, so a candidate's and a champion's numbers come from the
+same code on the same rows. Per-class recall is keyed `recall_<label index>`; a class absent from the
+split has no recall (not a perfect one), and macro-F1 averages over the classes present in the labels or
+the predictions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from training.tasks.base import Metric, MetricSet
+
+RECALL_PREFIX = "recall_"
+
+CLASSIFICATION_METRICS = MetricSet(
+    (
+        Metric("accuracy", "higher", "share of rows whose predicted class is the label"),
+        Metric("macro_f1", "higher", "F1 averaged over the classes present in labels or predictions"),
+        Metric("loss", "lower", "mean cross-entropy"),
+        Metric(f"{RECALL_PREFIX}*", "higher", "recall of one class, by its index (recall_3)"),
+    )
+)
+
+
+@torch.no_grad()
+def score_classifier(model: nn.Module, features: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """Every classification metric of `model` on one split (its mode is restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(features)
+    finally:
+        model.train(was_training)
+    return metrics_from_logits(logits, labels)
+
+
+def metrics_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    predictions = logits.argmax(dim=1)
+    metrics = {
+        "accuracy": (predictions == labels).float().mean().item(),
+        "loss": nn.functional.cross_entropy(logits, labels).item(),
+    }
+    f1_scores = []
+    for label in torch.unique(torch.cat([labels, predictions])).tolist():
+        actual, predicted = labels == label, predictions == label
+        true_positives = (actual & predicted).sum().item()
+        if actual.any():
+            metrics[f"{RECALL_PREFIX}{label}"] = true_positives / actual.sum().item()
+        denominator = actual.sum().item() + predicted.sum().item()
+        f1_scores.append(2 * true_positives / denominator if denominator else 0.0)
+    metrics["macro_f1"] = sum(f1_scores) / len(f1_scores) if f1_scores else math.nan
+    return metrics
