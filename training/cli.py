@@ -10,7 +10,7 @@ from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
 from training.drift import cli as drift_cli
-from training.engine.train_args import add_train_arguments
+from training.engine.train_args import add_task_arguments, add_train_arguments, task_options_from_args
 from training.errors import RetrainError
 from training.gate import cli as registry_cli
 from training.local_state import state_root
@@ -35,11 +35,12 @@ def _sample_data(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> int:
     from training.data.splits import SplitFractions
-    from training.tasks.tabular.prepare import prepare
+    from training.tasks.loader import load_task
 
     split = SplitFractions.parse(args.split)
-    manifest = prepare(args.raw, args.out, previous=args.previous, split=split)
-    log.info("prepared data version %s in %s", manifest.data_version, args.out)
+    task = load_task(args.task, task_options_from_args(args))
+    version = task.prepare(args.raw, args.out, previous=args.previous, split=split)
+    log.info("prepared data version %s in %s", version, args.out)
     return 0
 
 
@@ -74,8 +75,9 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     )
     sample.set_defaults(handler=_sample_data)
 
-    prep = commands.add_parser("prepare", help="validate, dedupe and split raw batches into a data version")
-    prep.add_argument("--raw", type=Path, required=True, help="folder of raw batch files (.csv, .parquet)")
+    prep = commands.add_parser("prepare", help="validate, dedupe and split raw files into a data version")
+    add_task_arguments(prep)
+    prep.add_argument("--raw", type=Path, required=True, help="folder of raw files (the task's kind)")
     prep.add_argument("--out", type=Path, required=True, help="new folder for the prepared data version")
     prep.add_argument("--previous", type=Path, help="an earlier prepared version to build on incrementally")
     prep.add_argument(

@@ -23,7 +23,7 @@ from training.tasks.tabular.schema import Manifest
 STEPS_PER_EPOCH = 44
 TOTAL_STEPS = 3 * STEPS_PER_EPOCH
 SMALL_RUN = [
-    "--epochs", "3", "--global-batch-size", "32", "--hidden-width", "64", "--seed", "7",
+    "--epochs", "3", "--global-batch-size", "32", "--task-option", "hidden_width=64", "--seed", "7",
     "--checkpoint-every-steps", "10", "--checkpoint-every-seconds", "off", "--deterministic",
 ]  # fmt: skip
 NO_TRACKING = ("--no-mlflow",)

@@ -30,7 +30,7 @@ from training.engine.tracking import make_tracker
 from training.engine.train_args import add_train_arguments, config_from_args, config_to_argv
 from training.engine.trainer import COMPLETED, Trainer
 from training.errors import InputError
-from training.tasks.tabular.dataset import load_prepared
+from training.tasks.loader import load_task
 
 # -- the choice: Daly's interval for the measured cost, floored at twice the write ------------------------
 
@@ -158,6 +158,19 @@ def test_config_to_argv_rebuilds_the_config_exactly(tmp_path, extra, seconds, mt
     assert config_from_args(_parser().parse_args(config_to_argv(tracked)), {}, tmp_path) == tracked
 
 
+def test_the_task_and_its_options_round_trip_with_single_options_over_the_json_object(tmp_path):
+    config = _config(
+        tmp_path,
+        *("--task", "tasks/house.py:HousePrices", "--task-options", '{"size": [16, 8], "name": "a b"}'),
+        *("--task-option", "size=24", "--task-option", "augment=false", "--task-option", "label=species"),
+    )
+
+    assert config.task == "tasks/house.py:HousePrices"
+    assert config.task_options == {"size": 24, "name": "a b", "augment": False, "label": "species"}
+    assert config_from_args(_parser().parse_args(config_to_argv(config)), {}, tmp_path) == config
+    assert {"task", "task_options"} <= set(config.trajectory())
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -231,11 +244,12 @@ def _attempt(arguments: list[str], tmp_path: Path) -> tuple[TrainConfig, Simulat
         config.mlflow_tracking_uri, config.mlflow_experiment, config.mlflow_artifact_location, is_primary=True
     )
     context = init_distributed("cpu", {})
-    data = load_prepared(config.data)
+    task = load_task(config.task, config.task_options)
     trainer = Trainer(
         config,
         context,
-        data,
+        task,
+        task.load(config.data),
         checkpointer,
         tracker,
         time,
@@ -276,7 +290,8 @@ def _check_attempt(time: SimulatedTime, first_step: int, last_step: int) -> dict
 def test_a_run_measures_announces_and_follows_its_interval_afresh_in_every_attempt(prepared_data, tmp_path):
     arguments = [
         "--data", str(prepared_data), "--out", str(tmp_path / "out"), "--checkpoints", str(tmp_path / "ckpt"),
-        "--global-batch-size", "64", "--hidden-width", "64", "--seed", "7", "--checkpoint-every-steps", "off",
+        "--global-batch-size", "64", "--task-option", "hidden_width=64", "--seed", "7",
+        "--checkpoint-every-steps", "off",
         "--checkpoint-every-seconds", "auto", "--mtbe-hours", str(MTBE_HOURS), "--progress", "none",
         "--mlflow-tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--mlflow-experiment", "auto",
         "--mlflow-artifact-location", (tmp_path / "artifacts").as_uri(),

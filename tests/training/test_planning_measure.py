@@ -156,6 +156,15 @@ def test_the_default_global_batch_splits_over_every_count(max_procs, expected):
     assert MeasureSettings(max_procs=max_procs).global_batch_size == expected
 
 
+def test_the_measured_width_is_the_tabular_tasks_default():
+    import inspect
+
+    from training.planning.measure import DEFAULT_HIDDEN_WIDTH
+    from training.tasks.tabular.task import TabularTask
+
+    assert inspect.signature(TabularTask).parameters["hidden_width"].default == DEFAULT_HIDDEN_WIDTH
+
+
 def test_epochs_cover_the_requested_steps():
     assert epochs_for(30, 1421, 64) == 2  # 22 steps per epoch
     assert epochs_for(22, 1421, 64) == 1

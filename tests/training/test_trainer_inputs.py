@@ -85,7 +85,10 @@ def _fingerprint(folder: Path) -> dict[str, str]:
         (["--checkpoint-every-steps", "-5"], "--checkpoint-every-steps -5: expected a positive integer"),
         (["--nproc", "2", "--global-batch-size", "33"], "--global-batch-size 33 is not divisible by 2"),
         (["--global-batch-size", "5000"], "larger than the training split (1421 rows)"),
-        (["--dropout", "1.5"], "--dropout 1.5: expected a probability in [0, 1)"),
+        (["--task-option", "dropout=1.5"], "--task 'tabular': dropout 1.5: expected a probability in [0, 1)"),
+        (["--task", "nowhere.py:Task"], "--task 'nowhere.py:Task': no file"),
+        (["--task-option", "colour=red"], "--task 'tabular': unknown option(s) ['colour']"),
+        (["--task-options", "[1]"], "--task-options '[1]': expected a JSON object"),
     ],
 )
 def test_bad_options_are_refused_in_one_line(prepared_data, tmp_path, capsys, extra, expected):

@@ -6,8 +6,9 @@ straight from command-line arguments and app settings.
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +30,19 @@ DEFAULT_CHECKPOINT_EVERY_SECONDS = 300.0
 # (evictions per node-hour in the ledger), pass --mtbe-hours.
 DEFAULT_MTBE_HOURS = 12.0
 
+DEFAULT_TASK = "tabular"
+
 # The options that decide the training trajectory. A checkpoint only resumes under the same values;
 # anything else (epochs, checkpoint interval, world size, progress display) may change between attempts.
+# The task and its options decide the model and the data it reads, so they belong here too.
 TRAJECTORY_FIELDS = (
     "seed",
     "global_batch_size",
     "learning_rate",
     "weight_decay",
     "warmup_steps",
-    "hidden_width",
-    "hidden_layers",
-    "dropout",
+    "task",
+    "task_options",
 )
 
 
@@ -72,9 +75,8 @@ class TrainConfig:
     learning_rate: float = 3e-3
     weight_decay: float = 0.01
     warmup_steps: int = 20
-    hidden_width: int = 256
-    hidden_layers: int = 2
-    dropout: float = 0.1
+    task: str = DEFAULT_TASK
+    task_options: dict[str, Any] = field(default_factory=dict)
     checkpoint_every_steps: int | None = None
     checkpoint_every_seconds: float | str | None = DEFAULT_CHECKPOINT_EVERY_SECONDS
     mtbe_hours: float = DEFAULT_MTBE_HOURS
@@ -116,6 +118,12 @@ class TrainConfig:
             self.progress in PROGRESS_MODES,
             f"--progress {self.progress!r}: expected one of {', '.join(PROGRESS_MODES)}",
         )
+        _require(
+            isinstance(self.task, str) and bool(self.task.strip()),
+            f"--task {self.task!r}: expected a built-in (tabular, image), path/to/file.py:Attr or "
+            "package.module:Attr",
+        )
+        object.__setattr__(self, "task_options", _json_object(self.task_options))
         _require(bool(self.checkpoints), "--checkpoints: expected a folder or a Blob Storage URL")
         _require(
             "?" not in self.checkpoints,
@@ -135,10 +143,32 @@ class TrainConfig:
         return {key: str(value) if isinstance(value, Path) else value for key, value in values.items()}
 
 
+def _json_object(options: object) -> dict[str, Any]:
+    """Task options as plain JSON values (what checkpoints record and compare), or a one-line refusal."""
+    _require(
+        isinstance(options, dict) and all(isinstance(key, str) for key in options),
+        f'--task-options {options!r}: expected a JSON object such as {{"hidden_width": 128}}',
+    )
+    try:
+        return json.loads(json.dumps(options, allow_nan=False))
+    except (TypeError, ValueError) as error:
+        raise InputError(f"--task-options {options!r}: not representable as JSON ({error})") from None
+
+
+def options_text(options: dict[str, Any]) -> str:
+    """Task options as one canonical JSON object, for command lines and messages."""
+    return json.dumps(options, sort_keys=True, separators=(",", ":"))
+
+
+def _shown_option(name: str, value: object) -> str:
+    return options_text(value) if name == "task_options" and isinstance(value, dict) else str(value)
+
+
 def trajectory_mismatches(saved: dict[str, Any], current: TrainConfig) -> list[str]:
     """Human-readable differences between a checkpoint's trajectory options and the current ones."""
     return [
-        f"--{name.replace('_', '-')} {getattr(current, name)} (checkpoint: {saved.get(name)})"
+        f"--{name.replace('_', '-')} {_shown_option(name, getattr(current, name))} "
+        f"(checkpoint: {_shown_option(name, saved.get(name))})"
         for name in TRAJECTORY_FIELDS
         if saved.get(name) != getattr(current, name)
     ]

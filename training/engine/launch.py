@@ -5,6 +5,9 @@ With `--nproc 1` the worker runs in-process. With more, torchrun starts one work
 itself exits non-zero when it is signalled, whatever its workers did, so the launcher reads the outcome
 from durable state: if the newest committed checkpoint is a preemption save of this launch, the run was
 preempted and the launcher exits with the documented code.
+
+The task is loaded here once, before any process starts, so that a task that does not load, or lacks a
+part of the contract, is one line and no torchrun; each worker then loads it again for its own rank.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
 from training.checkpoint.stores import newest_record, open_checkpoint_store
@@ -24,7 +28,6 @@ from training.engine.preemption import LAUNCH_ID_VARIABLE, PREEMPTED_EXIT_CODE
 from training.engine.resume_policy import check_resumable
 from training.engine.train_args import config_to_argv
 from training.errors import InputError
-from training.tasks.tabular.schema import read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +51,19 @@ def _newest_record(config: TrainConfig, environ: Mapping[str, str]) -> Checkpoin
     return newest_record(open_checkpoint_store(config.checkpoints, environ))
 
 
-def refuse_incompatible_resume(config: TrainConfig, environ: Mapping[str, str]) -> None:
+def load_checked_task(config: TrainConfig) -> Any:
+    """The task `config` names, loaded and checked against the contract (this imports torch)."""
+    from training.tasks.loader import load_task
+
+    return load_task(config.task, config.task_options)
+
+
+def refuse_incompatible_resume(config: TrainConfig, environ: Mapping[str, str], task: Any) -> None:
     """Refuse, in one line and before any process starts, a resume every worker would refuse."""
     record = _newest_record(config, environ)
     if record is not None:
-        check_resumable(record, config, read_manifest(config.data).data_version)
+        # The task reads the data version (and checks the data) only when there is a resume to check.
+        check_resumable(record, config, task.load(config.data).data_version)
 
 
 def preempted_in_launch(config: TrainConfig, launch_id: str, environ: Mapping[str, str]) -> bool:
@@ -79,13 +90,14 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     if nproc < 1:
         raise InputError(f"--nproc {nproc}: expected a positive number of processes")
     per_rank_batch_size(config.global_batch_size, nproc)  # refuse before starting any process
+    task = load_checked_task(config)
     launch_id = uuid.uuid4().hex[:12]
     if nproc == 1:
-        # Imported here: with torchrun the launcher only watches, and importing torch would cost it seconds.
+        # Imported here: importing training.engine.launch (and `retrain`) must not pay for torch.
         from training.engine.worker import run_worker
 
-        return run_worker(config, launch_id, environ)
-    refuse_incompatible_resume(config, environ)
+        return run_worker(config, launch_id, environ, task)
+    refuse_incompatible_resume(config, environ, task)
     # One intra-op thread per worker: N workers on N cores, not N x N threads fighting for them.
     environment = {"OMP_NUM_THREADS": "1", **environ, LAUNCH_ID_VARIABLE: launch_id}
     code = _run_torchrun(torchrun_command(config, nproc), environment)

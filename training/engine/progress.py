@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -50,8 +51,14 @@ def describe(event: Event) -> str:
     if kind == "preempted":
         return f"preempted: state saved at step {event['step']}; exiting with code {event['exit_code']}"
     if kind == "done":
-        return f"done: {event['steps']} steps, validation accuracy {event['validation_accuracy']:.4f}"
+        return f"done: {event['steps']} steps, validation {_scores_text(event.get('validation') or {})}"
     return json.dumps(event)
+
+
+def _scores_text(metrics: dict[str, float]) -> str:
+    # Per-class members of a metric family (recall_3) would drown the headline numbers.
+    shown = [name for name in metrics if not re.fullmatch(r".+_\d+", name)] or list(metrics)
+    return ", ".join(f"{name} {metrics[name]:.4f}" for name in shown) or "not scored"
 
 
 def _duration(seconds: float) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 
-from training.engine.config import AUTO_INTERVAL, PROGRESS_MODES, TrainConfig
+from training.engine.config import AUTO_INTERVAL, PROGRESS_MODES, TrainConfig, options_text
 from training.errors import InputError
 from training.local_state import (
     artifacts_beside,
@@ -47,7 +47,38 @@ def _seconds_auto_or_off(text: str) -> float | str | None:
         ) from None
 
 
+def add_task_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--task`, `--task-options JSON` and the repeatable `--task-option KEY=VALUE` (merged over it)."""
+    parser.add_argument(
+        "--task",
+        default=_DEFAULTS["task"],
+        metavar="REF",
+        help="the model's task: tabular, image, path/to/file.py:Attr or package.module:Attr "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--task-options",
+        metavar="JSON",
+        help='the task\'s options as a JSON object, e.g. \'{"label_column": "species"}\'',
+    )
+    parser.add_argument(
+        "--task-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="one task option (repeatable; VALUE is JSON when it parses, else text), over --task-options",
+    )
+
+
+def task_options_from_args(args: argparse.Namespace) -> dict:
+    """The task options of `add_task_arguments`' flags: --task-option pairs merged over --task-options."""
+    # Imported here: the loader imports torch, which `retrain` must not pay for at start-up.
+    from training.tasks.loader import options_from_json, parse_task_options
+
+    return {**options_from_json(args.task_options), **parse_task_options(args.task_option)}
+
+
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    add_task_arguments(parser.add_argument_group("task"))
     data = parser.add_argument_group("data and outputs")
     data.add_argument("--data", type=Path, required=True, help="a prepared data version (retrain prepare)")
     data.add_argument("--out", type=Path, required=True, help="folder for model.pt and metadata.json")
@@ -69,9 +100,6 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--learning-rate", type=float, default=_DEFAULTS["learning_rate"])
     run.add_argument("--weight-decay", type=float, default=_DEFAULTS["weight_decay"])
     run.add_argument("--warmup-steps", type=int, default=_DEFAULTS["warmup_steps"])
-    run.add_argument("--hidden-width", type=int, default=_DEFAULTS["hidden_width"])
-    run.add_argument("--hidden-layers", type=int, default=_DEFAULTS["hidden_layers"])
-    run.add_argument("--dropout", type=float, default=_DEFAULTS["dropout"])
     run.add_argument("--deterministic", action="store_true", help="use deterministic algorithms only")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default=_DEFAULTS["device"])
 
@@ -147,9 +175,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str], cwd: 
         learning_rate=args.learning_rate,
         weight_decay=args.weight_decay,
         warmup_steps=args.warmup_steps,
-        hidden_width=args.hidden_width,
-        hidden_layers=args.hidden_layers,
-        dropout=args.dropout,
+        task=args.task,
+        task_options=task_options_from_args(args),
         checkpoint_every_steps=args.checkpoint_every_steps,
         checkpoint_every_seconds=args.checkpoint_every_seconds,
         mtbe_hours=args.mtbe_hours,
@@ -191,12 +218,10 @@ def config_to_argv(config: TrainConfig) -> list[str]:
         repr(config.weight_decay),
         "--warmup-steps",
         str(config.warmup_steps),
-        "--hidden-width",
-        str(config.hidden_width),
-        "--hidden-layers",
-        str(config.hidden_layers),
-        "--dropout",
-        repr(config.dropout),
+        "--task",
+        config.task,
+        "--task-options",
+        options_text(config.task_options),
         "--checkpoint-every-steps",
         _number_or_off(config.checkpoint_every_steps),
         "--checkpoint-every-seconds",

@@ -1,6 +1,8 @@
 """The trainable objects, and the state a checkpoint captures and a resume restores.
 
-A checkpoint holds the model, optimizer and LR scheduler states, the step, the data cursor (epoch and
+The model comes from the task (`Task.build_model(info)`), built right after seeding torch's generator, so
+every rank and every attempt starts from the same weights. A checkpoint holds the model, optimizer and LR
+scheduler states, the step, the data cursor (epoch and
 position), the RNG scheme (counter-based, so derivable from seed, step and rank), the config, the data
 version, the attempt history and the MLflow run id. Rank 0 writes it: data-parallel ranks hold identical
 model and optimizer states, and everything per-rank is derivable.
@@ -10,17 +12,19 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from training.checkpoint.checkpointer import LoadedCheckpoint
 from training.engine.config import TrainConfig
 from training.engine.sampling import DataCursor
-from training.tasks.tabular.dataset import PreparedData
-from training.tasks.tabular.model import ModelConfig, TabularClassifier
+from training.errors import InputError
+from training.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +33,7 @@ RNG_SCHEME = "counter:sha256(seed,step,rank)"
 
 @dataclass
 class TrainingObjects:
-    model: TabularClassifier
+    model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: LambdaLR
 
@@ -73,16 +77,6 @@ class RunState:
         self.attempts[-1].update(ended=how, ended_at_step=self.step)
 
 
-def model_config_for(config: TrainConfig, data: PreparedData) -> ModelConfig:
-    return ModelConfig(
-        n_features=len(data.schema.feature_columns),
-        n_classes=data.schema.n_classes,
-        hidden_width=config.hidden_width,
-        hidden_layers=config.hidden_layers,
-        dropout=config.dropout,
-    )
-
-
 def warmup_cosine(warmup_steps: int, total_steps: int):
     """LR multiplier: linear warm-up, then cosine decay to 10% over the remaining steps."""
 
@@ -95,10 +89,17 @@ def warmup_cosine(warmup_steps: int, total_steps: int):
     return factor
 
 
-def build_training_objects(config: TrainConfig, data: PreparedData, total_steps: int) -> TrainingObjects:
+def build_training_objects(
+    config: TrainConfig, task: Task, info: Mapping[str, Any], total_steps: int
+) -> TrainingObjects:
     torch.manual_seed(config.seed)  # identical initial weights on every rank and every attempt
-    mean, std = data.normalization
-    model = TabularClassifier(model_config_for(config, data), mean, std)
+    model = task.build_model(info)
+    if not isinstance(model, nn.Module):
+        raise InputError(
+            f"--task {config.task!r}: build_model returned {type(model).__name__}; expected a torch.nn.Module"
+        )
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        raise InputError(f"--task {config.task!r}: build_model returned a model with no trainable parameters")
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )

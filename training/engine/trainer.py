@@ -6,6 +6,9 @@ a vote on whether anyone received an eviction notice), so that all of them stop 
 checkpoints asynchronously at the configured interval (or, with `--checkpoint-every-seconds auto`, at one
 chosen from what its first saves cost: training/engine/checkpoint_interval.py), immediately when evicted,
 and at the end.
+
+The task (training/tasks/base.py) supplies the data, the model, the loss of a batch and the final scores;
+the loop, DDP, sampling, RNG and checkpoints here are the same for every task.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from torch.nn.parallel import DistributedDataParallel
 import training
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta, LoadedCheckpoint, SaveResult
 from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL, REASON_PREEMPTED
+from training.engine.batches import BatchSource, on_device
 from training.engine.checkpoint_interval import IntervalCalibration, IntervalChoice
 from training.engine.config import AUTO_INTERVAL, TrainConfig
 from training.engine.consensus import StepConsensus, StepVerdict
 from training.engine.distributed import DistContext, barrier, broadcast_from_primary
-from training.engine.outputs import classification_metrics, weights_sha256, write_metadata, write_model
+from training.engine.outputs import scores, weights_sha256, write_metadata, write_model
 from training.engine.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
 from training.engine.progress import ProgressRenderer
 from training.engine.resume_policy import check_resumable
@@ -37,7 +41,7 @@ from training.engine.sampling import BatchPlan, epoch_permutation, rank_batch_in
 from training.engine.throughput import ThroughputMeter
 from training.engine.tracking import Tracker
 from training.engine.train_state import RunState, build_training_objects, checkpoint_state, restore
-from training.tasks.tabular.dataset import PreparedData
+from training.tasks.base import Task, TaskData
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,8 @@ class Trainer:
         self,
         config: TrainConfig,
         context: DistContext,
-        data: PreparedData,
+        task: Task,
+        data: TaskData,
         checkpointer: Checkpointer,
         tracker: Tracker,
         renderer: ProgressRenderer,
@@ -66,6 +71,7 @@ class Trainer:
     ) -> None:
         self.config = config
         self.context = context
+        self.task = task
         self.data = data
         self.checkpointer = checkpointer
         self.tracker = tracker
@@ -76,13 +82,11 @@ class Trainer:
         self._calibration: IntervalCalibration | None = None
 
     def run(self) -> TrainOutcome:
-        train_split = self.data.split("train")
-        self._features = train_split.features.to(self.context.device)
-        self._labels = train_split.labels.to(self.context.device)
-        self._plan = BatchPlan(len(self._labels), self.config.global_batch_size)
+        self._train_batches = BatchSource(self.data.split("train"), self.context.device, self.config.task)
+        self._plan = BatchPlan(len(self._train_batches), self.config.global_batch_size)
         self._plan.per_rank_batch_size(self.context.world_size)
         self._total_steps = self._plan.steps_per_epoch * self.config.epochs
-        self._objects = build_training_objects(self.config, self.data, self._total_steps)
+        self._objects = build_training_objects(self.config, self.task, self.data.info, self._total_steps)
         self._objects.model.to(self.context.device)
         resumed = self._resume()
         self._start_attempt(resumed)
@@ -151,7 +155,8 @@ class Trainer:
         if not self.context.is_distributed:
             return model
         device_ids = [self.context.local_rank] if self.context.device.type == "cuda" else None
-        # The normalisation buffers are constants: no need to broadcast them every forward.
+        # Buffers are not broadcast every forward: a tabular model's are constants, and only rank 0's model
+        # is saved and scored, so other ranks' running statistics never leave them.
         return DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
 
     # -- the loop -------------------------------------------------------------------------------------
@@ -184,9 +189,11 @@ class Trainer:
             self.context.rank,
             self.context.world_size,
         )
+        # Seeded first: a split that augments as it reads draws from the generator this step reseeds.
         torch.manual_seed(step_seed(self.config.seed, run.step, self.context.rank))
+        batch = self._train_batches.batch(indices)
         self._network.train()
-        loss = nn.functional.cross_entropy(self._network(self._features[indices]), self._labels[indices])
+        loss = self.task.loss(self._network, batch)
         objects.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         # A snapshot still copying the previous checkpoint reads the weights the optimizer is about to change.
@@ -302,21 +309,15 @@ class Trainer:
 
     def _write_outputs(self) -> None:
         model = self._objects.model
-        validation = self.data.split("validation")
-        metrics = classification_metrics(
-            model, validation.features.to(self.context.device), validation.labels.to(self.context.device)
-        )
-        final_metrics = {
-            "validation_accuracy": metrics["accuracy"],
-            "validation_loss": metrics["loss"],
-            "train_loss": self._last_loss,
-        }
+        metrics = scores(self.task, model, on_device(self.data.split("validation"), self.context.device))
+        final_metrics = {f"validation_{name}": value for name, value in metrics.items()}
+        final_metrics["train_loss"] = self._last_loss
         out: Path = self.config.out
-        write_model(out, model, model.config.to_dict())
+        write_model(out, model, self.config.task, self.config.task_options, self.data.info)
         write_metadata(out, self._metadata(final_metrics))
         self.tracker.log_metrics(final_metrics, step=self._run.step)
         self.tracker.finish("FINISHED")
-        self._emit("done", steps=self._run.step, validation_accuracy=metrics["accuracy"], out=str(out))
+        self._emit("done", steps=self._run.step, validation=metrics, out=str(out))
 
     def _metadata(self, final_metrics: dict[str, float]) -> dict[str, Any]:
         run, config = self._run, self.config
@@ -334,6 +335,8 @@ class Trainer:
             "evictions_survived": run.evictions_survived,
             "attempts": run.attempts,
             "final_metrics": final_metrics,
+            "task": {"ref": config.task, "name": self.task.name, "options": config.task_options},
+            "info": dict(self.data.info),
             "throughput": {
                 "samples_per_second": self._meter.samples_per_second(),
                 "measured_steps": self._meter.measured_steps,

@@ -34,7 +34,8 @@ from training.engine.tracking import make_tracker
 from training.engine.train_args import add_train_arguments, config_from_args
 from training.engine.trainer import PREEMPTED, Trainer
 from training.errors import RetrainError
-from training.tasks.tabular.dataset import load_prepared
+from training.tasks.base import Task
+from training.tasks.loader import load_task
 
 log = logging.getLogger("retrain.worker")
 
@@ -52,13 +53,16 @@ def configure_numerics(deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def run_worker(config: TrainConfig, launch_id: str, environ: Mapping[str, str]) -> int:
-    """Train as this process's rank; returns the process exit code."""
+def run_worker(
+    config: TrainConfig, launch_id: str, environ: Mapping[str, str], task: Task | None = None
+) -> int:
+    """Train as this process's rank; returns the process exit code. `task`: already loaded (in-process)."""
     notice = PreemptionNotice().install()
     context = init_distributed(config.device, environ)
     try:
         configure_numerics(config.deterministic)
-        data = load_prepared(config.data)
+        task = task if task is not None else load_task(config.task, config.task_options)
+        data = task.load(config.data)
         store = open_checkpoint_store(config.checkpoints, environ)
         if context.is_primary:
             store.discard_incomplete()
@@ -71,7 +75,7 @@ def run_worker(config: TrainConfig, launch_id: str, environ: Mapping[str, str]) 
             job_run_id=environ.get(JOB_RUN_ID_VARIABLE),
         )
         renderer = make_renderer(config.progress, context.is_primary)
-        trainer = Trainer(config, context, data, checkpointer, tracker, renderer, launch_id, notice)
+        trainer = Trainer(config, context, task, data, checkpointer, tracker, renderer, launch_id, notice)
         try:
             outcome = trainer.run()
         finally:

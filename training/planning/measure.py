@@ -36,7 +36,9 @@ _ERROR_LINE = re.compile(r"(Error|error:|exitcode|Exception)\b")
 DEFAULT_MAX_PROCS = 2
 DEFAULT_STEPS = 60
 _TRAINER_DEFAULTS = {field.name: field.default for field in fields(TrainConfig)}
-DEFAULT_HIDDEN_WIDTH: int = _TRAINER_DEFAULTS["hidden_width"]  # measure the model people train
+# Measure the model people train: the tabular task's default width (a literal, as the task imports torch;
+# tests/training/test_planning_measure.py checks that the two agree).
+DEFAULT_HIDDEN_WIDTH = 256
 # The trainer's default global batch, rounded up to a multiple that splits evenly over 1..P processes.
 BASE_GLOBAL_BATCH_SIZE: int = _TRAINER_DEFAULTS["global_batch_size"]
 # Steps skipped before timing: start-up, first allocations, the learning-rate warm-up's first steps.
@@ -184,7 +186,7 @@ class TrainerStepTimer:
             "--nproc", str(processes), "--data", str(self._data), "--out", str(run / "out"),
             "--checkpoints", str(run / "checkpoints"), "--epochs", str(self._epochs),
             "--global-batch-size", str(settings.global_batch_size),
-            "--hidden-width", str(settings.hidden_width),
+            "--task-option", f"hidden_width={settings.hidden_width}",
             "--checkpoint-every-steps", "off", "--checkpoint-every-seconds", "off", "--no-mlflow",
         ]  # fmt: skip
         log_path = run / "train.log"
