@@ -8,23 +8,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from training.errors import InputError
+
 if TYPE_CHECKING:
     from training.gate.lock import RegistryLock
-    from training.gate.policy import GatePolicy
     from training.gate.registry import ModelRegistry
 
 DEFAULT_MODEL_NAME = "digits"
 LOCKS_FOLDER = "locks"
 PIPELINE_JOB_VARIABLES = ("AZUREML_ROOT_RUN_ID", "RETRAIN_PIPELINE_RUN")  # Azure ML's, the local runner's
 # The gate pulls in torch; the parser is built for every `retrain` command, so defaults are filled in later.
-_GATE_DEFAULT = "default: GatePolicy's, training/gate/policy.py"
+_GATE_DEFAULT = "default or 'default': the task's, training/gate/policy.py task_defaults"
 _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+_FAMILY_MEMBER = re.compile(r".+_\d+")  # recall_3: one of a family, left out of the listing's columns
+LISTED_METRICS = 3
 
 
 def _boolean(text: str) -> bool:
@@ -52,37 +56,53 @@ def _lock(args: argparse.Namespace) -> RegistryLock:
 # -- handlers -------------------------------------------------------------------------------------------
 
 
+def _task(args: argparse.Namespace) -> tuple[str | None, dict[str, Any] | None]:
+    """--task with its options; (None, None) without --task: the task the model file records."""
+    from training.tasks.loader import options_from_json, parse_task_options
+
+    options = {**options_from_json(args.task_options), **parse_task_options(args.task_option)}
+    if args.task is None:
+        if options:
+            raise InputError("--task-options/--task-option: give --task too, or neither (the model's own)")
+        return None, None
+    return args.task, options
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from training.gate.evaluate import write_evaluation
 
-    write_evaluation(args.model, args.data, args.model_name, _registry(args), args.out)
+    task_ref, task_options = _task(args)
+    registry = _registry(args)
+    write_evaluation(args.model, args.data, args.model_name, registry, args.out, task_ref, task_options)
     return 0
 
 
-def _policy(args: argparse.Namespace) -> GatePolicy:
-    from training.gate.policy import GatePolicy
+def _policy(args: argparse.Namespace) -> dict[str, Any]:
+    """The gate options given; the rest are the task's defaults (training.gate.policy.policy_for_task)."""
+    return {
+        "primary_metric": args.primary_metric,
+        "min_improvement": args.min_improvement,
+        "floors": args.floors,
+        "max_regression": args.max_regression,
+        "first_model_floors": args.first_model_floors,
+        "bootstrap_unloadable_champion": args.bootstrap_unloadable_champion,
+    }
 
-    defaults = GatePolicy().describe()
 
-    def given(option: str) -> str:
-        value = getattr(args, option)
-        return defaults[option] if value is None else value
-
-    return GatePolicy.from_options(
-        given("primary_metric"),
-        float(given("min_improvement")),
-        given("floors"),
-        given("max_regression"),
-        given("first_model_floors"),
-        args.bootstrap_unloadable_champion,
-    )
+def _improvement(text: str) -> float | None:
+    if text.strip().lower() == "default":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'default', got {text!r}") from None
 
 
 def _register(args: argparse.Namespace) -> int:
     from training.gate.lineage import Trigger
     from training.gate.register import RegisterRequest, write_registration
 
-    policy = _policy(args)
+    task_ref, task_options = _task(args)
     pipeline_job = next(
         (args.environ[name] for name in PIPELINE_JOB_VARIABLES if args.environ.get(name)), None
     )
@@ -95,8 +115,10 @@ def _register(args: argparse.Namespace) -> int:
         raw_data_version=args.raw_data_version,
         environment_version=args.environment_version,
         pipeline_job=pipeline_job,
-        policy=policy,
         experiment=args.mlflow_experiment,
+        gate=_policy(args),
+        task_ref=task_ref,
+        task_options=task_options,
     )
     write_registration(request, _registry(args), _lock(args), args.out)
     return 0
@@ -148,17 +170,26 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def listed_metrics(versions: list[dict[str, Any]]) -> list[str]:
+    """The metric columns of `retrain models`: the newest version's primary metric, then the others every
+    version has, leaving out family members (recall_3), at most LISTED_METRICS."""
+    policy = versions[0]["lineage"]["gate"]["policy"]
+    primary = policy.get("primary_metric") if isinstance(policy, dict) else None
+    common = set.intersection(*(set(version["metrics"]) for version in versions))
+    others = sorted(name for name in common if name != primary and not _FAMILY_MEMBER.fullmatch(name))
+    return ([primary] if primary else []) + others[: LISTED_METRICS - (1 if primary else 0)]
+
+
 def _print_listing(listing: dict[str, Any], stream: TextIO) -> None:
     versions = listing["versions"]
     if not versions:
         print(f"{listing['model_name']}: no registered versions", file=stream)
         return
+    metric_names = listed_metrics(versions)
     header = (
         "VERSION",
         "ALIASES",
-        "MACRO_F1",
-        "ACCURACY",
-        "LOSS",
+        *(name.upper() for name in metric_names),
         "DATA",
         "TRIGGER",
         "PIPELINE JOB",
@@ -172,9 +203,7 @@ def _print_listing(listing: dict[str, Any], stream: TextIO) -> None:
             (
                 f"v{version['version']}",
                 ",".join(version["aliases"]) or "-",
-                _number(metrics.get("macro_f1")),
-                _number(metrics.get("accuracy")),
-                _number(metrics.get("loss")),
+                *(_number(metrics.get(name)) for name in metric_names),
                 f"{lineage['raw_data_version'] or '-'} -> {lineage['data_version'] or '-'}",
                 f"{trigger['kind'] or '-'} {trigger['event_id'] or '-'}",
                 lineage["pipeline_job"] or "-",
@@ -191,7 +220,7 @@ def _print_listing(listing: dict[str, Any], stream: TextIO) -> None:
 
 def _print_lineage(report: dict[str, Any], stream: TextIO) -> None:
     chain, manifest = report["lineage"], report["manifest"]
-    gate, trigger = chain["gate"], chain["trigger"]
+    gate, trigger, task = chain["gate"], chain["trigger"], chain["task"]
     aliases = f" ({', '.join(report['aliases'])})" if report["aliases"] else ""
     lines = [
         f"{report['model_name']} v{report['version']}{aliases}, registered {report['created_at']}",
@@ -204,9 +233,15 @@ def _print_lineage(report: dict[str, Any], stream: TextIO) -> None:
         f"  manifest   {manifest['location']} (sha256 {manifest['sha256']}, verified)",
     ]
     for entry in manifest["raw_files"]:
-        lines.append(f"    raw file {entry['name']}: {entry['rows']} rows, sha256 {entry['sha256']}")
+        entry = entry if isinstance(entry, dict) else {"name": str(entry)}
+        rows = f"{entry['rows']} rows, " if "rows" in entry else ""
+        lines.append(f"    raw file {entry.get('name')}: {rows}sha256 {entry.get('sha256', '-')}")
     for name, entry in manifest["splits"].items():
         lines.append(f"    split {name}: {entry['rows']} rows in {entry['file']}")
+    if task is not None:
+        options = json.dumps(task["options"], sort_keys=True)
+        file_hash = f", file sha256 {task['file_sha256']}" if task["file_sha256"] else ""
+        lines.append(f"  task       {task['ref']} options {options}{file_hash}")
     if chain["rollback"]:
         rollback_info = chain["rollback"]
         lines.append(
@@ -247,11 +282,11 @@ def _add_lock_options(parser: argparse.ArgumentParser) -> None:
 def _add_policy_options(parser: argparse.ArgumentParser) -> None:
     policy = parser.add_argument_group("gate policy")
     policy.add_argument(
-        "--primary-metric", metavar="METRIC", help=f"accuracy, macro_f1 or loss ({_GATE_DEFAULT})"
+        "--primary-metric", metavar="METRIC", help=f"one of the task's metrics ({_GATE_DEFAULT})"
     )
     policy.add_argument(
         "--min-improvement",
-        type=float,
+        type=_improvement,
         metavar="NUMBER",
         help=f"how much the primary metric must beat the champion's by, absolute ({_GATE_DEFAULT})",
     )
@@ -263,8 +298,8 @@ def _add_policy_options(parser: argparse.ArgumentParser) -> None:
     policy.add_argument(
         "--max-regression",
         metavar="METRIC=NUMBER,...",
-        help="how much worse than the champion a metric may get; 'recall_*' covers every class "
-        f"({_GATE_DEFAULT})",
+        help="how much worse than the champion a metric may get; a family such as 'recall_*' covers "
+        f"each member ({_GATE_DEFAULT})",
     )
     policy.add_argument(
         "--first-model-floors",
@@ -282,6 +317,24 @@ def _add_policy_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_task_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--task",
+        metavar="REF",
+        help="the model's task: tabular, image, file.py:Attr or pkg.mod:Attr "
+        "(default: the one the model file records; a different one is refused)",
+    )
+    parser.add_argument(
+        "--task-options", metavar="JSON", help="the task's options as a JSON object (with --task)"
+    )
+    parser.add_argument(
+        "--task-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="one task option, over --task-options (repeatable)",
+    )
+
+
 def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate = commands.add_parser(
         "evaluate", help="score a candidate and the champion on the same test split"
@@ -289,6 +342,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--model", type=Path, required=True, help="a training's output folder")
     evaluate.add_argument("--data", type=Path, required=True, help="the prepared data version it trained on")
     evaluate.add_argument("--out", type=Path, required=True, help="folder for evaluation.json")
+    _add_task_options(evaluate)
     _add_registry_options(evaluate, model_name_required=True)
     evaluate.set_defaults(handler=_evaluate)
 
@@ -301,6 +355,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     register.add_argument("--environment-version", required=True, help="the training environment's version")
     register.add_argument("--out", type=Path, required=True, help="folder for registration.json")
     register.add_argument("--mlflow-experiment", default="retrain", help="experiment of the registering run")
+    _add_task_options(register)
     _add_registry_options(register, model_name_required=True)
     _add_lock_options(register)
     _add_policy_options(register)

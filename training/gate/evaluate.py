@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from training.atomic_files import write_atomically
-from training.engine.outputs import METADATA_FILE, MODEL_FILE, MODEL_FORMAT, weights_sha256
+from training.engine.outputs import METADATA_FILE, MODEL_FILE, read_model_payload, weights_sha256
 from training.errors import InputError
-from training.gate.metrics import score_classifier
 from training.gate.policy import LOADED, NO_CHAMPION, UNLOADABLE, Champion, Scored
 from training.gate.registry import (
     CHAMPION,
@@ -30,8 +32,9 @@ from training.gate.registry import (
     VersionInfo,
     check_model_name,
 )
-from training.tasks.tabular.dataset import PreparedData, SplitData, load_prepared
-from training.tasks.tabular.model import ModelConfig, TabularClassifier
+from training.gate.serving import Rebuilt, rebuild
+from training.tasks.base import Task, TaskData
+from training.tasks.loader import load_task, options_argument, parse_task_ref, task_file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +46,29 @@ RUN_METRIC_PREFIX = "test_"
 
 @dataclass(frozen=True)
 class TrainedModel:
-    model: TabularClassifier
+    """A training's output rebuilt through its task, with the metadata the training wrote."""
+
+    rebuilt: Rebuilt
     metadata: dict[str, Any]
+    model_dir: Path
+    task_ref: str  # the reference it was loaded by: --task, else the one model.pt records
+
+    @property
+    def model(self) -> nn.Module:
+        return self.rebuilt.model
+
+    @property
+    def task(self) -> Task:
+        return self.rebuilt.task
 
     @property
     def weights_sha256(self) -> str:
         return str(self.metadata["weights_sha256"])
+
+    @property
+    def task_file(self) -> Path | None:
+        """The user's task file, for a file task: shipped with the model when it is registered."""
+        return parse_task_ref(self.task_ref).path
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
@@ -60,30 +80,61 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
         raise InputError(f"{path}: not valid JSON ({error.msg}); expected {what}") from None
 
 
-def load_trained_model(model_dir: Path) -> TrainedModel:
+def _same_reference(given: str, recorded: str) -> bool:
+    """Whether two task references name the same task. A task file may have moved (a pipeline step runs
+    in a copy of the code), so files match by name and attribute, and by content when both are here."""
+    ours, theirs = parse_task_ref(given), parse_task_ref(recorded)
+    if ours.path is None or theirs.path is None:
+        return (ours.module, ours.path, ours.attribute) == (theirs.module, theirs.path, theirs.attribute)
+    if (ours.path.name, ours.attribute) != (theirs.path.name, theirs.attribute):
+        return False
+    recorded_sha256 = task_file_sha256(theirs)
+    return recorded_sha256 is None or recorded_sha256 == task_file_sha256(ours)
+
+
+def candidate_task(
+    model_dir: Path, task_ref: str | None = None, task_options: Mapping[str, Any] | None = None
+):
+    """The task a training's model is rebuilt and scored by: `task_ref` with `task_options` when given
+    (refused, in one line, unless it is the task and options model.pt records), else the recorded one.
+    Returns (task, the reference it was loaded by)."""
+    model_file = Path(model_dir) / MODEL_FILE
+    payload = read_model_payload(model_file)
+    recorded, recorded_options = str(payload["task"]), dict(payload["task_options"])
+    if task_ref is None:
+        return load_task(recorded, recorded_options), recorded
+    given_options = dict(task_options or {})
+    if not _same_reference(task_ref, recorded):
+        raise InputError(
+            f"--task {task_ref!r}: {model_file} was trained with task {recorded!r}; give that task, or "
+            "leave --task out to use the one the model records"
+        )
+    task = load_task(task_ref, given_options)
+    # Compared as the task sees them, defaults filled in: {} and the defaults written out are the same.
+    if dict(task.options()) != dict(load_task(task_ref, recorded_options).options()):
+        raise InputError(
+            f"--task-options {options_argument(given_options)}: {model_file} was trained with task options "
+            f"{options_argument(recorded_options)}; give those, or leave --task out"
+        )
+    return task, task_ref
+
+
+def load_trained_model(
+    model_dir: Path, task_ref: str | None = None, task_options: Mapping[str, Any] | None = None
+) -> TrainedModel:
     """Rebuild the model a training wrote, refusing weights that do not match their recorded sha256."""
     model_dir = Path(model_dir)
     metadata = read_json(model_dir / METADATA_FILE, "the metadata.json a training writes")
-    try:
-        payload = torch.load(model_dir / MODEL_FILE, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise InputError(f"{model_dir / MODEL_FILE}: no such file; expected a trained model folder") from None
-    if not isinstance(payload, dict) or payload.get("format") != MODEL_FORMAT:
-        raise InputError(
-            f"{model_dir / MODEL_FILE}: not a {MODEL_FORMAT} file; expected a training's model.pt"
-        )
-    config = ModelConfig(**payload["model_config"])
-    model = TabularClassifier(config, torch.zeros(config.n_features), torch.ones(config.n_features))
-    model.load_state_dict(payload["state_dict"])
-    model.eval()
-    if weights_sha256(model) != metadata.get("weights_sha256"):
+    task, loaded_by = candidate_task(model_dir, task_ref, task_options)
+    rebuilt = rebuild(model_dir / MODEL_FILE, task=task)
+    if weights_sha256(rebuilt.model) != metadata.get("weights_sha256"):
         raise InputError(f"{model_dir}: model.pt does not match the weights_sha256 in metadata.json")
-    return TrainedModel(model, metadata)
+    return TrainedModel(rebuilt, metadata, model_dir, loaded_by)
 
 
-def load_matching_data(candidate: TrainedModel, data_dir: Path) -> PreparedData:
-    """The prepared data version the candidate was trained on; any other is refused."""
-    data = load_prepared(data_dir)
+def load_matching_data(candidate: TrainedModel, data_dir: Path) -> TaskData:
+    """The prepared data version the candidate was trained on, loaded by its task; any other is refused."""
+    data = candidate.task.load(Path(data_dir))
     if candidate.metadata.get("data_version") != data.data_version:
         raise InputError(
             f"--data {data_dir}: data version {data.data_version}, but the model was trained on "
@@ -92,16 +143,44 @@ def load_matching_data(candidate: TrainedModel, data_dir: Path) -> PreparedData:
     return data
 
 
-def score_version(
-    registry: ModelRegistry, holder: VersionInfo, split: SplitData, data_version: str
-) -> Champion:
-    """A registered version scored on `split`; unloadable (with the reason) when it cannot be loaded."""
+def score(task: Task, model: nn.Module, split: Any) -> dict[str, float]:
+    """`task.score` with the model in eval mode and gradients off, as plain floats (what JSON, MLflow and
+    the gate take); a score that is not a number is refused naming the task."""
+    was_training = model.training
+    model.eval()
     try:
-        model = registry.load_model(holder)
-    except ModelLoadError as error:
+        with torch.no_grad():
+            scores = task.score(model, split)
+    finally:
+        model.train(was_training)
+    if not isinstance(scores, Mapping):
+        raise InputError(f"task {task.name!r}: score() returned {type(scores).__name__}; expected a dict")
+    metrics = {}
+    for name, value in scores.items():
+        try:
+            metrics[str(name)] = float(value)
+        except (TypeError, ValueError):
+            raise InputError(
+                f"task {task.name!r}: score() gave {name!r} = {value!r}; expected a number"
+            ) from None
+    return metrics
+
+
+def score_version(
+    registry: ModelRegistry, holder: VersionInfo, task: Task, split: Any, data_version: str
+) -> Champion:
+    """A registered version scored on `split` by `task` (the candidate's, so both are scored by the same
+    code); unloadable, with the reason, when it cannot be loaded or scored."""
+    try:
+        champion = registry.load_model(holder)
+        metrics = score(task, champion.model, split)
+    except (ModelLoadError, InputError) as error:
         log.warning("champion %s is unloadable: %s", holder.uri, error)
         return Champion.unloadable(holder.version, str(error))
-    metrics = score_classifier(model, split.features, split.labels)
+    except Exception as error:  # a champion whose architecture no longer fits the data: not comparable
+        reason = f"{holder.uri} cannot be scored on this data: {type(error).__name__}: {str(error)[:200]}"
+        log.warning("champion %s is unloadable: %s", holder.uri, reason)
+        return Champion.unloadable(holder.version, " ".join(reason.split()))
     return Champion.loaded(holder.version, Scored(metrics, data_version, str(holder.weights_sha256)))
 
 
@@ -132,15 +211,34 @@ def champion_from_document(document: dict[str, Any], data_version: str) -> Champ
     raise ValueError(f"champion state {state!r} with version {document['version']!r}")
 
 
-def evaluate(model_dir: Path, data_dir: Path, model_name: str, registry: ModelRegistry) -> dict[str, Any]:
+def task_document(candidate: TrainedModel) -> dict[str, Any]:
+    ref = parse_task_ref(candidate.task_ref)
+    return {
+        "ref": candidate.task_ref,
+        "name": candidate.task.name,
+        "options": dict(candidate.rebuilt.task_options),
+        "file_sha256": task_file_sha256(ref),
+    }
+
+
+def evaluate(
+    model_dir: Path,
+    data_dir: Path,
+    model_name: str,
+    registry: ModelRegistry,
+    task_ref: str | None = None,
+    task_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     check_model_name(model_name)
-    candidate = load_trained_model(model_dir)
+    candidate = load_trained_model(model_dir, task_ref, task_options)
     data = load_matching_data(candidate, data_dir)
     split = data.split(EVALUATED_SPLIT)
-    metrics = score_classifier(candidate.model, split.features, split.labels)
+    metrics = score(candidate.task, candidate.model, split)
     holder = registry.alias_holder(model_name, CHAMPION)
     champion = (
-        Champion.none() if holder is None else score_version(registry, holder, split, data.data_version)
+        Champion.none()
+        if holder is None
+        else score_version(registry, holder, candidate.task, split, data.data_version)
     )
     return {
         "format": EVALUATION_FORMAT,
@@ -148,6 +246,8 @@ def evaluate(model_dir: Path, data_dir: Path, model_name: str, registry: ModelRe
         "data_version": data.data_version,
         "split": EVALUATED_SPLIT,
         "rows": len(split),
+        "task": task_document(candidate),
+        "primary_metric": candidate.task.default_primary_metric,
         "candidate": {
             "weights_sha256": candidate.weights_sha256,
             "mlflow_run_id": candidate.metadata.get("mlflow_run_id"),
@@ -159,25 +259,36 @@ def evaluate(model_dir: Path, data_dir: Path, model_name: str, registry: ModelRe
 
 
 def write_evaluation(
-    model_dir: Path, data_dir: Path, model_name: str, registry: ModelRegistry, out: Path
+    model_dir: Path,
+    data_dir: Path,
+    model_name: str,
+    registry: ModelRegistry,
+    out: Path,
+    task_ref: str | None = None,
+    task_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate, write evaluation.json, and log the candidate's test metrics and the file to its run."""
-    evaluation = evaluate(model_dir, data_dir, model_name, registry)
+    evaluation = evaluate(model_dir, data_dir, model_name, registry, task_ref, task_options)
     path = Path(out) / EVALUATION_FILE
     text = json.dumps(evaluation, indent=2, sort_keys=True) + "\n"
     write_atomically(path, lambda handle: handle.write(text.encode()))
     candidate, champion = evaluation["candidate"], evaluation["champion"]
     _log_to_candidate_run(registry, candidate, path)
+    metric = evaluation["primary_metric"]
     log.info(
-        "candidate %s on %s %s: macro-F1 %.4f, accuracy %.4f; champion: %s",
+        "candidate %s on %s %s: %s %s; champion: %s",
         candidate["weights_sha256"][:12],
         evaluation["data_version"],
         EVALUATED_SPLIT,
-        candidate["metrics"]["macro_f1"],
-        candidate["metrics"]["accuracy"],
-        _describe_champion(champion),
+        metric,
+        _number(candidate["metrics"].get(metric)),
+        _describe_champion(champion, metric),
     )
     return evaluation
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, int | float) and math.isfinite(value) else str(value)
 
 
 def _log_to_candidate_run(registry: ModelRegistry, candidate: dict[str, Any], path: Path) -> None:
@@ -195,9 +306,9 @@ def _log_to_candidate_run(registry: ModelRegistry, candidate: dict[str, Any], pa
     log.info("the candidate has no MLflow run in this store; its evaluation is in %s only", path)
 
 
-def _describe_champion(champion: dict[str, Any]) -> str:
+def _describe_champion(champion: dict[str, Any], metric: str) -> str:
     if champion["state"] == LOADED:
-        return f"v{champion['version']} macro-F1 {champion['metrics']['macro_f1']:.4f}"
+        return f"v{champion['version']} {metric} {_number(champion['metrics'].get(metric))}"
     if champion["version"] is None:
         return "none yet"
     return f"v{champion['version']} {champion['state']} ({champion['error']})"

@@ -7,6 +7,7 @@ artifacts is used instead, and either one is trusted only if its sha256 is the r
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Any
 
 from training.errors import InputError
 from training.gate.lineage import (
+    DATA_DIR,
+    MANIFEST_FILE,
     MANIFEST_PATH,
     MANIFEST_SHA256,
     REPLACED_VERSION,
@@ -26,14 +29,13 @@ from training.gate.lineage import (
 )
 from training.gate.lock import RegistryLock
 from training.gate.registry import (
+    ARTIFACTS_FOLDER,
     CHAMPION,
-    EXTRA_FILES_FOLDER,
     PREVIOUS,
     ModelRegistry,
     RegistryError,
     VersionInfo,
 )
-from training.tasks.tabular.schema import MANIFEST_NAME, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +72,25 @@ def _manifest_candidates(registry: ModelRegistry, info: VersionInfo, scratch: Pa
     if recorded and Path(recorded).is_file():
         found.append((recorded, Path(recorded)))
     try:
-        copy = registry.download_model_file(info, f"{EXTRA_FILES_FOLDER}/{MANIFEST_NAME}", scratch)
+        copy = registry.download_model_file(info, f"{ARTIFACTS_FOLDER}/{MANIFEST_FILE}", scratch)
     except RegistryError as error:
         log.info("no manifest copy in %s's artifacts: %s", info.uri, error)
     else:
-        found.append((f"{info.uri}/{EXTRA_FILES_FOLDER}/{MANIFEST_NAME}", copy))
+        found.append((f"{info.uri}/{ARTIFACTS_FOLDER}/{MANIFEST_FILE}", copy))
     return found
 
 
-def verified_manifest(registry: ModelRegistry, info: VersionInfo, scratch: Path) -> tuple[str, Manifest]:
-    """The version's data manifest and where it was found, after checking it against the recorded sha256."""
+def verified_manifest(
+    registry: ModelRegistry, info: VersionInfo, scratch: Path
+) -> tuple[str, dict[str, Any]]:
+    """The version's data manifest (as JSON: each task writes its own) and where it was found, after
+    checking it against the recorded sha256."""
     expected = info.tags.get(MANIFEST_SHA256)
+    if expected == "none":
+        raise InputError(
+            f"{info.uri} was trained on data without a {MANIFEST_FILE} (its task writes none); its data "
+            f"folder was {info.tags.get(DATA_DIR)}"
+        )
     if not expected:
         raise InputError(
             f"{info.uri} has no {MANIFEST_SHA256} tag; it was not registered by retrain register"
@@ -88,7 +98,13 @@ def verified_manifest(registry: ModelRegistry, info: VersionInfo, scratch: Path)
     tried = []
     for location, path in _manifest_candidates(registry, info, scratch):
         if file_sha256(path) == expected:
-            return location, Manifest.from_json(path.read_text(encoding="utf-8"), source=location)
+            try:
+                document = json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as error:
+                raise InputError(f"{location}: not a JSON data manifest ({error})") from None
+            if not isinstance(document, dict):
+                raise InputError(f"{location}: not a JSON object; expected a data manifest")
+            return location, document
         tried.append(f"{location} (sha256 differs)")
     recorded = info.tags.get(MANIFEST_PATH, "no path")
     raise InputError(
@@ -102,11 +118,12 @@ def lineage_report(registry: ModelRegistry, model_name: str, version: str, scrat
     info = registry.version(model_name, version)
     location, manifest = verified_manifest(registry, info, scratch)
     chain = describe_tags(info.tags)
-    if manifest.data_version != chain["data_version"]:
+    if manifest.get("data_version") != chain["data_version"]:
         raise InputError(
-            f"{info.uri}: the manifest at {location} is of {manifest.data_version}, but the version was "
-            f"trained on {chain['data_version']}"
+            f"{info.uri}: the manifest at {location} is of {manifest.get('data_version')}, but the version "
+            f"was trained on {chain['data_version']}"
         )
+    splits = manifest.get("splits") or {}
     return {
         "model_name": model_name,
         "version": info.version,
@@ -117,11 +134,15 @@ def lineage_report(registry: ModelRegistry, model_name: str, version: str, scrat
         "manifest": {
             "location": location,
             "sha256": info.tags[MANIFEST_SHA256],
-            "data_version": manifest.data_version,
-            "previous_version": manifest.previous_version,
-            "raw_files": [vars(entry) for entry in manifest.raw_files],
-            "splits": {entry.name: {"rows": entry.rows, "file": entry.file} for entry in manifest.splits},
-            "stats": vars(manifest.stats),
+            "data_version": manifest.get("data_version"),
+            "previous_version": manifest.get("previous_version"),
+            "raw_files": list(manifest.get("raw_files") or []),
+            "splits": {
+                name: {"rows": entry.get("rows"), "file": entry.get("file")}
+                for name, entry in (splits.items() if isinstance(splits, dict) else [])
+                if isinstance(entry, dict)
+            },
+            "stats": manifest.get("stats"),
         },
     }
 

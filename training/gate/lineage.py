@@ -2,7 +2,9 @@
 
 The register step writes these tags; `retrain models` and `retrain lineage` read them back. The chain they
 describe runs from the version through the gate's decision and the pipeline job to the trigger event, the
-raw and prepared data versions, and the prepared data's manifest (its path and its sha256).
+raw and prepared data versions, the prepared data's manifest (its path and its sha256), and the task that
+built the model (its reference, options and, for a task file, the file's sha256), which `retrain drift`
+reads to compare the champion's own features.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from typing import Any
 
 import training
 from training.errors import InputError
-from training.tasks.tabular.schema import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
+
+# The file at the top of a prepared data version that describes it (the built-in tasks write one); a data
+# version without one is recorded by its folder and data version only.
+MANIFEST_FILE = "manifest.json"
 
 PREFIX = "retrain."
 WEIGHTS_SHA256 = "retrain.weights_sha256"
@@ -34,6 +39,11 @@ RAW_DATA_VERSION = "retrain.data.raw_version"
 DATA_VERSION = "retrain.data.version"
 MANIFEST_PATH = "retrain.data.manifest_path"
 MANIFEST_SHA256 = "retrain.data.manifest_sha256"
+DATA_DIR = "retrain.data.dir"
+TASK_REF = "retrain.task"
+TASK_NAME = "retrain.task.name"
+TASK_OPTIONS = "retrain.task.options"  # JSON
+TASK_FILE_SHA256 = "retrain.task.file_sha256"
 EVALUATED_ON = "retrain.data.evaluated_on"
 CODE_VERSION = "retrain.code.version"
 CODE_SOURCE = "retrain.code.source"
@@ -149,6 +159,11 @@ class Lineage:
     pipeline_job: str
     weights_sha256: str
     training_run_id: str
+    data_dir: str = NONE
+    task_ref: str = NONE
+    task_name: str = NONE
+    task_options: str = "{}"  # JSON
+    task_file_sha256: str = NONE
 
     def __post_init__(self) -> None:
         for name in ("raw_data_version", "environment_version"):
@@ -170,6 +185,11 @@ class Lineage:
             PIPELINE_JOB: self.pipeline_job,
             WEIGHTS_SHA256: self.weights_sha256,
             TRAINING_RUN: self.training_run_id,
+            DATA_DIR: self.data_dir,
+            TASK_REF: self.task_ref,
+            TASK_NAME: self.task_name,
+            TASK_OPTIONS: self.task_options,
+            TASK_FILE_SHA256: self.task_file_sha256,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -181,7 +201,14 @@ class Lineage:
             },
             "raw_data_version": self.raw_data_version,
             "data_version": self.data_version,
+            "data_dir": self.data_dir,
             "manifest": {"path": self.manifest_path, "sha256": self.manifest_sha256},
+            "task": {
+                "ref": self.task_ref,
+                "name": self.task_name,
+                "options": json.loads(self.task_options),
+                "file_sha256": self.task_file_sha256,
+            },
             "code": {"source": self.code_source, "version": self.code_version},
             "environment_version": self.environment_version,
             "pipeline_job": self.pipeline_job,
@@ -199,21 +226,31 @@ def lineage_of(
     pipeline_job: str | None,
     weights_sha256: str,
     training_run_id: str | None,
+    task: Mapping[str, Any] | None = None,
 ) -> Lineage:
-    manifest = Path(data_dir) / MANIFEST_NAME
+    """The lineage of a model trained on the prepared data in `data_dir`. `task` is the evaluation's task
+    document: {"ref", "name", "options", "file_sha256"}."""
+    manifest = Path(data_dir) / MANIFEST_FILE
+    has_manifest = manifest.is_file()
     source, version = code_version()
+    task = task or {}
     return Lineage(
         trigger=trigger,
         raw_data_version=raw_data_version,
         data_version=data_version,
-        manifest_path=str(manifest.resolve()),
-        manifest_sha256=file_sha256(manifest),
+        manifest_path=str(manifest.resolve()) if has_manifest else NONE,
+        manifest_sha256=file_sha256(manifest) if has_manifest else NONE,
         code_source=source,
         code_version=version,
         environment_version=environment_version,
         pipeline_job=pipeline_job or NONE,
         weights_sha256=weights_sha256,
         training_run_id=training_run_id or NONE,
+        data_dir=str(Path(data_dir).resolve()),
+        task_ref=str(task.get("ref") or NONE),
+        task_name=str(task.get("name") or NONE),
+        task_options=json.dumps(dict(task.get("options") or {}), sort_keys=True),
+        task_file_sha256=str(task.get("file_sha256") or NONE),
     )
 
 
@@ -260,6 +297,8 @@ def describe_tags(tags: Mapping[str, str]) -> dict[str, Any]:
         },
         "raw_data_version": tags.get(RAW_DATA_VERSION),
         "data_version": tags.get(DATA_VERSION),
+        "data_dir": tags.get(DATA_DIR),
+        "task": task_from_tags(tags),
         "evaluated_on": tags.get(EVALUATED_ON),
         "manifest": {"path": tags.get(MANIFEST_PATH), "sha256": tags.get(MANIFEST_SHA256)},
         "code": {"source": tags.get(CODE_SOURCE), "version": tags.get(CODE_VERSION)},
@@ -284,3 +323,18 @@ def _json_tag(tags: Mapping[str, str], key: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def task_from_tags(tags: Mapping[str, str]) -> dict[str, Any] | None:
+    """The task a version records: {"ref", "name", "options", "file_sha256"}; None for a version registered
+    before tasks were recorded."""
+    ref = tags.get(TASK_REF)
+    if not ref or ref == NONE:
+        return None
+    options = _json_tag(tags, TASK_OPTIONS)
+    return {
+        "ref": ref,
+        "name": tags.get(TASK_NAME),
+        "options": options if isinstance(options, dict) else {},
+        "file_sha256": None if tags.get(TASK_FILE_SHA256) in (None, NONE) else tags[TASK_FILE_SHA256],
+    }

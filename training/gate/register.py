@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from training.atomic_files import write_atomically
-from training.engine.outputs import METADATA_FILE
+from training.engine.outputs import METADATA_FILE, MODEL_FILE
 from training.errors import InputError
 from training.gate.evaluate import (
     EVALUATED_SPLIT,
@@ -31,9 +32,11 @@ from training.gate.evaluate import (
     load_trained_model,
     read_json,
     score_version,
+    task_document,
 )
 from training.gate.lineage import (
     EVALUATED_ON,
+    MANIFEST_FILE,
     REGISTERED_VERSION,
     REPLACED_VERSION,
     Lineage,
@@ -43,7 +46,7 @@ from training.gate.lineage import (
     metric_tags,
 )
 from training.gate.lock import RegistryLock
-from training.gate.policy import Champion, Decision, GatePolicy, Scored, decide
+from training.gate.policy import Champion, Decision, GatePolicy, Scored, decide, policy_of
 from training.gate.registry import (
     CHAMPION,
     PREVIOUS,
@@ -53,26 +56,28 @@ from training.gate.registry import (
     VersionInfo,
     check_model_name,
 )
-from training.tasks.tabular.dataset import PreparedData
-from training.tasks.tabular.schema import MANIFEST_NAME
+from training.gate.serving import ServedModel
+from training.tasks.base import TaskData
 
 log = logging.getLogger(__name__)
 
 REGISTRATION_FILE = "registration.json"
 REGISTRATION_FORMAT = "retrain-registration/2"
-INPUT_EXAMPLE_ROWS = 5
 FROM_EVALUATION, REREAD = "the evaluation", "re-read under the lock"
+POLICY_SOURCE = "the gate policy of retrain register"
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A trained model, its evaluation, and the data it was evaluated on, checked to belong together."""
+    """A trained model, its evaluation, and the data it was evaluated on, checked to belong together, and
+    the gate policy for its task."""
 
     trained: TrainedModel
     evaluation: dict[str, Any]
-    data: PreparedData
+    data: TaskData
     model_dir: Path
     evaluation_path: Path
+    policy: GatePolicy
 
     @property
     def scored(self) -> Scored:
@@ -97,8 +102,11 @@ class RegisterRequest:
     raw_data_version: str
     environment_version: str
     pipeline_job: str | None
-    policy: GatePolicy
     experiment: str
+    # policy_for_task's keyword arguments as given (--primary-metric...); what is absent is the task's default
+    gate: Mapping[str, Any] = field(default_factory=dict)
+    task_ref: str | None = None  # None: the task model.pt records
+    task_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_model_name(self.model_name)
@@ -134,12 +142,14 @@ def _check_evaluation(
 
 
 def load_candidate(request: RegisterRequest) -> Candidate:
-    trained = load_trained_model(request.model_dir)
+    trained = load_trained_model(request.model_dir, request.task_ref, request.task_options)
+    # First: a policy naming a metric the task does not report is refused before anything else is read.
+    policy = policy_of(trained.task, **request.gate, where=POLICY_SOURCE)
     evaluation_path = Path(request.evaluation_dir) / EVALUATION_FILE
     evaluation = read_json(evaluation_path, "the evaluation.json the evaluate step writes")
     _check_evaluation(evaluation, trained, request.model_name, evaluation_path)
     data = load_matching_data(trained, request.data_dir)
-    return Candidate(trained, evaluation, data, Path(request.model_dir), evaluation_path)
+    return Candidate(trained, evaluation, data, Path(request.model_dir), evaluation_path, policy)
 
 
 def _current_champion(
@@ -158,26 +168,35 @@ def _current_champion(
         holder.version,
     )
     split = candidate.data.split(EVALUATED_SPLIT)
-    return score_version(registry, holder, split, candidate.data.data_version), REREAD
+    champion = score_version(registry, holder, candidate.trained.task, split, candidate.data.data_version)
+    return champion, REREAD
 
 
 def _new_version(
     request: RegisterRequest, candidate: Candidate, lineage: Lineage, tags: dict[str, str]
 ) -> NewVersion:
-    features = candidate.data.split(EVALUATED_SPLIT).features[:INPUT_EXAMPLE_ROWS]
-    return NewVersion(
-        model_name=request.model_name,
-        model=candidate.trained.model,
-        input_example=features,
-        tags=tags,
+    trained = candidate.trained
+    manifest = Path(request.data_dir) / MANIFEST_FILE
+    served = ServedModel(
+        model_file=candidate.model_dir / MODEL_FILE,
+        rebuilt=trained.rebuilt,
+        task_file=trained.task_file,
+        input_example=trained.task.input_example(candidate.data),
         # Kept with the model, lineage reaches the data manifest even after the data folders are cleaned.
         extra_files=(
-            Path(request.data_dir) / MANIFEST_NAME,
+            *((manifest,) if manifest.is_file() else ()),
             candidate.evaluation_path,
             candidate.model_dir / METADATA_FILE,
         ),
+        metadata={"retrain_task": task_document(trained), "retrain_weights_sha256": trained.weights_sha256},
+    )
+    return NewVersion(
+        model_name=request.model_name,
+        served=served,
+        tags=tags,
+        training_run_id=candidate.run_id,
         experiment=request.experiment,
-        run_name=f"register {request.model_name} {candidate.trained.weights_sha256[:12]}",
+        run_name=f"register {request.model_name} {trained.weights_sha256[:12]}",
         run_tags={"retrain.step": "register", **lineage.tags()},
     )
 
@@ -196,11 +215,12 @@ def register_candidate(
         request.pipeline_job,
         candidate.trained.weights_sha256,
         candidate.run_id,
+        task=task_document(candidate.trained),
     )
     with lock:
         holder = registry.alias_holder(request.model_name, CHAMPION)
         champion, basis = _current_champion(registry, candidate, holder)
-        decision = decide(candidate.scored, champion, request.policy)
+        decision = decide(candidate.scored, champion, candidate.policy, candidate.trained.task.metrics)
         registered = (
             _promote(request, registry, candidate, lineage, decision, holder) if decision.accepted else None
         )
@@ -220,7 +240,7 @@ def _promote(
     tags = {
         **lineage.tags(),
         **metric_tags(data["candidate"]["metrics"]),
-        **decision_tags(decision.to_dict(), request.policy.describe()),
+        **decision_tags(decision.to_dict(), candidate.policy.describe()),
         EVALUATED_ON: f"{data['data_version']} {data['split']} ({data['rows']} rows)",
         REPLACED_VERSION: holder.version if holder else "none",
     }
@@ -250,7 +270,7 @@ def _record(
     return {
         "format": REGISTRATION_FORMAT,
         "model_name": request.model_name,
-        "decision": {**decision.to_dict(), "policy": request.policy.describe()},
+        "decision": {**decision.to_dict(), "policy": candidate.policy.describe()},
         "registered_version": registered.version if registered else None,
         "champion_compared": {**champion_document(champion), "scores_from": basis},
         "candidate": {
@@ -259,6 +279,7 @@ def _record(
             "mlflow_run_id": candidate.run_id,
         },
         "metrics": candidate.evaluation["candidate"]["metrics"],
+        "task": task_document(candidate.trained),
         "evaluated_on": {
             "data_version": candidate.evaluation["data_version"],
             "split": candidate.evaluation["split"],

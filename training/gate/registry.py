@@ -2,9 +2,10 @@
 
 Aliases carry the state: `champion` is the version in service and `previous` the one it replaced. Each
 version carries its lineage as `retrain.*` tags (see training/gate/lineage.py) and its weights' sha256, which
-is checked whenever a version is loaded. Reads and tag/alias writes go through an MlflowClient bound to an
-explicit store; logging and loading a model go through mlflow.pytorch, pointed at the same store for the
-duration of the call only.
+is checked whenever a version is loaded. A version is a pyfunc model (training/gate/serving.py) logged into
+the candidate's training run, so the version's source run is the one with its loss curves and metrics.
+Reads and tag/alias writes go through an MlflowClient bound to an explicit store; logging a model goes
+through MLflow's module-level API, pointed at the same store for the duration of the call only.
 """
 
 from __future__ import annotations
@@ -18,10 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from training.checkpoint.blob_store import mask_secrets
 from training.engine.outputs import weights_sha256
@@ -33,12 +31,16 @@ from training.local_state import (
     default_mlflow_tracking_uri,
 )
 
+if TYPE_CHECKING:
+    from training.gate.serving import Rebuilt, ServedModel
+
 log = logging.getLogger(__name__)
 
 CHAMPION = "champion"
 PREVIOUS = "previous"
 MODEL_ARTIFACT = "model"
-EXTRA_FILES_FOLDER = "extra_files"  # where mlflow.pytorch puts `extra_files` inside the model's artifacts
+ARTIFACTS_FOLDER = "artifacts"  # serving.ARTIFACTS_FOLDER: model.pt, the task file and the lineage files
+MODEL_FILE_NAME = "model.pt"
 DEFAULT_EXPERIMENT = "retrain"
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _ERROR_CHARS = 300
@@ -120,21 +122,6 @@ class VersionInfo:
     @property
     def uri(self) -> str:
         return f"models:/{self.model_name}/{self.version}"
-
-
-class InferenceModel(nn.Module):
-    """A loaded version, ready to score.
-
-    mlflow.pytorch loads the pt2 format as a torch.export graph, traced in inference mode, which refuses
-    train()/eval(); held outside this module's children, it is untouched by the mode switch a scorer makes.
-    """
-
-    def __init__(self, graph: nn.Module) -> None:
-        super().__init__()
-        self._graph = (graph,)  # a tuple, so nn.Module does not register it as a child
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self._graph[0](features)
 
 
 @contextmanager
@@ -219,17 +206,23 @@ class ModelRegistry:
             created_ms=int(version.creation_timestamp or 0),
         )
 
-    def load_model(self, info: VersionInfo) -> InferenceModel:
-        """The version's model, after checking its weights are the ones registered."""
-        import mlflow.pytorch
+    def load_model(self, info: VersionInfo) -> Rebuilt:
+        """The version's model rebuilt from its model.pt by its task, after checking its weights are the
+        ones registered. A file task is loaded from the copy registered with the model."""
+        from training.engine.outputs import read_model_payload
+        from training.gate.serving import rebuild
+        from training.tasks.loader import parse_task_ref
 
         expected = info.weights_sha256
         if not expected:
             raise ModelLoadError(f"{info.uri} has no {WEIGHTS_SHA256} tag, so its weights cannot be verified")
         try:
-            with self._fluent_store(), tempfile.TemporaryDirectory(prefix="retrain-model-") as folder:
-                loaded = mlflow.pytorch.load_model(info.uri, dst_path=folder)
-            actual = weights_sha256(loaded)
+            with tempfile.TemporaryDirectory(prefix="retrain-model-") as scratch:
+                folder = self.download_model_file(info, ARTIFACTS_FOLDER, Path(scratch))
+                model_file = folder / MODEL_FILE_NAME
+                ref = parse_task_ref(str(read_model_payload(model_file)["task"]))
+                rebuilt = rebuild(model_file, folder / ref.path.name if ref.path is not None else None)
+            actual = weights_sha256(rebuilt.model)
         except Exception as error:  # whatever breaks a load, the version cannot serve as a champion
             raise ModelLoadError(f"{info.uri} cannot be loaded: {_first_line(error)}") from error
         if actual != expected:
@@ -237,7 +230,7 @@ class ModelRegistry:
                 f"{info.uri} has weights {actual[:12]}, not the registered {expected[:12]}; "
                 "its artifacts were changed"
             )
-        return InferenceModel(loaded)
+        return rebuilt
 
     def download_model_file(self, info: VersionInfo, relative_path: str, folder: Path) -> Path:
         """One file of the version's model artifacts, copied into `folder`."""
@@ -289,34 +282,34 @@ class ModelRegistry:
     # -- changing ------------------------------------------------------------------------------------------
 
     def register(self, request: NewVersion) -> VersionInfo:
-        """Log the model with mlflow.pytorch in a run of its own and make it a new version of the model."""
+        """Log the serving model into the candidate's training run (or, when that run is not in this store,
+        a register run of its own) and make it a new version of the model."""
         import mlflow
-        import mlflow.pytorch
-        from mlflow.models import infer_signature
 
-        model = request.model.eval()
-        with torch.no_grad():
-            outputs = model(request.input_example)
-        example = request.input_example.numpy()
-        signature = infer_signature(example, outputs.numpy())
+        from training.gate.serving import log_served_model
+
         # All of it against this store: creating the version looks the logged model up through MLflow's
         # module-level tracking URI, not the client's.
         with (
             _registry_errors(f"register a version of {request.model_name!r}", self.store),
             self._fluent_store(),
         ):
-            experiment_id = self._experiment_id(request.experiment)
-            with mlflow.start_run(experiment_id=experiment_id, run_name=request.run_name):
-                mlflow.set_tags(dict(request.run_tags))
-                logged = mlflow.pytorch.log_model(
-                    model,
-                    name=MODEL_ARTIFACT,
-                    input_example=example,
-                    signature=signature,
-                    # Explicit requirements: inferring them would load and probe the model once more.
-                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-                    extra_files=[str(path) for path in request.extra_files],
+            training_run = request.training_run_id if self.run_exists(request.training_run_id) else None
+            if training_run is None:
+                log.info(
+                    "the candidate's training run %s is not in this store; logging the model in a register "
+                    "run of its own, which has no training metrics",
+                    request.training_run_id or "(none recorded)",
                 )
+                run = mlflow.start_run(
+                    experiment_id=self._experiment_id(request.experiment), run_name=request.run_name
+                )
+            else:
+                run = mlflow.start_run(run_id=training_run)
+            with run:
+                if training_run is None:
+                    mlflow.set_tags(dict(request.run_tags))
+                logged = log_served_model(request.served, MODEL_ARTIFACT)
             self._ensure_registered_model(request.model_name)
             created = self._client.create_model_version(
                 request.model_name,
@@ -383,22 +376,16 @@ class ModelRegistry:
 
 @dataclass(frozen=True)
 class NewVersion:
-    """A model to register: the model, a few input rows, its version tags, and files to keep beside it."""
+    """A model to register: what serves (model file, task, input example, files kept beside it), its
+    version tags, and the training run to log it into."""
 
     model_name: str
-    model: nn.Module
-    input_example: torch.Tensor
+    served: ServedModel
     tags: Mapping[str, str]
-    extra_files: tuple[Path, ...] = ()
+    training_run_id: str | None = None
     experiment: str = DEFAULT_EXPERIMENT
     run_name: str | None = None
-    run_tags: Mapping[str, str] = field(default_factory=dict)
+    run_tags: Mapping[str, str] = field(default_factory=dict)  # on a register run, when one is needed
 
     def __post_init__(self) -> None:
         check_model_name(self.model_name)
-        if self.input_example.ndim != 2 or len(self.input_example) < 2:
-            # torch.export treats a batch of one as a fixed size; two or more keep the batch size free.
-            raise InputError("an input example needs at least 2 rows of features")
-        names = [path.name for path in self.extra_files]
-        if len(set(names)) != len(names):
-            raise InputError(f"extra files {names}: their names must differ (they share one folder)")

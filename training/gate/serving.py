@@ -1,0 +1,176 @@
+"""Serving a registered model: an MLflow pyfunc that answers what users have, through the model's task.
+
+A registered version's artifacts are the training's model.pt (`retrain-model/2`: task reference, options,
+`info` and state dict), the user's task file when the task is one (`file.py:Attr`), and the files kept for
+lineage. `mlflow.pyfunc.load_model("models:/NAME@champion")` rebuilds the model with
+`load_task(ref, options).build_model(info)`, and `predict` hands the caller's input to `task.predict`: a
+DataFrame read straight from a raw CSV for the tabular task, a uint8 N×H×W×3 array for the image task.
+
+The `training` package travels with the model (MLflow's `code_paths`), so a serving environment needs
+only the pip requirements recorded beside it, not this repository. A task file is shipped as an artifact,
+and its reference is pointed at that copy when the model loads, wherever that is. The same rebuild loads a
+champion for the gate (registry.py), so what is scored is exactly what serves.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+import numpy as np
+import torch
+from torch import nn
+
+import training
+from training.engine.outputs import load_model_file, read_model_payload
+from training.errors import InputError
+from training.tasks.base import Task
+from training.tasks.loader import load_task, parse_task_ref
+
+log = logging.getLogger(__name__)
+
+MODEL_KEY = "model"  # the pyfunc artifact holding model.pt
+TASK_FILE_KEY = "task_file"  # the pyfunc artifact holding the user's task file, for a file task
+ARTIFACTS_FOLDER = "artifacts"  # where pyfunc puts its artifacts inside the logged model
+SERVED_MODEL_FILE = "served_model.py"
+# What the serving environment installs. Pinned to this environment's versions; MLflow adds itself.
+REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "pillow", "cloudpickle")
+_NUMERIC_COLUMNS = frozenset({"integer", "long", "float", "double"})
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """A model rebuilt from a model file: its task, the model in eval mode on the CPU, and its facts."""
+
+    task: Task
+    model: nn.Module
+    info: Mapping[str, Any]
+    task_ref: str
+    task_options: Mapping[str, Any]
+
+
+def served_task_ref(recorded: str, task_file: Path | None) -> str:
+    """The recorded task reference, with a task file's path pointed at `task_file`, the copy shipped with
+    the model: the path recorded at training time does not exist where the model is served."""
+    ref = parse_task_ref(recorded)
+    if not ref.is_file:
+        return recorded
+    if task_file is None:
+        raise InputError(f"task {recorded!r} is a file, but no copy of it came with the model")
+    return f"{Path(task_file).resolve()}:{ref.attribute}"
+
+
+def rebuild(model_file: Path, task_file: Path | None = None, task: Task | None = None) -> Rebuilt:
+    """The model a model file holds, built by its task: `task`, or the one the file records, loaded with
+    its recorded options (a file task from `task_file`, the copy that came with the model)."""
+    if task is None:
+        recorded = read_model_payload(model_file)
+        task = load_task(served_task_ref(str(recorded["task"]), task_file), recorded["task_options"])
+    task, model, payload = load_model_file(model_file, task=task)
+    info, options = dict(payload["info"]), dict(payload["task_options"])
+    return Rebuilt(task, model.cpu().eval(), info, str(payload["task"]), options)
+
+
+def predict(rebuilt: Rebuilt, inputs: Any) -> Any:
+    """The task's answer for `inputs`, the model in eval mode, gradients off."""
+    rebuilt.model.eval()
+    with torch.no_grad():
+        return rebuilt.task.predict(rebuilt.model, rebuilt.info, inputs)
+
+
+class TaskModel(mlflow.pyfunc.PythonModel):
+    """The pyfunc MLflow serves: rebuilt from its artifacts on load; `predict` is the task's."""
+
+    def load_context(self, context: Any) -> None:
+        artifacts = context.artifacts
+        task_file = Path(artifacts[TASK_FILE_KEY]) if TASK_FILE_KEY in artifacts else None
+        self._rebuilt = rebuild(Path(artifacts[MODEL_KEY]), task_file)
+
+    # `model_input` has no annotation: MLflow would read one as a type-hint signature and convert inputs.
+    def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> Any:
+        return predict(self._rebuilt, model_input)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What to log as a serving model: the model file and its task, an input example in the form callers
+    have, and other files to keep beside it (in the model's `artifacts/` folder)."""
+
+    model_file: Path
+    rebuilt: Rebuilt
+    task_file: Path | None
+    input_example: Any
+    extra_files: tuple[Path, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = [path.name for path in self.artifact_paths().values()]
+        if len(set(names)) != len(names):
+            raise InputError(f"model artifacts {names}: their names must differ (they share one folder)")
+
+    def artifact_paths(self) -> dict[str, Path]:
+        paths = {MODEL_KEY: Path(self.model_file)}
+        if self.task_file is not None:
+            paths[TASK_FILE_KEY] = Path(self.task_file)
+        for path in self.extra_files:
+            paths[Path(path).name] = Path(path)
+        return paths
+
+
+def serving_signature(input_example: Any, output: Any) -> Any:
+    """The signature MLflow checks inputs against, inferred from the example and the model's answer to it.
+
+    Numeric table columns accept any numeric type: a CSV column of whole numbers reads as int64, another
+    batch's as float64, and both are what a user has (MLflow refuses int64 into a float64 column). The
+    task converts them. Columns are still checked by name, so a missing feature is refused by MLflow."""
+    from mlflow.models import infer_signature
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, Schema
+
+    if isinstance(output, list | tuple):
+        output = np.asarray(output)
+    signature = infer_signature(input_example, output)
+    inputs = signature.inputs
+    if inputs is not None and not inputs.is_tensor_spec():
+        widened = [
+            ColSpec(AnyType(), spec.name, spec.required)
+            if str(getattr(spec.type, "name", spec.type)) in _NUMERIC_COLUMNS
+            else spec
+            for spec in inputs.inputs
+        ]
+        signature = ModelSignature(Schema(widened), signature.outputs, signature.params)
+    return signature
+
+
+def pip_requirements() -> list[str]:
+    pins = []
+    for name in REQUIREMENTS:
+        try:
+            pins.append(f"{name}=={importlib.metadata.version(name).split('+')[0]}")
+        except importlib.metadata.PackageNotFoundError:
+            log.debug("%s is not installed here; not pinned for serving", name)
+    return pins
+
+
+def log_served_model(served: ServedModel, name: str) -> Any:
+    """Log `served` as a pyfunc model into the active MLflow run; returns MLflow's ModelInfo."""
+    example = served.input_example
+    signature = serving_signature(example, predict(served.rebuilt, example))
+    return mlflow.pyfunc.log_model(
+        name=name,
+        # A file MLflow runs at load ("models from code"), not a pickled object.
+        python_model=str(Path(__file__).with_name(SERVED_MODEL_FILE)),
+        artifacts={key: str(path) for key, path in served.artifact_paths().items()},
+        # The package, so the model loads where this repository is not installed.
+        code_paths=[str(Path(training.__file__).parent)],
+        input_example=example,
+        signature=signature,
+        # Explicit requirements: inferring them would load and probe the model once more.
+        pip_requirements=pip_requirements(),
+        metadata=dict(served.metadata),
+    )
