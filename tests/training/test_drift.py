@@ -34,6 +34,7 @@ from training.errors import InputError
 from training.gate.lineage import Trigger, lineage_of
 from training.tasks.tabular.sample_data import digits_table, with_shift, write_sample_batches
 from training.tasks.tabular.schema import DIGITS_SCHEMA, read_manifest
+from training.tasks.tabular.task import TabularTask
 
 TEN = np.arange(10.0)  # quantile edges at 0, 4.5 and 9 with two bins
 
@@ -210,17 +211,20 @@ def test_the_reference_follows_lineage_and_refuses_changed_or_missing_data(prepa
         None,
     ).tags()
 
-    reference = reference_from_lineage(tags, "models:/digits/3", "3")
+    task = TabularTask()
+    reference = reference_from_lineage(task, tags, "models:/digits/3", "3")
     assert (reference.data_version, reference.raw_data_version) == (
         manifest.data_version,
         "rd-0123456789abcdef",
     )
-    assert reference.features.shape == (manifest.split_entry("train").rows, 64)
+    assert reference.features.values.shape == (manifest.split_entry("train").rows, 64)
+    assert reference.features.names == DIGITS_SCHEMA.feature_columns
+    changed = {**tags, "retrain.data.manifest_sha256": "0" * 64}
     with pytest.raises(InputError, match=r"sha256 differs from models:/digits/3's"):
-        reference_from_lineage({**tags, "retrain.data.manifest_sha256": "0" * 64}, "models:/digits/3", "3")
+        reference_from_lineage(task, changed, "models:/digits/3", "3")
     gone = {**tags, "retrain.data.manifest_path": str(tmp_path / "gone" / "manifest.json")}
     with pytest.raises(InputError, match=r"is gone .*; pass --reference DIR"):
-        reference_from_lineage(gone, "models:/digits/3", "3")
+        reference_from_lineage(task, gone, "models:/digits/3", "3")
 
 
 # -- the event and its settings --------------------------------------------------------------------------

@@ -1,8 +1,12 @@
 """`retrain drift`: compare the champion's reference data with newly arrived data; alert on drift.
 
-    retrain drift --model-name M --current DIR [--reference DIR] [--psi-threshold 0.2] [--ks-pvalue 0.01]
-                  [--min-drifted-features 1] [--bins 10] [--out DIR] [--publish | --no-publish]
+    retrain drift --model-name M --current DIR [--reference DIR] [--task REF [--task-options JSON]]
+                  [--psi-threshold 0.2] [--ks-pvalue 0.01] [--min-drifted-features 1] [--bins 10]
+                  [--out DIR] [--publish | --no-publish]
                   [--mlflow-tracking-uri URI|off] [--mlflow-experiment retrain-drift]
+
+The features compared are the task's (`Task.drift_features`): the task given, else the one the champion's
+lineage records, else `tabular` (training/drift/data.py).
 
 It writes drift.json and drift_psi.png into --out (default <state folder>/drift/<check id>), logs the check
 to MLflow, and on an alert publishes `Retrain.DriftDetected` (training/drift/publish.py). Drift is
@@ -18,24 +22,21 @@ import json
 import logging
 import re
 import sys
+import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from training.atomic_files import write_atomically
+from training.drift.tracking import Tracking, log_check, tracking_of
 from training.errors import InputError
-from training.local_state import (
-    artifacts_beside,
-    default_mlflow_artifact_location,
-    default_mlflow_tracking_uri,
-)
 
 if TYPE_CHECKING:
     from training.drift.check import DriftPolicy, DriftReport
     from training.drift.data import CurrentData, ReferenceData
     from training.drift.publish import TopicSettings
+    from training.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,6 @@ REPORT_FILE = "drift.json"
 CHART_FILE = "drift_psi.png"
 DRIFT_FOLDER = "drift"
 DEFAULT_EXPERIMENT = "retrain-drift"
-JOB_RUN_ID_VARIABLE = "MLFLOW_RUN_ID"  # set by Azure ML: the job's own MLflow run
 # training/drift/check.py pulls in numpy; the parser is built for every `retrain` command, so defaults
 # come later.
 _POLICY_DEFAULT = "default: DriftPolicy's, training/drift/check.py"
@@ -59,27 +59,6 @@ def check_model_name(name: str) -> str:
             "or digit"
         )
     return name
-
-
-@dataclass(frozen=True)
-class Tracking:
-    """Where the check is logged; also the registry the champion's lineage is read from."""
-
-    uri: str
-    artifact_location: str | None
-
-
-def tracking_of(option: str | None, environ: Mapping[str, str], state_root: Path) -> Tracking | None:
-    """The other steps' convention: 'off' disables; an option, else $MLFLOW_TRACKING_URI, else the state
-    folder's SQLite store."""
-    if option is not None and option.strip().lower() == "off":
-        return None
-    if option:
-        return Tracking(option, artifacts_beside(option))
-    if environ.get("MLFLOW_TRACKING_URI"):
-        return Tracking(environ["MLFLOW_TRACKING_URI"], None)
-    state_root.mkdir(parents=True, exist_ok=True)
-    return Tracking(default_mlflow_tracking_uri(state_root), default_mlflow_artifact_location(state_root))
 
 
 def _policy(args: argparse.Namespace) -> DriftPolicy:
@@ -104,11 +83,25 @@ def _topic(args: argparse.Namespace) -> TopicSettings | None:
     return settings
 
 
-def _reference(args: argparse.Namespace, tracking: Tracking | None) -> ReferenceData:
-    from training.drift.data import champion_reference, reference_from_folder
+def _task_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    from training.tasks.loader import options_from_json, parse_task_options
 
+    options = {**options_from_json(args.task_options), **parse_task_options(args.task_option)}
+    if args.task is None and options:
+        raise InputError("--task-options/--task-option: give --task too (or neither: the champion's task)")
+    return options if args.task is not None else None
+
+
+def _task_and_reference(
+    args: argparse.Namespace, tracking: Tracking | None, scratch: Path
+) -> tuple[Task, str, ReferenceData]:
+    """The task (and where it came from) and the reference data: --reference, else the champion's."""
+    from training.drift.data import champion_of, drift_task, reference_from_folder, reference_from_lineage
+
+    options = _task_options(args)
     if args.reference is not None:
-        return reference_from_folder(args.reference)
+        task, source = drift_task(None, None, args.task, options, scratch)
+        return task, source, reference_from_folder(task, args.reference)
     if tracking is None:
         raise InputError(
             "--mlflow-tracking-uri off: the champion's reference data is found through the registry; "
@@ -117,12 +110,14 @@ def _reference(args: argparse.Namespace, tracking: Tracking | None) -> Reference
     from training.gate.registry import MlflowStore, ModelRegistry
 
     registry = ModelRegistry(MlflowStore(tracking.uri, tracking.artifact_location))
-    return champion_reference(registry, args.model_name)
+    champion = champion_of(registry, args.model_name)
+    task, source = drift_task(registry, champion, args.task, options, scratch)
+    return task, source, reference_from_lineage(task, champion.tags, champion.uri, champion.version)
 
 
 def _drift(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     from training.drift.check import compare
-    from training.drift.data import read_current
+    from training.drift.data import aligned, read_current
     from training.drift.publish import new_check_id
 
     stream = stream or sys.stdout
@@ -130,12 +125,14 @@ def _drift(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     policy = _policy(args)
     topic = _topic(args)  # a bad setting fails before any data is read
     tracking = tracking_of(args.mlflow_tracking_uri, args.environ, args.state_root)
-    reference = _reference(args, tracking)
-    current = read_current(args.current, reference.schema)
+    with tempfile.TemporaryDirectory(prefix="retrain-drift-") as scratch:
+        task, task_source, reference = _task_and_reference(args, tracking, Path(scratch))
+        log.info("drift features of task %s (from %s)", task.name, task_source)
+        current = read_current(task, args.current)
     report = compare(
-        reference.features,
-        current.features,
-        reference.schema.feature_columns,
+        reference.features.values,
+        aligned(reference.features, current.features),
+        reference.features.names,
         policy,
         reference_data_version=reference.data_version,
         current_data_version=current.data_version,
@@ -143,6 +140,7 @@ def _drift(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     check_id = new_check_id(datetime.now(UTC))
     out = args.out if args.out is not None else args.state_root / DRIFT_FOLDER / check_id
     document = report_document(report, args.model_name, check_id, reference, current)
+    document["task"] = {"name": task.name, "options": dict(task.options()), "from": task_source}
     files = write_outputs(document, report, out)
     event_id = None
     try:
@@ -232,85 +230,6 @@ def plot_psi(report: DriftReport, path: Path) -> Path:
     return path
 
 
-def log_check(
-    tracking: Tracking,
-    experiment: str,
-    environ: Mapping[str, str],
-    document: Mapping[str, Any],
-    report: DriftReport,
-    files: list[Path],
-    event_id: str | None,
-) -> str | None:
-    """Log the check as an MLflow run (the job's own run under Azure ML); returns its id. Tracking is best
-    effort: the report is already on disk, so a store outage is a warning, not a lost check."""
-    try:
-        return _log_run(tracking, experiment, environ, document, report, files, event_id)
-    except Exception as error:  # any store failure; the outputs and the event do not depend on it
-        log.warning("could not log the drift check to MLflow: %s", str(error).splitlines()[0][:300])
-        return None
-
-
-def _log_run(
-    tracking: Tracking,
-    experiment: str,
-    environ: Mapping[str, str],
-    document: Mapping[str, Any],
-    report: DriftReport,
-    files: list[Path],
-    event_id: str | None,
-) -> str:
-    import time
-
-    from mlflow.entities import Metric, Param, RunTag
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking.uri)
-    job_run = environ.get(JOB_RUN_ID_VARIABLE)
-    run_id = job_run or client.create_run(_experiment_id(client, experiment, tracking)).info.run_id
-    stamp = int(time.time() * 1000)
-    metrics = {
-        "max_psi": report.max_psi,
-        "drifted_features": float(len(report.drifted)),
-        "min_ks_pvalue": min(feature.ks_pvalue for feature in report.features),
-        **{f"psi.{feature.name}": feature.psi for feature in report.features},
-    }
-    client.log_batch(
-        run_id,
-        metrics=[Metric(key, float(value), stamp, 0) for key, value in metrics.items()],
-        params=[Param(key, str(value)) for key, value in report.policy.describe().items()],
-        tags=[RunTag(key, value) for key, value in _run_tags(document, report, event_id).items()],
-    )
-    for path in files:
-        client.log_artifact(run_id, str(path))
-    if not job_run:
-        client.set_terminated(run_id, status="FINISHED")
-    log.info("drift check logged to MLflow run %s", run_id)
-    return run_id
-
-
-def _experiment_id(client: Any, name: str, tracking: Tracking) -> str:
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    return client.create_experiment(name, artifact_location=tracking.artifact_location)
-
-
-def _run_tags(document: Mapping[str, Any], report: DriftReport, event_id: str | None) -> dict[str, str]:
-    reference, current = document["reference"], document["current"]
-    return {
-        "mlflow.runName": document["check_id"],
-        "retrain.drift.check_id": document["check_id"],
-        "retrain.drift.model_name": document["model_name"],
-        "retrain.drift.alert": str(report.alert).lower(),
-        "retrain.drift.worst_feature": report.worst.name,
-        "retrain.drift.reference_data_version": reference["data_version"],
-        "retrain.drift.reference_raw_data_version": reference["raw_data_version"] or "unknown",
-        "retrain.drift.reference_model_version": reference["model_version"] or "none",
-        "retrain.drift.current_data_version": current["data_version"] or "unknown",
-        "retrain.drift.event_id": event_id or "none",
-    }
-
-
 # -- parser ----------------------------------------------------------------------------------------------
 
 
@@ -327,6 +246,16 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="DIR",
         help="a prepared data version to compare with (default: the champion's, from its lineage)",
+    )
+    drift.add_argument(
+        "--task",
+        metavar="REF",
+        help="the task whose drift features are compared: tabular, image, file.py:Attr, pkg.mod:Attr "
+        "(default: the champion's, from its lineage; else tabular)",
+    )
+    drift.add_argument("--task-options", metavar="JSON", help="the task's options as a JSON object")
+    drift.add_argument(
+        "--task-option", action="append", metavar="KEY=VALUE", help="one task option (repeatable)"
     )
     policy = drift.add_argument_group("thresholds")
     policy.add_argument(

@@ -1,9 +1,14 @@
-"""The two sides of a drift check: the champion's reference data and the newly arrived raw batches.
+"""The two sides of a drift check: the champion's reference data and the newly arrived raw data, as the
+model's task sees them.
 
-The reference is the train split of a prepared data version: either the one the champion was trained on,
-found through its lineage tags (the manifest's path and sha256), or one named explicitly. The current data
-is a folder of raw batch files, read and validated as `prepare` reads them, one row per key (the last
-delivery of each), with only the feature columns compared.
+Both sides are the task's drift features (`Task.drift_features`): for the tabular task its feature
+columns, for the image task per-image statistics. The reference is the train split of a prepared data
+version: either the one the champion was trained on, found through its lineage tags (the manifest's path
+and sha256, or the data folder), or one named explicitly. The current data is a folder of raw files,
+read and validated as `prepare` reads them.
+
+The task comes from `--task`, else from the champion's lineage (a task file is taken from the copy
+registered with the model when the recorded path is not on this machine), else it is `tabular`.
 
 The current data's raw data version (`rd-<16 hex>`, as components/data_version.py computes it) is known
 when the folder is a pinned snapshot: a local pin or an Azure ML snapshot keeps its manifest beside the
@@ -22,19 +27,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
 from training.errors import InputError
-from training.gate.lineage import DATA_VERSION, MANIFEST_PATH, MANIFEST_SHA256, RAW_DATA_VERSION, file_sha256
-from training.tasks.tabular.prepare import deduplicate
-from training.tasks.tabular.raw_files import list_raw_files, read_raw_file
-from training.tasks.tabular.schema import TableSchema, feature_matrix, read_manifest, read_split_table
+from training.gate.lineage import (
+    DATA_DIR,
+    DATA_VERSION,
+    MANIFEST_FILE,
+    MANIFEST_PATH,
+    MANIFEST_SHA256,
+    NONE,
+    RAW_DATA_VERSION,
+    file_sha256,
+    task_from_tags,
+)
+from training.tasks.base import FeatureTable, Task
 
 if TYPE_CHECKING:
-    from training.gate.registry import ModelRegistry
+    from training.gate.registry import ModelRegistry, VersionInfo
 
 log = logging.getLogger(__name__)
 
+DEFAULT_TASK = "tabular"
 REFERENCE_SPLIT = "train"
 SNAPSHOT_MANIFEST_SUFFIX = ".manifest.json"  # components/data_version.py's MANIFEST_SUFFIX
 # What components/data_version.py counts as raw data: exactly these suffixes, directly in the folder.
@@ -46,8 +59,7 @@ _RAW_VERSION = re.compile(r"rd-[0-9a-f]{16}")
 class ReferenceData:
     """The reference features and where they came from."""
 
-    features: np.ndarray
-    schema: TableSchema
+    features: FeatureTable
     data_dir: Path
     data_version: str
     raw_data_version: str | None = None
@@ -67,52 +79,110 @@ class ReferenceData:
 
 @dataclass(frozen=True)
 class CurrentData:
-    """The newly arrived features, one row per key, and the raw files they came from."""
+    """The newly arrived features (as the task reads raw files: one row per item) and their files."""
 
-    features: np.ndarray
+    features: FeatureTable
     folder: Path
     files: tuple[str, ...]
-    raw_rows: int
     data_version: str | None
 
     def describe(self) -> dict[str, Any]:
         return {
             "folder": str(self.folder),
             "files": list(self.files),
-            "raw_rows": self.raw_rows,
             "rows": len(self.features),
             "data_version": self.data_version,
         }
 
 
+# -- the task --------------------------------------------------------------------------------------------
+
+
+def drift_task(
+    registry: ModelRegistry | None,
+    champion: VersionInfo | None,
+    task_ref: str | None,
+    task_options: Mapping[str, Any] | None,
+    scratch: Path,
+) -> tuple[Task, str]:
+    """The task whose features are compared, and where it came from: `--task`, else the champion's
+    lineage, else the built-in tabular task."""
+    from training.tasks.loader import load_task
+
+    if task_ref is not None:
+        return load_task(task_ref, task_options or {}), "--task"
+    recorded = task_from_tags(champion.tags) if champion is not None else None
+    if recorded is None or registry is None or champion is None:
+        return load_task(DEFAULT_TASK, task_options or {}), "default"
+    ref = _recorded_task_ref(registry, champion, recorded, scratch)
+    return load_task(ref, recorded["options"]), f"{champion.uri}'s lineage"
+
+
+def _recorded_task_ref(
+    registry: ModelRegistry, champion: VersionInfo, recorded: Mapping[str, Any], scratch: Path
+) -> str:
+    """The champion's task reference, runnable here: a task file at its recorded path when it still has
+    the recorded sha256, else the copy registered with the model."""
+    from training.gate.registry import ARTIFACTS_FOLDER
+    from training.tasks.loader import parse_task_ref
+
+    ref = parse_task_ref(str(recorded["ref"]))
+    if ref.path is None:
+        return ref.text
+    expected = recorded.get("file_sha256")
+    if ref.path.is_file() and file_sha256(ref.path) == expected:
+        return ref.text
+    copy = registry.download_model_file(champion, f"{ARTIFACTS_FOLDER}/{ref.path.name}", scratch)
+    if expected and file_sha256(copy) != expected:
+        raise InputError(
+            f"{champion.uri}: its task file copy {ref.path.name} does not have the recorded sha256; "
+            "give --task with the task it was trained with"
+        )
+    log.info(
+        "task file %s is not here as recorded; using the copy registered with %s", ref.path, champion.uri
+    )
+    return f"{copy}:{ref.attribute}"
+
+
 # -- reference -------------------------------------------------------------------------------------------
 
 
-def reference_from_folder(data_dir: Path) -> ReferenceData:
-    """The train split of the prepared data version in `data_dir`, verified against its manifest."""
+def _data_version(task: Task, data_dir: Path) -> str:
+    """A prepared version's data version: from its manifest when it has one, else as the task loads it."""
+    manifest = data_dir / MANIFEST_FILE
+    if manifest.is_file():
+        try:
+            version = json.loads(manifest.read_text(encoding="utf-8")).get("data_version")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            version = None
+        if isinstance(version, str) and version:
+            return version
+    return task.load(data_dir).data_version
+
+
+def reference_from_folder(task: Task, data_dir: Path) -> ReferenceData:
+    """The drift features of the train split of the prepared data version in `data_dir`."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise InputError(f"--reference {data_dir}: no such folder; expected a prepared data version")
-    manifest = read_manifest(data_dir)
-    table = read_split_table(data_dir, manifest, REFERENCE_SPLIT)
-    if table.num_rows == 0:
+    features = task.drift_features(data_dir, prepared=True)
+    if len(features) == 0:
         raise InputError(f"--reference {data_dir}: its {REFERENCE_SPLIT} split holds no rows")
-    return ReferenceData(
-        features=feature_matrix(table, manifest.schema),
-        schema=manifest.schema,
-        data_dir=data_dir,
-        data_version=manifest.data_version,
-    )
+    return ReferenceData(features=features, data_dir=data_dir, data_version=_data_version(task, data_dir))
 
 
-def reference_from_lineage(tags: Mapping[str, str], where: str, model_version: str) -> ReferenceData:
-    """The reference a registered version names in its lineage tags; `where` names the version in errors.
-
-    The manifest must still be at its recorded path with its recorded sha256, and the split files beside
-    it must match the manifest; a cleaned-up or changed data version is refused, never approximated.
-    """
-    recorded = tags.get(MANIFEST_PATH)
-    expected_sha256, expected_version = tags.get(MANIFEST_SHA256), tags.get(DATA_VERSION)
+def _recorded_folder(tags: Mapping[str, str], where: str) -> Path:
+    """The prepared data folder the tags name, its manifest verified against the recorded sha256."""
+    recorded, expected_sha256 = tags.get(MANIFEST_PATH), tags.get(MANIFEST_SHA256)
+    expected_version = tags.get(DATA_VERSION)
+    if recorded == NONE and expected_sha256 == NONE and tags.get(DATA_DIR) not in (None, NONE):
+        folder = Path(tags[DATA_DIR])  # a task that writes no manifest: the folder and data version only
+        if not folder.is_dir():
+            raise InputError(
+                f"{where} was trained on {expected_version} in {folder}, which is gone (not on this "
+                "machine, or cleaned up); pass --reference DIR with that prepared data version"
+            )
+        return folder
     if not recorded or not expected_sha256 or not expected_version:
         raise InputError(
             f"{where} has no {MANIFEST_PATH}, {MANIFEST_SHA256} and {DATA_VERSION} tags; it was not "
@@ -129,14 +199,25 @@ def reference_from_lineage(tags: Mapping[str, str], where: str, model_version: s
             f"{manifest}: sha256 differs from {where}'s {MANIFEST_SHA256} tag, the data version was changed; "
             "pass --reference DIR with the prepared data version it was trained on"
         )
-    reference = reference_from_folder(manifest.parent)
-    if reference.data_version != expected_version:
+    return manifest.parent
+
+
+def reference_from_lineage(
+    task: Task, tags: Mapping[str, str], where: str, model_version: str
+) -> ReferenceData:
+    """The reference a registered version names in its lineage tags; `where` names the version in errors.
+
+    The data must still be where it was recorded, its manifest with the recorded sha256; a cleaned-up or
+    changed data version is refused, never approximated.
+    """
+    folder = _recorded_folder(tags, where)
+    reference = reference_from_folder(task, folder)
+    if reference.data_version != tags.get(DATA_VERSION):
         raise InputError(
-            f"{manifest.parent} holds {reference.data_version}, but {where} was trained on {expected_version}"
+            f"{folder} holds {reference.data_version}, but {where} was trained on {tags.get(DATA_VERSION)}"
         )
     return ReferenceData(
         features=reference.features,
-        schema=reference.schema,
         data_dir=reference.data_dir,
         data_version=reference.data_version,
         raw_data_version=tags.get(RAW_DATA_VERSION),
@@ -144,8 +225,8 @@ def reference_from_lineage(tags: Mapping[str, str], where: str, model_version: s
     )
 
 
-def champion_reference(registry: ModelRegistry, model_name: str) -> ReferenceData:
-    """The reference data of the model's current champion, through its lineage."""
+def champion_of(registry: ModelRegistry, model_name: str) -> VersionInfo:
+    """The model's current champion, whose lineage names the reference data (and the task)."""
     from training.gate.registry import CHAMPION
 
     champion = registry.alias_holder(model_name, CHAMPION)
@@ -155,30 +236,53 @@ def champion_reference(registry: ModelRegistry, model_name: str) -> ReferenceDat
             "pass --reference DIR with a prepared data version"
         )
     log.info("reference: %s, the %s", champion.uri, CHAMPION)
-    return reference_from_lineage(champion.tags, champion.uri, champion.version)
+    return champion
 
 
 # -- current ---------------------------------------------------------------------------------------------
 
 
-def read_current(folder: Path, schema: TableSchema) -> CurrentData:
-    """The raw batches in `folder`, validated against `schema`, one row per key (its last delivery)."""
+def raw_files(task: Task, folder: Path) -> tuple[str, ...]:
+    """The raw files the task reads in `folder` (its suffixes, in subfolders too, hidden ones skipped)."""
+    suffixes = {suffix.lower() for suffix in task.raw_suffixes}
+    return tuple(
+        str(path.relative_to(folder))
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+        and path.suffix.lower() in suffixes
+        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    )
+
+
+def read_current(task: Task, folder: Path) -> CurrentData:
+    """The drift features of the raw files in `folder`, as the task reads them."""
     folder = Path(folder)
-    paths = list_raw_files(folder)
-    table = pa.concat_tables([read_raw_file(path, schema) for path in paths])
-    if table.num_rows == 0:
-        raise InputError(
-            f"--current {folder}: its {len(paths)} raw file(s) hold no data rows; expected rows under a "
-            f"header of {schema.describe_columns()}"
-        )
-    unique = deduplicate(table, schema).table
+    if not folder.is_dir():
+        raise InputError(f"--current {folder}: no such folder; expected a folder of raw files")
+    features = task.drift_features(folder, prepared=False)
+    if len(features) == 0:
+        raise InputError(f"--current {folder}: the task found no data in it")
     return CurrentData(
-        features=feature_matrix(unique, schema),
+        features=features,
         folder=folder,
-        files=tuple(path.name for path in paths),
-        raw_rows=table.num_rows,
+        files=raw_files(task, folder),
         data_version=raw_data_version(folder),
     )
+
+
+def aligned(reference: FeatureTable, current: FeatureTable) -> np.ndarray:
+    """The current values in the reference's feature order; features the two do not share are refused."""
+    if current.names == reference.names:
+        return current.values
+    missing = [name for name in reference.names if name not in current.names]
+    extra = [name for name in current.names if name not in reference.names]
+    if missing or extra:
+        raise InputError(
+            f"--current: its features differ from the reference's (missing {missing[:5]}, extra "
+            f"{extra[:5]}); expected data of the same task and options"
+        )
+    order = [current.names.index(name) for name in reference.names]
+    return current.values[:, order]
 
 
 def raw_data_version(folder: Path) -> str | None:
