@@ -10,7 +10,8 @@ import torch
 from sklearn.metrics import accuracy_score, f1_score, log_loss, recall_score
 from torch import nn
 
-from training.gate.metrics import non_finite, score_classifier
+from training.gate.policy import non_finite
+from training.tasks.tabular.metrics import score_classifier
 
 N_FEATURES, N_CLASSES = 6, 4
 
