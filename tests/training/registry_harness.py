@@ -12,18 +12,16 @@ from conftest import SMALL_RUN
 from mlflow.tracking import MlflowClient
 
 from training.cli import main
-from training.gate.evaluate import EVALUATION_FILE, load_trained_model
-from training.gate.metrics import score_classifier
+from training.gate.evaluate import EVALUATION_FILE, load_trained_model, score
 from training.gate.register import REGISTRATION_FILE
 from training.gate.registry import CHAMPION, MlflowStore, ModelRegistry
-from training.tasks.tabular.dataset import load_prepared
 
 FAST = ["--checkpoint-every-steps", "off", "--progress", "none"]
 MODELS = {
-    "weak": ["--epochs", "1", "--hidden-width", "16"],
+    "weak": ["--epochs", "1", "--task-option", "hidden_width=16"],
     "mid": ["--epochs", "2"],
     "strong": ["--epochs", "3"],
-    "best": ["--epochs", "5", "--hidden-width", "128"],
+    "best": ["--epochs", "5", "--task-option", "hidden_width=128"],
 }
 RAW_VERSION = "rd-0123456789abcdef"
 
@@ -111,11 +109,10 @@ def build_harness(
     harness = Harness(root, data, trained)
     for name in models:
         harness.train(name, tracked=name == tracked)
-    test = load_prepared(data).split("test")
-    f1 = {
-        name: score_classifier(load_trained_model(path).model, test.features, test.labels)["macro_f1"]
-        for name, path in harness.models.items()
-    }
+    f1 = {}
+    for name, path in harness.models.items():
+        trained = load_trained_model(path)
+        f1[name] = score(trained.task, trained.model, trained.task.load(data).split("test"))["macro_f1"]
     # The scenarios rely on this ranking, with clear gaps; a change in the trainer shows up here first.
     ranked = [name for name in MODELS if name in f1]
     assert all(f1[better] - f1[worse] > 0.01 for worse, better in itertools.pairwise(ranked)), f1

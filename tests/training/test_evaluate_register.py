@@ -187,7 +187,15 @@ def test_an_evaluation_that_does_not_belong_to_the_candidate_is_refused(
     [
         (["--trigger", "not a trigger"], "--trigger 'not a trigger': expected 'manual' or KEY=VALUE"),
         (["--floors", "accuracy"], "--floors 'accuracy': expected METRIC=NUMBER"),
-        (["--primary-metric", "f1"], "--primary-metric 'f1': expected one of accuracy, macro_f1, loss"),
+        (
+            ["--primary-metric", "f1"],
+            "the gate policy of retrain register: primary_metric names metric 'f1', which the task does not "
+            "report; expected one of accuracy (higher is better), macro_f1 (higher is better), loss",
+        ),
+        (["--floors", "mse=0.1"], "floors names metric 'mse', which the task does not report"),
+        (["--task-option", "hidden_width=32"], "--task-options/--task-option: give --task too"),
+        (["--task", "tabular", "--task-option", "hidden_width=32"], '--task-options {"hidden_width":32}: '),
+        (["--task", "training.tasks.base:Task"], "was trained with task 'tabular'; give that task"),
         (["--model-name", "no spaces"], "--model-name 'no spaces': expected 1-128 letters"),
         (["--environment-version", " "], "--environment-version is empty"),
     ],
@@ -228,7 +236,7 @@ def test_without_options_the_steps_use_the_state_folders_store_and_lock(
     local = ModelRegistry(MlflowStore(f"sqlite:///{state / 'mlflow.db'}"))
     assert local.aliases("digits") == {"champion": "1"}
     assert local.version("digits", "1").source.startswith("models:/")
-    assert any((state / "mlartifacts").rglob("model.pt2"))  # artifacts in the state folder, not the cwd
+    assert any((state / "mlartifacts").rglob("model.pt"))  # artifacts in the state folder, not the cwd
 
 
 def test_the_store_comes_from_the_option_then_the_environment_then_the_state_folder(tmp_path: Path):

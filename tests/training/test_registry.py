@@ -12,10 +12,11 @@ import math
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
-import torch
 import yaml
 from registry_harness import MODELS, Harness, build_harness, evaluation_document
 
@@ -23,7 +24,24 @@ from training.gate import lineage as tags
 from training.gate.evaluate import EVALUATION_FILE, load_trained_model
 from training.gate.register import REGISTRATION_FILE
 from training.gate.registry import CHAMPION, PREVIOUS, ModelLoadError
-from training.tasks.tabular.dataset import load_prepared
+from training.gate.serving import predict
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Loads a registered model as a user would, in a fresh interpreter whose sys.path does not hold this
+# repository: what it imports of `training` must come from the code registered with the model.
+SERVE = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    repo = Path(sys.argv[3]).resolve()
+    sys.path = [p for p in sys.path if Path(p or ".").resolve() != repo]
+    import mlflow.pyfunc, pandas
+    model = mlflow.pyfunc.load_model(sys.argv[1])
+    import training
+    answers = model.predict(pandas.read_csv(sys.argv[2]))
+    print(json.dumps({"answers": [int(a) for a in answers], "training": training.__file__}))
+    """
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,21 +95,54 @@ def test_registering_leaves_no_mlflow_uri_in_the_environment(harness: Harness, m
     assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
 
 
-def test_a_registered_version_loads_as_the_same_model_with_signature_and_input_example(
-    harness: Harness, tmp_path: Path
-):
-    record = harness.evaluate_and_register("strong", "loadable")
-    info = harness.registry.version("loadable", record["registered_version"])
-    test = load_prepared(harness.data).split("test")
-    with torch.no_grad():
-        expected = load_trained_model(harness.models["strong"]).model(test.features)
-        assert torch.allclose(harness.registry.load_model(info)(test.features), expected, atol=1e-6)
+def test_the_champion_serves_a_raw_csv_as_it_is_through_mlflow_pyfunc(harness: Harness, tmp_path: Path):
+    record = harness.evaluate_and_register("strong", "servable")
+    raw_file = harness.data.parent / "raw" / "batch-0001.csv"
+    served = subprocess.run(
+        [sys.executable, "-c", SERVE, "models:/servable@champion", str(raw_file), str(REPO_ROOT)],
+        env={**os.environ, "MLFLOW_TRACKING_URI": harness.tracking_uri, "PYTHONPATH": ""},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert served.returncode == 0, served.stderr[-3000:]
+    result = json.loads(served.stdout.strip().splitlines()[-1])
+    assert not Path(result["training"]).resolve().is_relative_to(REPO_ROOT)  # the registered code copy
+
+    table = pd.read_csv(raw_file)  # integer pixels, plus the key and the label the model ignores
+    expected = predict(load_trained_model(harness.models["strong"]).rebuilt, table)
+    assert result["answers"] == expected.tolist()
+    assert (expected == table["label"].to_numpy()).mean() > 0.9  # real answers: digits is easy
+
+    info = harness.registry.version("servable", record["registered_version"])
+    champion = harness.registry.load_model(info)  # the gate's own loader: the same model
+    assert predict(champion, table).tolist() == result["answers"]
     mlmodel = yaml.safe_load(harness.registry.download_model_file(info, "MLmodel", tmp_path).read_text())
-    assert "pytorch" in mlmodel["flavors"]
-    assert json.loads(mlmodel["signature"]["inputs"])[0]["tensor-spec"]["shape"] == [-1, 64]
-    assert mlmodel["saved_input_example_info"]["type"] == "ndarray"
-    manifest = harness.registry.download_model_file(info, "extra_files/manifest.json", tmp_path / "m")
+    assert "python_function" in mlmodel["flavors"]
+    inputs = json.loads(mlmodel["signature"]["inputs"])
+    assert [column["name"] for column in inputs] == [f"pixel_{n}" for n in range(64)]
+    assert {column["type"] for column in inputs} == {"any"}  # int64 and float64 CSV columns both pass
+    assert mlmodel["saved_input_example_info"]["type"] == "dataframe"
+    manifest = harness.registry.download_model_file(info, "artifacts/manifest.json", tmp_path / "m")
     assert manifest.read_bytes() == (harness.data / "manifest.json").read_bytes()
+
+
+def test_a_versions_source_run_is_its_training_run_with_the_loss_curve(harness: Harness):
+    record = harness.evaluate_and_register("mid", "sourced")  # mid was trained with MLflow tracking
+    info = harness.registry.version("sourced", record["registered_version"])
+    training_run = load_trained_model(harness.models["mid"]).metadata["mlflow_run_id"]
+    assert info.run_id == training_run
+    assert len(harness.client.get_metric_history(training_run, "loss")) > 1
+    run = harness.client.get_run(training_run)
+    assert {"train_loss", "validation_macro_f1", "test_macro_f1"} <= set(run.data.metrics)
+    assert run.info.status == "FINISHED"
+
+    untracked = harness.evaluate_and_register("strong", "register-run")  # trained with --no-mlflow
+    version = harness.registry.version("register-run", untracked["registered_version"])
+    register_run = harness.client.get_run(version.run_id)
+    assert register_run.data.tags["retrain.step"] == "register"
 
 
 def test_a_worse_candidate_is_not_registered_and_the_decision_is_on_its_run(harness: Harness):
@@ -215,7 +266,7 @@ def test_an_unloadable_champion_blocks_registration_unless_bootstrapped(harness:
     info = harness.registry.version("broken", "1")
     model_id = info.source.removeprefix("models:/")
     location = harness.client.get_logged_model(model_id).artifact_location
-    (Path(location.removeprefix("file://")) / "data" / "model.pt2").unlink()  # the artifact store lost it
+    (Path(location.removeprefix("file://")) / "artifacts" / "model.pt").unlink()  # the store lost it
 
     evaluation = harness.evaluate("strong", "broken")
     champion = evaluation_document(evaluation)["champion"]

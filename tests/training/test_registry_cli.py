@@ -51,6 +51,11 @@ def test_every_version_carries_its_lineage_as_tags(harness: Harness):
         tags.PIPELINE_JOB: "run-history-3",
         tags.WEIGHTS_SHA256: harness.weights("best"),
         tags.TRAINING_RUN: "none",  # trained without MLflow
+        tags.DATA_DIR: str(harness.data.resolve()),
+        tags.TASK_REF: "tabular",
+        tags.TASK_NAME: "tabular",
+        tags.TASK_OPTIONS: '{"hidden_width": 128}',  # as given to the training: the rest are defaults
+        tags.TASK_FILE_SHA256: "none",
         tags.GATE_ACCEPTED: "true",
         tags.GATE_CHAMPION: "2",
         tags.REPLACED_VERSION: "2",
@@ -104,6 +109,7 @@ def test_lineage_walks_from_the_version_to_its_trigger_and_data_manifest(harness
     assert lines[6] == f"  manifest   {manifest.resolve()} (sha256 {file_sha256(manifest)}, verified)"
     assert any(line.startswith("    raw file batch-0001.csv: ") for line in lines)
     assert "    split test: 188 rows in test.parquet" in lines
+    assert lines[-1] == '  task       tabular options {"hidden_width": 64}'
 
 
 def test_lineage_reaches_the_manifest_copy_in_the_models_artifacts_when_the_data_is_gone(
@@ -118,7 +124,7 @@ def test_lineage_reaches_the_manifest_copy_in_the_models_artifacts_when_the_data
     code, out, _ = run(harness, capsys, "lineage", "1", "--model-name", "cleaned", "--json")
     assert code == 0
     report = json.loads(out)
-    assert report["manifest"]["location"] == "models:/cleaned/1/extra_files/manifest.json"
+    assert report["manifest"]["location"] == "models:/cleaned/1/artifacts/manifest.json"
     assert report["manifest"]["sha256"] == file_sha256(harness.data / "manifest.json")
     assert [entry["name"] for entry in report["manifest"]["raw_files"]] == [
         f"batch-000{number}.csv" for number in range(1, 5)

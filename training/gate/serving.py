@@ -23,6 +23,7 @@ from typing import Any
 
 import mlflow.pyfunc
 import numpy as np
+import pandas as pd
 import torch
 from torch import nn
 
@@ -91,8 +92,10 @@ class TaskModel(mlflow.pyfunc.PythonModel):
         task_file = Path(artifacts[TASK_FILE_KEY]) if TASK_FILE_KEY in artifacts else None
         self._rebuilt = rebuild(Path(artifacts[MODEL_KEY]), task_file)
 
-    # `model_input` has no annotation: MLflow would read one as a type-hint signature and convert inputs.
-    def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> Any:
+    # The annotation is for MLflow, which reads it when the class is defined: a DataFrame (or ndarray) hint
+    # is one it infers no schema from, so it passes every input through untouched (a task takes arrays too)
+    # and does not warn, as it does for no hint at all. Inputs are checked against the logged signature.
+    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> Any:
         return predict(self._rebuilt, model_input)
 
 
