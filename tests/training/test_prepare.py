@@ -20,8 +20,11 @@ from training.errors import InputError
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches
 from training.tasks.tabular.schema import DIGITS_SCHEMA, SPLIT_NAMES, Manifest, SplitFractions
+from training.tasks.tabular.task import DIGITS_OPTIONS
 
 HEADER = list(DIGITS_SCHEMA.columns)
+# The digits' configuration, as a model's configuration file would give it: the columns and classes pinned.
+DIGITS = ["--task-options", json.dumps(DIGITS_OPTIONS)]
 
 
 def synthetic_row(index: int, label: int | None = None) -> list[str]:
@@ -371,7 +374,7 @@ def test_bad_input_fails_with_one_line_and_writes_nothing(tmp_path, capsys, case
     setup(tmp_path / "raw")
     capsys.readouterr()
 
-    code = main(["prepare", "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "out")])
+    code = main(["prepare", "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "out"), *DIGITS])
 
     lines = capsys.readouterr().err.splitlines()
     assert code != 0
@@ -379,6 +382,26 @@ def test_bad_input_fails_with_one_line_and_writes_nothing(tmp_path, capsys, case
     assert lines[0].startswith("retrain: error: ")
     assert expected in lines[0]
     assert sorted(path.name for path in tmp_path.iterdir()) == (["raw"] if case != "missing folder" else [])
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        (_header([*HEADER, "colour"]), "raw: its 1 raw file(s) hold no data rows"),  # colour is a feature
+        (_cells((2, "label", "-1")), "row 2, column 'label': expected an integer class of 0 or more"),
+        (_header(["row_key", "label"]), "the raw files have no columns besides row_key, label"),
+        (_write_bytes("batch-0001.parquet", b"PAR1"), "batch-0001.parquet: not a readable Parquet file"),
+    ],
+)
+def test_default_options_take_every_other_column_as_a_feature_and_any_class_count(
+    tmp_path, capsys, setup, expected
+):
+    setup(tmp_path / "raw")
+
+    assert main(["prepare", "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "out")]) != 0
+
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_bad_input_leaves_an_existing_empty_output_folder_empty(tmp_path, capsys):

@@ -93,10 +93,9 @@ def header_columns(path: Path) -> list[str]:
         with path.open(newline="", encoding="utf-8") as stream:
             return next(csv.reader(stream), [])
     except (*_CONVERSION_ERRORS, OSError, UnicodeDecodeError, csv.Error) as error:
+        kind = "Parquet" if path.suffix.lower() == ".parquet" else "CSV"
         reason = str(error).splitlines()[0][:_MESSAGE_LIMIT] if str(error) else type(error).__name__
-        raise InputError(
-            f"{path}: cannot read its header ({reason}); expected a CSV or Parquet table"
-        ) from error
+        raise InputError(f"{path}: not a readable {kind} file ({reason}); expected a {kind} table") from error
 
 
 def with_features(schema: TableSchema, paths: list[Path]) -> TableSchema:
