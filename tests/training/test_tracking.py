@@ -39,3 +39,12 @@ def test_in_azure_ml_each_job_run_is_tagged_with_its_own_preemption(start_traini
     assert int(second.data.tags["retrain.preempted_at_step"]) >= 60
     assert "retrain.preempted_at_step" not in third.data.tags
     assert len(client.search_runs([experiment_id])) == 3
+
+
+def test_task_options_are_logged_as_json_and_cut_to_what_mlflow_accepts():
+    from training.engine.tracking import MAX_PARAM_LENGTH, param_text
+
+    assert param_text({"b": 1, "a": ["x"]}) == '{"a": ["x"], "b": 1}'
+    assert param_text(3e-3) == "0.003"
+    long = param_text({"feature_columns": [f"column_{index}" for index in range(2000)]})
+    assert len(long) == MAX_PARAM_LENGTH and long.endswith("...")

@@ -7,6 +7,7 @@ checkpoint), so one logical training has one run however often it was evicted.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -27,6 +28,16 @@ class Tracker(Protocol):
     def finish(self, status: str) -> None:
         """Flush everything; `status` is FINISHED, FAILED or KILLED (preempted, to be resumed)."""
         ...
+
+
+# MLflow refuses (and would fail the run on) a longer parameter value; a task's options can be long.
+MAX_PARAM_LENGTH = 6000
+
+
+def param_text(value: Any) -> str:
+    """A parameter as MLflow stores it: text, JSON for options and lists, cut to what MLflow accepts."""
+    text = json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else str(value)
+    return text if len(text) <= MAX_PARAM_LENGTH else text[: MAX_PARAM_LENGTH - 3] + "..."
 
 
 class NullTracker:
@@ -80,7 +91,7 @@ class MlflowTracker:
                 self._run_id = self._job_run_id
                 self._client.log_batch(self._run_id, tags=[RunTag(key, value) for key, value in tags.items()])
             self._client.log_batch(
-                self._run_id, params=[Param(key, str(value)) for key, value in sorted(params.items())]
+                self._run_id, params=[Param(key, param_text(value)) for key, value in sorted(params.items())]
             )
         else:
             self._run_id = run_id
