@@ -358,7 +358,11 @@ class ModelRegistry:
         process started later, a pipeline step included, to the working directory's store."""
         import mlflow
 
-        tracking, registry = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+        # Unset before (MLflow's default, or the environment's), unset after: pinning the default would
+        # make MLflow ignore a tracking URI exported later in this process.
+        was_set = mlflow.is_tracking_uri_set() and not os.environ.get("MLFLOW_TRACKING_URI")
+        tracking = mlflow.get_tracking_uri() if was_set else None
+        registry = mlflow.get_registry_uri() if was_set else None
         exported = {name: os.environ.get(name) for name in _MLFLOW_URI_VARIABLES}
         mlflow.set_tracking_uri(self.store.tracking_uri)
         mlflow.set_registry_uri(self.store.tracking_uri)
