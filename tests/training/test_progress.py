@@ -50,3 +50,10 @@ def test_checkpoint_events_read_as_a_sentence():
         "checkpoint step-0000000010-a001 (interval) durable: 2.5 MB, "
         "training blocked 1.2 ms, written in 0.50 s"
     )
+
+
+def test_the_done_line_shows_the_tasks_headline_scores_without_per_class_members():
+    event = {"event": "done", "steps": 5, "validation": {"accuracy": 0.5, "recall_0": 1.0, "loss": 0.25}}
+    assert describe(event) == "done: 5 steps, validation accuracy 0.5000, loss 0.2500"
+    regression = {"event": "done", "steps": 5, "validation": {"mse": 0.125}}
+    assert describe(regression) == "done: 5 steps, validation mse 0.1250"
