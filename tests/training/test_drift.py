@@ -28,10 +28,11 @@ from training.drift.check import (
     quantile_edges,
 )
 from training.drift.cli import REPORT_FILE
-from training.drift.data import raw_data_version, reference_from_lineage
+from training.drift.data import aligned, raw_data_version, reference_from_lineage
 from training.drift.publish import TopicSettings, event_data, new_check_id
 from training.errors import InputError
 from training.gate.lineage import Trigger, lineage_of
+from training.tasks.base import FeatureTable
 from training.tasks.tabular.sample_data import digits_table, with_shift, write_sample_batches
 from training.tasks.tabular.schema import DIGITS_SCHEMA, read_manifest
 from training.tasks.tabular.task import TabularTask
@@ -225,6 +226,15 @@ def test_the_reference_follows_lineage_and_refuses_changed_or_missing_data(prepa
     gone = {**tags, "retrain.data.manifest_path": str(tmp_path / "gone" / "manifest.json")}
     with pytest.raises(InputError, match=r"is gone .*; pass --reference DIR"):
         reference_from_lineage(task, gone, "models:/digits/3", "3")
+
+
+def test_current_features_are_compared_by_name_and_other_features_are_refused():
+    reference = FeatureTable(("a", "b"), np.array([[1.0, 2.0]]))
+    assert aligned(reference, FeatureTable(("b", "a"), np.array([[2.0, 1.0]]))).tolist() == [[1.0, 2.0]]
+    with pytest.raises(
+        InputError, match=r"its features differ from the reference's \(missing \['b'\], extra \['c'\]\)"
+    ):
+        aligned(reference, FeatureTable(("a", "c"), np.array([[1.0, 3.0]])))
 
 
 # -- the event and its settings --------------------------------------------------------------------------
