@@ -169,3 +169,11 @@ def test_drift_compares_the_champions_task_features_from_its_lineage(story: Stor
     assert results["moved"]["task"]["name"] == "linear-regression"
     assert results["moved"]["task"]["from"] == f"models:/{MODEL}/2's lineage"
     assert results["moved"]["reference"]["model_version"] == "2"
+
+
+def test_models_lists_the_tasks_metrics_primary_first(story: Story, capsys):
+    capsys.readouterr()
+    story.run("models", "--model-name", MODEL, "--mlflow-tracking-uri", story.tracking_uri)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["VERSION", "ALIASES", "MSE", "MAE", "R2"]
+    assert lines[1].split()[:3] == ["v2", "champion", f"{story.records['better']['metrics']['mse']:.4f}"]
