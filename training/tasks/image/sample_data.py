@@ -65,7 +65,7 @@ def draw_shape(
     background = rng.uniform(0.1, 0.4) + rng.uniform(-0.05, 0.05, size=3)
     image = background + rng.normal(0.0, 0.06, size=(side, side, 3))
     colour = rng.uniform(0.55, 1.0, size=3)
-    radius = rng.uniform(0.2, 0.32) * side
+    radius = rng.uniform(0.24, 0.36) * side
     free = side - 2 * radius  # the span the centre can take with the shape wholly inside
     start = MOVE * shift  # a drifted batch draws positions from the far end of that span
     centre_x = radius + free * (start + (1 - start) * rng.uniform())
