@@ -170,7 +170,9 @@ def test_predict_answers_class_names_for_uint8_images_and_names_the_shape_it_exp
         expected = [SHAPES[index] for index in model(test.inputs[:4]).argmax(1).tolist()]
     assert answers == expected
     assert task.predict(model, data.info, example[1]) == answers[1:2]
-    assert task.predict(model, data.info, example.astype(np.float64)) == answers
+    floats = example.astype(np.float32)
+    assert task.predict(model, data.info, floats) == answers
+    assert np.array_equal(floats, example)  # the caller's array is left as it was
     for bad in (example[:, :8], example[..., :1], np.zeros((0, SIZE, SIZE, 3), np.uint8)):
         with pytest.raises(InputError, match=rf"shape N×{SIZE}×{SIZE}×3"):
             task.predict(model, data.info, bad)
@@ -202,3 +204,42 @@ def test_the_cnn_learns_the_shapes_in_a_short_cpu_run(prepared):
     with torch.no_grad():
         metrics = task.score(model, data.split("test"))
     assert metrics["accuracy"] >= 0.9 and metrics["macro_f1"] >= 0.9
+
+
+def test_training_steps_reseeded_per_step_resume_to_the_same_weights(prepared):
+    """The engine reseeds torch's default generator before every step; the task keeps no other randomness,
+    so steps 0-3 in one go and steps 0-1, a save, a rebuild and steps 2-3 end with the same weights."""
+    task = ImageTask(size=SIZE, width=8, dropout=0.2)
+    data = task.load(prepared)
+    train = data.split("train")
+
+    def fresh() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = task.build_model(data.info).train()
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def run(model: nn.Module, optimizer: torch.optim.Optimizer, steps: range) -> None:
+        for step in steps:
+            torch.manual_seed(1000 + step)
+            loss = task.loss(model, train[torch.arange(step * 16, step * 16 + 16)])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    torch.use_deterministic_algorithms(True)
+    try:
+        straight, straight_optimizer = fresh()
+        run(straight, straight_optimizer, range(4))
+        first, first_optimizer = fresh()
+        run(first, first_optimizer, range(2))
+        saved = {"model": first.state_dict(), "optimizer": first_optimizer.state_dict()}
+        resumed, resumed_optimizer = fresh()
+        resumed.load_state_dict(saved["model"])
+        resumed_optimizer.load_state_dict(saved["optimizer"])
+        run(resumed, resumed_optimizer, range(2, 4))
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+    final = resumed.state_dict()
+    assert all(torch.equal(value, final[name]) for name, value in straight.state_dict().items())
+    assert not torch.equal(straight.state_dict()["head.1.weight"], fresh()[0].state_dict()["head.1.weight"])

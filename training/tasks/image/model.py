@@ -66,15 +66,13 @@ class ImageClassifier(nn.Module):
         self.features = nn.Sequential(
             _block(3, width), _block(width, 2 * width), _block(2 * width, 4 * width)
         )
-        self.head = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Dropout(config.dropout),
-            nn.Linear(4 * width, config.n_classes),
-        )
+        self.head = nn.Sequential(nn.Dropout(config.dropout), nn.Linear(4 * width, config.n_classes))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features((images - self.channel_mean) / self.channel_std))
+        features = self.features((images - self.channel_mean) / self.channel_std)
+        # The global average pool as a mean: AdaptiveAvgPool2d's CUDA backward has no deterministic
+        # implementation, so `--deterministic` (torch.use_deterministic_algorithms) would refuse it.
+        return self.head(features.mean(dim=(2, 3)))
 
 
 def augment(images: torch.Tensor) -> torch.Tensor:

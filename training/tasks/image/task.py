@@ -146,7 +146,7 @@ class ImageTask:
 
 def pixels_to_inputs(pixels: np.ndarray) -> torch.Tensor:
     """uint8 (or 0..255 float) [N, H, W, 3] -> the model's input, float32 [N, 3, H, W] scaled to [0, 1]."""
-    tensor = torch.from_numpy(np.ascontiguousarray(pixels)).to(torch.float32).div_(255.0)
+    tensor = torch.from_numpy(np.ascontiguousarray(pixels)).to(torch.float32).div(255.0)
     return tensor.permute(0, 3, 1, 2).contiguous()
 
 
