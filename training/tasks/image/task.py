@@ -1,0 +1,232 @@
+"""The built-in image task: classify images from the class-folder layout with a small CNN.
+
+    RAW/<class name>/<file>.png|.jpg|.jpeg   ->   prepare (decode, resize, split)   ->   CNN   ->   class name
+
+Options (keyword arguments; `[task.options]` in a model's configuration file):
+
+- `size`: the side the images are resized to, 32 (square) or [height, width]; default 32. Images are
+  always decoded as RGB (3 channels).
+- `width`: the CNN's base channels (its blocks have width, 2*width and 4*width); default 32.
+- `dropout`: the dropout before the classifier layer; default 0.1.
+- `augment`: flip images left-right and move them by a few pixels while training; default true. The random
+  numbers come from torch's default generator, which the engine reseeds every step, so resume stays exact.
+
+A registered model answers a uint8 array N×H×W×3 (or one H×W×3 image) at the trained size with each
+image's class folder name.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.data.splits import SPLIT_NAMES, SplitFractions
+from training.errors import InputError
+from training.gate.metrics import score_classifier
+from training.tasks.base import FeatureTable, Metric, MetricSet, TaskData, TensorSplit
+from training.tasks.image.features import prepared_features, raw_folder_features
+from training.tasks.image.manifest import RERUN_HINT, read_manifest, read_split
+from training.tasks.image.model import CnnConfig, ImageClassifier, InChunks, augment
+from training.tasks.image.prepare import prepare_images
+from training.tasks.image.raw_images import RAW_SUFFIXES
+
+log = logging.getLogger(__name__)
+
+METRICS = MetricSet(
+    (
+        Metric("accuracy", "higher", "the share of images classified right"),
+        Metric("macro_f1", "higher", "F1 averaged over the classes, each counting the same"),
+        Metric("loss", "lower", "mean cross-entropy"),
+        Metric("recall_*", "higher", "each class's recall, keyed by class index (recall_0, ...)"),
+    )
+)
+MIN_SIDE, MAX_SIDE = 8, 1024
+MAX_WIDTH = 256
+EXAMPLE_IMAGES = 4
+
+
+class ImageTask:
+    """Image classification from `RAW/<class name>/<file>.png|.jpg|.jpeg` with a small CNN."""
+
+    name = "image"
+    raw_suffixes: tuple[str, ...] = RAW_SUFFIXES
+    metrics = METRICS
+    default_primary_metric = "macro_f1"
+
+    def __init__(
+        self, size: int | list[int] = 32, width: int = 32, dropout: float = 0.1, augment: bool = True
+    ) -> None:
+        self.size = _size(size)
+        self.width = _whole("width", width, 1, MAX_WIDTH, "base channels", 32)
+        if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout < 1.0:
+            raise InputError(
+                f"image task option dropout={dropout!r}: expected a probability in [0, 1), e.g. 0.1"
+            )
+        self.dropout = float(dropout)
+        if not isinstance(augment, bool):
+            raise InputError(f"image task option augment={augment!r}: expected true or false")
+        self.augment = augment
+
+    def options(self) -> Mapping[str, Any]:
+        return {
+            "size": list(self.size),
+            "width": self.width,
+            "dropout": self.dropout,
+            "augment": self.augment,
+        }
+
+    # -- data ----------------------------------------------------------------------------------------------
+
+    def prepare(self, raw: Path, out: Path, *, previous: Path | None, split: SplitFractions) -> str:
+        return prepare_images(raw, out, size=self.size, previous=previous, split=split).data_version
+
+    def load(self, data_dir: Path) -> TaskData:
+        data_dir = Path(data_dir)
+        manifest = read_manifest(data_dir)
+        if manifest.size != self.size:
+            raise InputError(
+                f"{data_dir}: images prepared at {_show(manifest.size)}, but the task's size is "
+                f"{_show(self.size)}; set the image task option size={list(manifest.size)} or {RERUN_HINT}"
+            )
+        splits = {}
+        for name in SPLIT_NAMES:
+            arrays = read_split(data_dir, manifest, name)
+            splits[name] = TensorSplit(
+                pixels_to_inputs(arrays.pixels), torch.from_numpy(arrays.labels.copy()), arrays.keys
+            )
+        counts = ", ".join(f"{name} {len(split)}" for name, split in splits.items())
+        log.info("loaded image data version %s from %s: %s", manifest.data_version, data_dir, counts)
+        info = {
+            "size": list(manifest.size),
+            "classes": list(manifest.classes),
+            "channel_mean": list(manifest.channel_mean),
+            "channel_std": list(manifest.channel_std),
+        }
+        return TaskData(data_version=manifest.data_version, splits=splits, info=info)
+
+    # -- model ---------------------------------------------------------------------------------------------
+
+    def build_model(self, info: Mapping[str, Any]) -> nn.Module:
+        classes, mean, std = _classes(info), _triple(info, "channel_mean"), _triple(info, "channel_std")
+        return ImageClassifier(CnnConfig(len(classes), self.width, self.dropout), mean, std)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        images, labels = batch
+        if self.augment and model.training:
+            images = augment(images)
+        return nn.functional.cross_entropy(model(images), labels)
+
+    def score(self, model: nn.Module, split: Any) -> dict[str, float]:
+        chunked = InChunks(model)
+        return score_classifier(chunked, split.inputs, split.targets.to(chunked.device))
+
+    # -- serving -------------------------------------------------------------------------------------------
+
+    def input_example(self, data: TaskData) -> Any:
+        inputs = data.split("test").inputs[:EXAMPLE_IMAGES]
+        return inputs_to_pixels(inputs)
+
+    def predict(self, model: nn.Module, info: Mapping[str, Any], inputs: Any) -> Any:
+        classes = _classes(info)
+        height, width = (int(side) for side in info["size"])
+        pixels = _serving_pixels(inputs, height, width)
+        with torch.no_grad():
+            logits = InChunks(model)(pixels_to_inputs(pixels))
+        return [classes[index] for index in logits.argmax(dim=1).tolist()]
+
+    def drift_features(self, source: Path, *, prepared: bool) -> FeatureTable:
+        return prepared_features(Path(source)) if prepared else raw_folder_features(Path(source), self.size)
+
+
+def pixels_to_inputs(pixels: np.ndarray) -> torch.Tensor:
+    """uint8 (or 0..255 float) [N, H, W, 3] -> the model's input, float32 [N, 3, H, W] scaled to [0, 1]."""
+    tensor = torch.from_numpy(np.ascontiguousarray(pixels)).to(torch.float32).div(255.0)
+    return tensor.permute(0, 3, 1, 2).contiguous()
+
+
+def inputs_to_pixels(inputs: torch.Tensor) -> np.ndarray:
+    """The inverse of `pixels_to_inputs`: float32 [N, 3, H, W] in [0, 1] -> uint8 [N, H, W, 3]."""
+    scaled = inputs.detach().cpu().permute(0, 2, 3, 1).mul(255.0).round().clamp(0, 255)
+    return scaled.to(torch.uint8).numpy()
+
+
+def _serving_pixels(inputs: Any, height: int, width: int) -> np.ndarray:
+    expected = (
+        f"expected a uint8 array of shape N×{height}×{width}×3 (or one {height}×{width}×3 image) "
+        "with RGB values from 0 to 255"
+    )
+    if isinstance(inputs, torch.Tensor):
+        inputs = inputs.detach().cpu().numpy()
+    try:
+        array = np.asarray(inputs)
+    except (ValueError, TypeError) as error:
+        raise InputError(f"image input: not an array ({error}); {expected}") from None
+    if array.ndim == 3:
+        array = array[np.newaxis]
+    if array.ndim != 4 or array.shape[1:] != (height, width, 3) or array.shape[0] == 0:
+        raise InputError(f"image input of shape {tuple(np.shape(inputs))}: {expected}")
+    if array.dtype == np.bool_ or not (
+        np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    ):
+        raise InputError(f"image input of dtype {array.dtype}: {expected}")
+    if not np.isfinite(array).all() or array.min() < 0 or array.max() > 255:
+        raise InputError(f"image input with values outside 0..255: {expected}")
+    return array.astype(np.float32, copy=False)
+
+
+def _size(size: Any) -> tuple[int, int]:
+    sides = list(size) if isinstance(size, list | tuple) else [size, size]
+    valid = len(sides) == 2 and all(
+        isinstance(side, int) and not isinstance(side, bool) and MIN_SIDE <= side <= MAX_SIDE
+        for side in sides
+    )
+    if not valid:
+        raise InputError(
+            f"image task option size={size!r}: expected a whole number of pixels from {MIN_SIDE} to "
+            f"{MAX_SIDE} or [height, width], e.g. 32 or [32, 48]"
+        )
+    return int(sides[0]), int(sides[1])
+
+
+def _whole(name: str, value: Any, low: int, high: int, what: str, example: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InputError(
+            f"image task option {name}={value!r}: expected a whole number of {what} from {low} to {high}, "
+            f"e.g. {example}"
+        )
+    return value
+
+
+def _classes(info: Mapping[str, Any]) -> list[str]:
+    classes = info.get("classes")
+    if (
+        not isinstance(classes, list | tuple)
+        or len(classes) < 2
+        or not all(isinstance(c, str) for c in classes)
+    ):
+        raise InputError(
+            f"image model info: classes={classes!r}; expected the list of at least 2 class names that "
+            "`load` returned"
+        )
+    return list(classes)
+
+
+def _triple(info: Mapping[str, Any], key: str) -> list[float]:
+    values = info.get(key)
+    if (
+        not isinstance(values, list | tuple)
+        or len(values) != 3
+        or not all(isinstance(value, int | float) and not isinstance(value, bool) for value in values)
+    ):
+        raise InputError(f"image model info: {key}={values!r}; expected 3 numbers, one per RGB channel")
+    return [float(value) for value in values]
+
+
+def _show(size: tuple[int, int]) -> str:
+    return f"{size[0]}x{size[1]}"
