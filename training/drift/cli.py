@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from training.atomic_files import write_atomically
+from training.common import write_atomically
 from training.errors import InputError
 from training.local_state import (
     artifacts_beside,

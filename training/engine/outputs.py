@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.atomic_files import write_atomically
+from training.common import write_atomically
 
 MODEL_FILE = "model.pt"
 METADATA_FILE = "metadata.json"

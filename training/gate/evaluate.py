@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from training.atomic_files import write_atomically
+from training.common import write_atomically
 from training.engine.outputs import METADATA_FILE, MODEL_FILE, MODEL_FORMAT, weights_sha256
 from training.errors import InputError
 from training.gate.metrics import score_classifier

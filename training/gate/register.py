@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.atomic_files import write_atomically
+from training.common import write_atomically
 from training.engine.outputs import METADATA_FILE
 from training.errors import InputError
 from training.gate.evaluate import (

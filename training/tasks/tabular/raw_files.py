@@ -8,7 +8,6 @@ row, so that the error can name it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from training.common import file_sha256
 from training.errors import InputError
 from training.tasks.tabular.schema import SOURCE_FILE_COLUMN, SOURCE_ROW_COLUMN, TableSchema
 
@@ -73,9 +73,7 @@ def list_raw_files(raw_dir: Path) -> list[Path]:
 
 
 def fingerprint(path: Path) -> RawFingerprint:
-    with path.open("rb") as stream:
-        digest = hashlib.file_digest(stream, "sha256")
-    return RawFingerprint(path=path, sha256=digest.hexdigest(), bytes=path.stat().st_size)
+    return RawFingerprint(path=path, sha256=file_sha256(path), bytes=path.stat().st_size)
 
 
 def read_raw_file(path: Path, schema: TableSchema) -> pa.Table:
