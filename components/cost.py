@@ -1,8 +1,8 @@
 """What a run is about to spend: GPU count x expected hours x price, with the spot model.
 
 Every submission is estimated before it is sent, and the estimate travels in the job's tags and the front
-door's ledger. The formula has one home, `training.planning.maths.spot_estimate`; this module only chooses its
-inputs from the request and the settings:
+door's ledger. The formula has one home, `training.common.spot_estimate` (`retrain plan spot` uses it too);
+this module only chooses its inputs from the request and the settings:
 
 - GPUs: the train step's processes per node x nodes.
 - Tier: the train compute (the request's, else pipeline.yml's) is low priority when its
@@ -32,7 +32,7 @@ from typing import Any
 from components.errors import PipelineError, SpecError
 from components.request import RunRequest
 from components.specs import COMPUTE_FILES, PIPELINE_FILE, load_pipeline_spec, load_yaml
-from training.planning.maths import SpotScenario, spot_estimate
+from training.common import SECONDS_PER_HOUR, SpotScenario, is_finite_number, spot_estimate
 
 GPU_HOUR_PRICE = "RETRAIN_GPU_HOUR_PRICE"
 SPOT_DISCOUNT = "RETRAIN_SPOT_DISCOUNT"
@@ -65,7 +65,6 @@ DEFAULT_RESTART_OVERHEAD_HOURS = 0.1
 # and 12 hours between evictions: sqrt(2 x 10 s x 43,200 s), about 15 minutes.
 DEFAULT_CHECKPOINT_EVERY_HOURS = 0.25
 
-SECONDS_PER_HOUR = 3600.0
 TRAIN_STEP = "train"
 CHECKPOINT_PARAMETER, NO_CHECKPOINTS = "checkpoint_every_seconds", "off"
 MTBE_PARAMETER = "mtbe_hours"
@@ -127,10 +126,6 @@ def _positive_number(value: Any) -> float | None:
     return float(value) if value > 0 else None
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _require(ok: bool, name: str, value: Any, expected: str) -> None:
     if not ok:
         raise CostSettingsError(f"{name} {_shown(value)}: expected {expected}")
@@ -161,13 +156,13 @@ class CostSettings:
     def __post_init__(self) -> None:
         price = self.gpu_hour_price
         _require(
-            price is None or (_is_number(price) and price > 0),
+            price is None or (is_finite_number(price) and price > 0),
             GPU_HOUR_PRICE,
             price,
             "a price per GPU-hour > 0, e.g. 3.67 (unset it to estimate GPU-hours only)",
         )
         _require(
-            _is_number(self.spot_discount) and 0 <= self.spot_discount < 1,
+            is_finite_number(self.spot_discount) and 0 <= self.spot_discount < 1,
             SPOT_DISCOUNT,
             self.spot_discount,
             "a fraction in [0, 1), e.g. 0.6 for spot at 40 % of the dedicated price",
@@ -177,9 +172,9 @@ class CostSettings:
             (MTBE_HOURS, self.mtbe_hours),
             (CHECKPOINT_EVERY_HOURS, self.checkpoint_every_hours),
         ):
-            _require(_is_number(value) and value > 0, name, value, "a number of hours > 0, e.g. 1.5")
+            _require(is_finite_number(value) and value > 0, name, value, "a number of hours > 0, e.g. 1.5")
         _require(
-            _is_number(self.restart_overhead_hours) and self.restart_overhead_hours >= 0,
+            is_finite_number(self.restart_overhead_hours) and self.restart_overhead_hours >= 0,
             RESTART_OVERHEAD_HOURS,
             self.restart_overhead_hours,
             "a number of hours >= 0, e.g. 0.1",

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import PipelineError
+from training.common import file_sha256, write_atomically
 
 RAW_SUFFIXES = (".csv", ".parquet")
 MANIFEST_SUFFIX = ".manifest.json"
 VERSION_PREFIX = "rd-"
-_CHUNK = 1 << 20
 
 
 class DataError(PipelineError):
@@ -86,14 +86,6 @@ class DataManifest:
         return manifest
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _raw_files(folder: Path) -> list[Path]:
     if not folder.is_dir():
         raise DataError(
@@ -149,16 +141,5 @@ def snapshot_folder(source: Path, root: Path) -> tuple[DataManifest, Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    _write_atomically(manifest_path, manifest.to_json())
+    write_atomically(manifest_path, manifest.to_json().encode())
     return manifest, target
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

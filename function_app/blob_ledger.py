@@ -10,12 +10,9 @@ transient ones (network, throttling, 5xx) keep their Azure type and propagate, s
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -48,37 +45,15 @@ from function_app.ledger_records import (
     submission_replaceable,
 )
 from function_app.policy_state import ModelState
-from function_app.storage_settings import mask_secrets
+from training.common import BlobLocation, check_prefix, mask_secrets, parse_blob_url
 
 log = logging.getLogger(__name__)
 
 MAX_UPDATE_ATTEMPTS = 16  # compare-and-set rounds before an update gives up as busy (transient)
-EXPECTED_URL_FORM = (
-    "https://<account>.blob.core.windows.net/<container>[/<prefix>] "
-    "(or http://127.0.0.1:<port>/<account>/<container>[/<prefix>] for the Azurite emulator)"
-)
+LEDGER_URL = "ledger URL"  # how errors name the URL
 _JSON = ContentSettings(content_type="application/json")
-_CLOUD_HOST = re.compile(
-    r"(?P<account>[a-z0-9]{3,24})\.blob\.core\.(?:windows\.net|chinacloudapi\.cn|usgovcloudapi\.net)"
-)
-_EMULATOR_HOSTS = frozenset({"127.0.0.1", "localhost"})
-_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
-_CONTAINER = re.compile(r"(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
-_PREFIX_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,254}")
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _Record = TypeVar("_Record")
-
-
-def check_prefix(prefix: str) -> str:
-    """The ledger's folder inside its container, without a trailing '/'; '' is the container's root."""
-    trimmed = prefix.removesuffix("/")
-    segments = trimmed.split("/") if trimmed else []
-    if len(trimmed) > 700 or not all(_PREFIX_SEGMENT.fullmatch(segment) for segment in segments):
-        raise LedgerError(
-            f"ledger prefix {mask_secrets(prefix)!r}: expected folder names of letters, digits, '.', '_', "
-            "'=' or '-' separated by single '/' (no leading '/', no '..'), at most 700 characters"
-        )
-    return trimmed
 
 
 class BlobLedger:
@@ -86,7 +61,7 @@ class BlobLedger:
 
     def __init__(self, container: ContainerClient, prefix: str = "") -> None:
         self._container = container
-        folder = check_prefix(prefix)
+        folder = check_prefix(prefix, "ledger prefix", LedgerError)
         self._folder = f"{folder}/" if folder else ""
         self.location = mask_secrets(f"{container.url.split('?', 1)[0]}/{self._folder}")
 
@@ -225,77 +200,32 @@ class BlobLedger:
         return LedgerError(f"cannot {action} ledger record {name} in {self.location}: {_describe(err)}")
 
 
-@dataclass(frozen=True)
-class LedgerUrl:
-    """The parts of a ledger URL: the account's endpoint, the container and the prefix inside it."""
-
-    account: str
-    account_url: str
-    container: str
-    prefix: str
-    is_emulator: bool
-
-
-def parse_ledger_url(url: str) -> LedgerUrl:
-    """Split a ledger URL (see `EXPECTED_URL_FORM`); secrets in the URL are refused, never echoed."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise _bad_url(url, "it cannot be parsed") from None
-    if parts.query or parts.fragment or "@" in parts.netloc:
-        raise _bad_url(
-            url,
-            "credentials do not belong in the URL; use the managed identity (or, for the emulator, "
-            "RETRAIN_STORAGE_CONNECTION_STRING)",
-        )
-    host = parts.hostname or ""
-    segments = parts.path.removeprefix("/").removesuffix("/").split("/")
-    cloud = _CLOUD_HOST.fullmatch(host)
-    if cloud and parts.scheme == "https":
-        account, account_url = cloud["account"], f"https://{host}"
-    elif host in _EMULATOR_HOSTS and parts.scheme in ("http", "https"):
-        account = segments.pop(0)
-        account_url = f"{parts.scheme}://{host}{f':{port}' if port else ''}/{account}"
-    else:
-        raise _bad_url(url, "the host is neither an Azure Blob Storage account over https nor the emulator")
-    if not _ACCOUNT.fullmatch(account):
-        raise _bad_url(url, f"{account!r} is not a storage account name (3-24 lowercase letters or digits)")
-    container = segments[0] if segments else ""
-    if not _CONTAINER.fullmatch(container):
-        raise _bad_url(url, f"{container!r} is not a container name (3-63 lowercase letters, digits or '-')")
-    try:
-        prefix = check_prefix("/".join(segments[1:]))
-    except LedgerError as err:
-        raise _bad_url(url, str(err)) from None
-    return LedgerUrl(account, account_url, container, prefix, host in _EMULATOR_HOSTS)
-
-
 def open_blob_ledger(url: str, connection_string: str | None = None) -> BlobLedger:
     """The ledger at `url`: in Azure with `DefaultAzureCredential` (the Function App's managed identity);
     on the emulator with `connection_string`, which is refused for a real account (keys stay out of Azure
     app settings)."""
-    target = parse_ledger_url(url)
-    if target.is_emulator:
+    target = parse_blob_url(url, LEDGER_URL, LedgerError)
+    if target.endpoint.is_emulator:
         if not connection_string:
             raise LedgerError(
-                f"ledger URL {target.account_url}/{target.container} is the emulator's, which needs a "
-                "connection string; expected RETRAIN_STORAGE_CONNECTION_STRING for the emulator's account"
+                f"ledger URL {target.container_url} is the emulator's, which needs a connection string; "
+                "expected RETRAIN_STORAGE_CONNECTION_STRING for the emulator's account"
             )
         container = _emulator_container(target, connection_string)
     elif connection_string:
         raise LedgerError(
-            f"ledger URL {target.account_url}/{target.container} is in Azure, where the ledger uses the "
-            "managed identity; expected no storage connection string (it is for the emulator only)"
+            f"ledger URL {target.container_url} is in Azure, where the ledger uses the managed identity; "
+            "expected no storage connection string (it is for the emulator only)"
         )
     else:
         from azure.identity import DefaultAzureCredential  # only where the ledger is in Azure
 
-        container = ContainerClient(target.account_url, target.container, credential=DefaultAzureCredential())
+        credential = DefaultAzureCredential()
+        container = ContainerClient(target.endpoint.url, target.container, credential=credential)
     return BlobLedger(container, target.prefix)
 
 
-def _emulator_container(target: LedgerUrl, connection_string: str) -> ContainerClient:
+def _emulator_container(target: BlobLocation, connection_string: str) -> ContainerClient:
     try:
         service = BlobServiceClient.from_connection_string(connection_string)
     except ValueError:
@@ -304,24 +234,13 @@ def _emulator_container(target: LedgerUrl, connection_string: str) -> ContainerC
             "'DefaultEndpointsProtocol=...;AccountName=...;AccountKey=...;BlobEndpoint=...'"
         ) from None
     endpoint = service.url.split("?", 1)[0].rstrip("/")
-    if service.account_name != target.account or endpoint != target.account_url:
+    if service.account_name != target.endpoint.account or endpoint != target.endpoint.url:
         raise LedgerError(
             f"the storage connection string is for account {service.account_name!r} at "
-            f"{mask_secrets(endpoint)}, but the ledger URL is in {target.account!r} at {target.account_url}; "
-            "expected a connection string for the ledger's account"
+            f"{mask_secrets(endpoint)}, but the ledger URL is in {target.endpoint.account!r} at "
+            f"{target.endpoint.url}; expected a connection string for the ledger's account"
         )
     return service.get_container_client(target.container)
-
-
-def _bad_url(url: str, reason: str) -> LedgerError:
-    shown = url.split("?", 1)[0].split("#", 1)[0]
-    scheme, separator, rest = shown.partition("://")
-    if separator and "@" in rest.split("/", 1)[0]:
-        rest = rest.split("@", 1)[1]  # user info may be a credential
-    return LedgerError(
-        f"ledger URL {mask_secrets(scheme + separator + rest)!r} is not usable: {reason}; "
-        f"expected {EXPECTED_URL_FORM}"
-    )
 
 
 def _is_container_missing(err: ResourceNotFoundError) -> bool:

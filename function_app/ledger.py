@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -54,7 +53,7 @@ from function_app.ledger_records import (
     versioned_state,
 )
 from function_app.policy_state import ModelState
-from function_app.storage_settings import mask_secrets
+from training.common import create_atomically, mask_secrets, write_atomically
 
 __all__ = [
     "SUBMISSION_STATUSES",
@@ -165,7 +164,8 @@ class LocalLedger:
             if current != token:
                 return False
             version = 1 if stored is None else stored[0] + 1
-            _write(self._path(MODELS, model_name), encode({"version": version, "state": state.to_dict()}))
+            payload = encode({"version": version, "state": state.to_dict()})
+            write_atomically(self._path(MODELS, model_name), payload, sync_folder=True)
         return True
 
     def create_submission(self, record: SubmissionRecord) -> bool:
@@ -202,15 +202,9 @@ class LocalLedger:
         return parse_record(str(path), data, parse)
 
     def _create(self, path: Path, payload: Mapping[str, Any]) -> bool:
-        temporary = _write_temporary(path, encode(payload))
-        try:
-            os.link(temporary, path)
-        except FileExistsError:
-            return False
-        finally:
-            temporary.unlink()
-        _sync_folder(path.parent)
-        return True
+        # Linked into place, never replaced: of two racing claims one wins; the folder is synced, so an
+        # acknowledged claim survives a crash.
+        return create_atomically(path, encode(payload), sync_folder=True)
 
     def _update(
         self,
@@ -226,7 +220,7 @@ class LocalLedger:
                 raise LedgerError(f"{area} record {record_id} does not exist; expected one created before")
             if not replaceable(old, record):
                 return False
-            _write(self._path(area, record_id), encode(record.to_dict()))
+            write_atomically(self._path(area, record_id), encode(record.to_dict()), sync_folder=True)
         return True
 
     @contextlib.contextmanager
@@ -237,38 +231,6 @@ class LocalLedger:
             yield
         finally:
             os.close(descriptor)
-
-
-def _write_temporary(path: Path, data: bytes) -> Path:
-    temporary = path.parent / f".tmp-{uuid.uuid4().hex}"
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())  # the record is on disk before its name points at it
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return temporary
-
-
-def _write(path: Path, data: bytes) -> None:
-    temporary = _write_temporary(path, data)
-    try:
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    _sync_folder(path.parent)
-
-
-def _sync_folder(folder: Path) -> None:
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)  # the new name survives a crash
-    finally:
-        os.close(descriptor)
 
 
 def open_ledger(spec: str, connection_string: str | None = None) -> Ledger:

@@ -35,9 +35,8 @@ from function_app.storage_settings import (
     LedgerLocation,
     SettingsError,
     blob_scope_from,
-    mask_secrets,
-    quoted,
 )
+from training.common import mask_secrets, quoted
 
 __all__ = [
     "BLOB_ACCOUNT",

@@ -14,13 +14,10 @@ is the blob's URL and eTag, and the event id here derives from the same two).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import mimetypes
-import os
-import tempfile
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -31,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from function_app.blob_events import BLOB_CREATED, BLOCK_BLOB
 from function_app.blob_paths import blob_url
 from function_app.settings import BlobScope
+from training.common import file_sha256, write_atomically
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
@@ -43,7 +41,6 @@ STATE_SCHEMA = 1
 # watcher, so its events carry this all-zero one (the parser checks only the account at the end).
 WATCH_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
 WATCH_RESOURCE_GROUP = "retrain-watch"
-_HASH_CHUNK_BYTES = 1 << 20
 _ETAG_HEX_DIGITS = 32
 _EVENT_NAMESPACE = uuid.UUID("5d1c8c3e-6f55-4c1e-9a7e-3f1f3c2b9a10")  # event ids: uuid5 of url + eTag
 
@@ -104,20 +101,16 @@ class FolderSource:
 
 def content_etag(path: Path) -> str:
     """The eTag a landing folder's file plays: a hash of its content, which changes exactly with the bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return _etag_of_digest(digest)
+    return _etag_of_hex(file_sha256(path))
 
 
 def etag_of_bytes(data: bytes) -> str:
     """`content_etag` of a file holding `data`."""
-    return _etag_of_digest(hashlib.sha256(data))
+    return _etag_of_hex(hashlib.sha256(data).hexdigest())
 
 
-def _etag_of_digest(digest: Any) -> str:
-    return "0x" + digest.hexdigest()[:_ETAG_HEX_DIGITS].upper()
+def _etag_of_hex(sha256_hex: str) -> str:
+    return "0x" + sha256_hex[:_ETAG_HEX_DIGITS].upper()
 
 
 class ContainerSource:
@@ -194,18 +187,7 @@ def load_state(path: Path, source: BlobSource) -> WatchState:
 
 def save_state(path: Path, state: WatchState) -> None:
     """Replace the state file whole: a reader (or a crash) sees the old state or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(state.to_dict(), handle, indent=1, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+    write_atomically(path, json.dumps(state.to_dict(), indent=1, sort_keys=True).encode())
 
 
 def sequencer(blob: LandedBlob, sequence: int) -> str:

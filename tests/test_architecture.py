@@ -9,15 +9,11 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The one module of training/ that components/ may import, so the cost formula has one home. The Function
-# App ships it with its package and errors, and nothing else of training/ (.funcignore).
-SHARED_TRAINING_MODULE = "training.planning.maths"
-SHIPPED_TRAINING_FILES = (
-    "training/__init__.py",
-    "training/errors.py",
-    "training/planning/__init__.py",
-    "training/planning/maths.py",
-)
+# The modules of training/ that components/ and function_app/ may import: the helpers every room needs
+# (URL parsing and masking, atomic writes, file hashing, the spot formula) have one home. The Function App
+# ships them with the package's __init__, and nothing else of training/ (.funcignore).
+SHARED_TRAINING_MODULES = ("training.common", "training.errors")
+SHIPPED_TRAINING_FILES = ("training/__init__.py", "training/errors.py", "training/common.py")
 
 
 def _file_imports(path: Path) -> list[tuple[str, str, bool]]:
@@ -65,8 +61,8 @@ def _offenders(
 @pytest.mark.parametrize(
     ("package", "forbidden", "allowed"),
     [
-        ("function_app", ("torch", "mlflow", "training", "demo"), ()),
-        ("components", ("torch", "mlflow", "function_app", "training", "demo"), (SHARED_TRAINING_MODULE,)),
+        ("function_app", ("torch", "mlflow", "training", "demo"), SHARED_TRAINING_MODULES),
+        ("components", ("torch", "mlflow", "function_app", "training", "demo"), SHARED_TRAINING_MODULES),
         ("training", ("function_app", "components", "demo", "azure.functions", "azure.ai.ml"), ()),
     ],
 )
@@ -88,9 +84,9 @@ def test_training_uses_event_grid_only_to_publish_a_drift_alert_and_only_lazily(
 
 
 def test_the_training_files_the_function_app_ships_import_only_the_standard_library():
-    # components/ imports training.planning.maths, so the Function App, which has no torch and none of
-    # training/ but these files, imports it too: they may import the standard library and training.errors
-    # only.
+    # components/ and function_app/ import training.common, so the Function App, which has no torch and
+    # none of training/ but these files, imports it too: they may import the standard library and
+    # training.errors only.
     offenders = [
         f"{file} imports {module}"
         for path in SHIPPED_TRAINING_FILES

@@ -22,9 +22,9 @@ from pathlib import Path, PurePosixPath
 
 from components.errors import SpecError
 from components.specs import load_yaml
+from training.common import file_sha256
 
 IGNORE_FILES = (".amlignore", ".gitignore")
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -115,14 +115,6 @@ def kept_files(code_root: Path, rules: tuple[IgnoreRule, ...]) -> list[PurePosix
         dirnames[:] = sorted(name for name in dirnames if not is_ignored(rules, base / name, is_dir=True))
         kept += [base / name for name in filenames if not is_ignored(rules, base / name, is_dir=False)]
     return sorted(kept)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _listing_hash(entries: Iterator[tuple[str, str]]) -> str:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import secrets
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -21,6 +19,7 @@ from typing import Any
 
 from components.errors import PipelineError
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING
+from training.common import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -197,18 +196,7 @@ class RunRecord:
 
 def write_json_atomically(path: Path, document: Mapping[str, Any]) -> None:
     """Readers see the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(document, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomically(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
 
 
 class RunStore:

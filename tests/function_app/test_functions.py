@@ -17,14 +17,10 @@ ENTRY_SETTING = "PYTHON_SCRIPT_FILE_NAME"
 HEAVY_MODULES = ("torch", "mlflow", "azure.ai.ml")
 IMPORT_TIMEOUT_S = 60
 GIT_TIMEOUT_S = 30
-SHIPPED_TRAINING = (
-    "training/__init__.py",
-    "training/errors.py",
-    "training/planning/__init__.py",
-    "training/planning/maths.py",
-)
-# What the front door loads of training/: the spot model that components/cost.py estimates runs with.
-LOADED_TRAINING = ("training", "training.errors", "training.planning", "training.planning.maths")
+SHIPPED_TRAINING = ("training/__init__.py", "training/errors.py", "training/common.py")
+# What the front door loads of training/: the shared helpers (URL parsing, atomic writes, file hashing, the
+# spot model that components/cost.py estimates runs with).
+LOADED_TRAINING = ("training", "training.common", "training.errors")
 
 
 def _settings_example() -> dict:
@@ -95,7 +91,9 @@ def _candidates() -> set[str]:
     }
     for folder, folders, files in os.walk(REPO_ROOT):
         folders[:] = [name for name in folders if name not in skipped]
-        found.update((Path(folder) / name).relative_to(REPO_ROOT).as_posix() for name in files)
+        # In a git worktree .git is a file, not a folder: leave it out all the same.
+        kept = (name for name in files if name not in skipped)
+        found.update((Path(folder) / name).relative_to(REPO_ROOT).as_posix() for name in kept)
     return found
 
 
@@ -132,7 +130,8 @@ def test_the_deployment_package_keeps_what_the_entry_needs(shipped):
     kept = {entry, "host.json", "requirements.txt", "function_app/__init__.py", "function_app/service.py"}
     kept |= {"components/cost.py", "components/pipeline.yml", "components/compute/gpu-spot.yml"}
     assert kept <= shipped
-    # Of training/, only what components/cost.py imports for the spot model (tests/test_architecture.py).
+    # Of training/, only the shared helpers that components/ and function_app/ import
+    # (tests/test_architecture.py).
     assert {path for path in shipped if path.startswith("training/")} == set(SHIPPED_TRAINING)
     for left_out in ("tests", "bench", "docs", ".venv", "node_modules", ".retrain", "local.settings.json"):
         assert not any(path == left_out or path.startswith(f"{left_out}/") for path in shipped), left_out

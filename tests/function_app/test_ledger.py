@@ -390,7 +390,7 @@ def test_open_ledger_opens_a_folder_and_the_emulator(tmp_path, azurite):
         ("https://user:SECRETPW@prodacct.blob.core.windows.net/ledger", False, "credentials do not belong"),
         ("https://prodacct.example.com/ledger", False, "neither an Azure Blob Storage account"),
         ("https://prodacct.blob.core.windows.net/Bad_Container", False, "is not a container name"),
-        ("https://prodacct.blob.core.windows.net/ledger/../up", False, "ledger prefix"),
+        ("https://prodacct.blob.core.windows.net/ledger/../up", False, "the prefix '../up'"),
         ("http://127.0.0.1:10000/otheracct/ledger", True, "is for account"),
     ],
 )

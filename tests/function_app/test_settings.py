@@ -197,7 +197,7 @@ def test_use_development_storage_means_azurites_well_known_account():
         (
             {**LANDING, "RETRAIN_BLOB_ENDPOINT": "https://retraindata.blob.core.windows.net/?sv=1&sig=abc"},
             "RETRAIN_BLOB_ENDPOINT",
-            "credentials or queries",
+            "credentials do not belong in the URL",
         ),
         ({"RETRAIN_SUBMITTER": "azureml"}, "RETRAIN_BLOB_ACCOUNT", "when RETRAIN_SUBMITTER=azureml"),
         (

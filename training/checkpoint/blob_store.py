@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import BinaryIO, cast
-from urllib.parse import urlsplit
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -26,6 +23,7 @@ from azure.core.exceptions import (
 from azure.storage.blob import BlobBlock, BlobClient, BlobPrefix, BlobServiceClient, ContainerClient
 
 from training.checkpoint.store import ObjectExistsError, ObjectNotFoundError, check_object_name
+from training.common import BlobLocation, check_prefix, mask_secrets, parse_blob_url
 from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -35,48 +33,9 @@ _MIXED_BLOCK_ID_LENGTHS = "InvalidBlobOrBlock"
 
 DEFAULT_SPOOL_LIMIT_BYTES = 64 * 1024 * 1024
 UPLOAD_CONCURRENCY = 4
-EXPECTED_URL_FORM = (
-    "https://<account>.blob.core.windows.net/<container>/<prefix> "
-    "(or http://127.0.0.1:<port>/<account>/<container>/<prefix> for the Azurite emulator)"
-)
-
 CHECKPOINT_URL = "checkpoint store URL"  # how errors name the URL unless the caller says otherwise
 
-_SECRET_PATTERNS = (
-    re.compile(r"(?i)(AccountKey=)[^;\s'\"]+"),
-    re.compile(r"(?i)(SharedAccessSignature=)[^;\s'\"]+"),
-    re.compile(r"(?i)(\bsig=)[^&;\s'\"]+"),
-    re.compile(r"(?i)(\bSharedKey(?:Lite)?\s+[^:\s]+:)[^\s'\"]+"),
-)
-_CLOUD_HOST = re.compile(
-    r"(?P<account>[a-z0-9]{3,24})\.blob\.core\.(?:windows\.net|chinacloudapi\.cn|usgovcloudapi\.net)"
-)
-_EMULATOR_HOSTS = frozenset({"127.0.0.1", "localhost"})
-_ACCOUNT_NAME = re.compile(r"[a-z0-9]{3,24}")
-_CONTAINER_NAME = re.compile(r"(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
-_PREFIX_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]*")
-_MAX_PREFIX_CHARS = 800  # a blob name may have 1024 characters; leave room for '/' and a 200-character name
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-
-
-def mask_secrets(text: str) -> str:
-    """`text` with account keys, SAS tokens and signatures replaced by '***'."""
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(r"\1***", text)
-    return text
-
-
-def check_prefix(prefix: str) -> str:
-    """The folder path inside a container, without a trailing '/'; '' means the container's root."""
-    trimmed = prefix[:-1] if prefix.endswith("/") else prefix
-    segments = trimmed.split("/") if trimmed else []
-    if len(trimmed) > _MAX_PREFIX_CHARS or not all(_PREFIX_SEGMENT.fullmatch(s) for s in segments):
-        raise CheckpointError(
-            f"checkpoint prefix {mask_secrets(prefix)!r} is not allowed; expected folder names of letters, "
-            f"digits, '.', '_', '=' or '-' separated by single '/' (no leading '/', no '..'), "
-            f"at most {_MAX_PREFIX_CHARS} characters"
-        )
-    return trimmed
 
 
 class BlobCheckpointStore:
@@ -95,7 +54,7 @@ class BlobCheckpointStore:
         spool_limit_bytes: int = DEFAULT_SPOOL_LIMIT_BYTES,
     ) -> None:
         self._container = container
-        self._prefix = check_prefix(prefix)
+        self._prefix = check_prefix(prefix, "checkpoint prefix", CheckpointError)
         self._folder = f"{self._prefix}/" if self._prefix else ""
         self._spool_limit_bytes = spool_limit_bytes
 
@@ -230,67 +189,6 @@ class BlobCheckpointStore:
         return CheckpointError(f"cannot {action} {target} {self.location}: {_describe(err)}")
 
 
-@dataclass(frozen=True)
-class BlobUrl:
-    """The parts of a checkpoint store URL."""
-
-    account: str
-    account_url: str
-    container: str
-    prefix: str
-    is_emulator: bool
-
-    @property
-    def url(self) -> str:
-        container_url = f"{self.account_url}/{self.container}"
-        return f"{container_url}/{self.prefix}" if self.prefix else container_url
-
-
-def parse_blob_url(url: str, what: str = CHECKPOINT_URL) -> BlobUrl:
-    """Split a blob URL (see `EXPECTED_URL_FORM`) into account, container and prefix; `what` names the URL
-    in error messages."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise _bad_url(url, "it cannot be parsed", what) from None
-    if parts.query or parts.fragment or "@" in parts.netloc:
-        raise _bad_url(
-            url,
-            "credentials do not belong in the URL (they would end up in logs); use a connection string "
-            "or a managed identity",
-            what,
-        )
-    host = parts.hostname or ""
-    segments = parts.path.removeprefix("/").removesuffix("/").split("/")
-    cloud_host = _CLOUD_HOST.fullmatch(host)
-    if cloud_host and parts.scheme == "https":
-        account, account_url = cloud_host["account"], f"https://{host}"
-    elif host in _EMULATOR_HOSTS and parts.scheme in ("http", "https"):
-        account = segments.pop(0)
-        netloc = f"{host}:{port}" if port else host
-        account_url = f"{parts.scheme}://{netloc}/{account}"
-    else:
-        raise _bad_url(
-            url, "the host is neither an Azure Blob Storage account over https nor the emulator", what
-        )
-    if not _ACCOUNT_NAME.fullmatch(account):
-        raise _bad_url(
-            url, f"{account!r} is not a storage account name (3-24 lowercase letters or digits)", what
-        )
-    container = segments[0] if segments else ""
-    if not _CONTAINER_NAME.fullmatch(container):
-        raise _bad_url(
-            url, f"{container!r} is not a container name (3-63 lowercase letters, digits or '-')", what
-        )
-    try:
-        prefix = check_prefix("/".join(segments[1:]))
-    except CheckpointError as err:
-        raise _bad_url(url, str(err), what) from None
-    is_emulator = host in _EMULATOR_HOSTS
-    return BlobUrl(account, account_url, container, prefix, is_emulator)
-
-
 def open_blob_store(url: str, connection_string: str | None = None) -> BlobCheckpointStore:
     """A store for `url`, authenticated by `connection_string` if given, else by `DefaultAzureCredential`.
 
@@ -304,10 +202,10 @@ def open_container(
     url: str, connection_string: str | None = None, what: str = CHECKPOINT_URL
 ) -> tuple[ContainerClient, str]:
     """The container `url` names and the prefix inside it, authenticated as `open_blob_store` does."""
-    target = parse_blob_url(url, what)
+    target = parse_blob_url(url, what, CheckpointError)
     if connection_string:
         container = _container_from_connection_string(target, connection_string, what)
-    elif target.is_emulator:
+    elif target.endpoint.is_emulator:
         raise CheckpointError(
             f"{what} {target.url} points at the emulator, which needs a connection string; "
             "expected one for the emulator's account"
@@ -315,11 +213,14 @@ def open_container(
     else:
         from azure.identity import DefaultAzureCredential  # heavy import, and only needed in Azure
 
-        container = ContainerClient(target.account_url, target.container, credential=DefaultAzureCredential())
+        credential = DefaultAzureCredential()
+        container = ContainerClient(target.endpoint.url, target.container, credential=credential)
     return container, target.prefix
 
 
-def _container_from_connection_string(target: BlobUrl, connection_string: str, what: str) -> ContainerClient:
+def _container_from_connection_string(
+    target: BlobLocation, connection_string: str, what: str
+) -> ContainerClient:
     try:
         service = BlobServiceClient.from_connection_string(connection_string)
     except ValueError:
@@ -329,28 +230,13 @@ def _container_from_connection_string(target: BlobUrl, connection_string: str, w
             "'DefaultEndpointsProtocol=...;AccountName=...;AccountKey=...;BlobEndpoint=...'"
         ) from None
     endpoint = _without_query(service.url).rstrip("/")
-    if service.account_name != target.account or endpoint != target.account_url:
+    if service.account_name != target.endpoint.account or endpoint != target.endpoint.url:
         raise CheckpointError(
             f"the storage connection string is for account {service.account_name!r} at {endpoint}, but the "
-            f"{what} {target.url} is in account {target.account!r} at {target.account_url}; "
+            f"{what} {target.url} is in account {target.endpoint.account!r} at {target.endpoint.url}; "
             "expected a connection string for the URL's account"
         )
     return service.get_container_client(target.container)
-
-
-def _bad_url(url: str, reason: str, what: str) -> CheckpointError:
-    return CheckpointError(
-        f"{what} {_displayable_url(url)!r} is not usable: {reason}; expected {EXPECTED_URL_FORM}"
-    )
-
-
-def _displayable_url(url: str) -> str:
-    """`url` without query, fragment or user info: the places a secret could hide."""
-    without_query = url.split("?", 1)[0].split("#", 1)[0]
-    scheme, separator, rest = without_query.partition("://")
-    if separator and "@" in rest.split("/", 1)[0]:
-        rest = rest.split("@", 1)[1]
-    return mask_secrets(f"{scheme}{separator}{rest}")
 
 
 def _without_query(url: str) -> str:

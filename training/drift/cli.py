@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from training.atomic_files import write_atomically
+from training.common import write_atomically
 from training.drift.tracking import Tracking, log_check, tracking_of
 from training.errors import InputError
 

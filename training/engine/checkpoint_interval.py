@@ -4,7 +4,7 @@ Each attempt measures afresh (a resumed attempt may run on a node with other sto
 after its first step, so that an eviction in the first minutes loses almost nothing, and again as soon as
 each save is durable, until `MEASURED_SAVES` saves after the warm-up one are measured. From then on it
 saves at Daly's optimum for the measured cost and the configured mean time between evictions (the maths
-is `retrain plan interval`'s, training/planning/maths.py), never faster than a save can be written.
+is `retrain plan interval`'s, training/common.py), never faster than a save can be written.
 
 Which cost enters Young/Daly. Their C is the work a run loses per checkpoint. Our checkpoints are
 asynchronous: the loop stops only while the state is planned and staged (`SaveResult.blocked_seconds`);
@@ -23,9 +23,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from training.common import IntervalInputs, checkpoint_interval
 from training.engine.config import DEFAULT_CHECKPOINT_EVERY_SECONDS
 from training.errors import InputError
-from training.planning.maths import IntervalInputs, checkpoint_interval
 
 # The first save of an attempt allocates the staging buffers (pinned host memory on a GPU node) and opens
 # the store; later saves reuse both. It protects the first minutes but is not measured.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from training.atomic_files import write_atomically
+from training.common import write_atomically
 from training.errors import InputError
 
 if TYPE_CHECKING:

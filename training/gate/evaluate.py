@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.atomic_files import write_atomically
+from training.common import write_atomically
 from training.engine.outputs import METADATA_FILE, MODEL_FILE, read_model_payload, weights_sha256
 from training.errors import InputError
 from training.gate.policy import LOADED, NO_CHAMPION, UNLOADABLE, Champion, Scored

@@ -9,7 +9,6 @@ reads to compare the champion's own features.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -21,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 import training
+from training.common import file_sha256
 from training.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -134,14 +134,6 @@ def code_version(package_dir: Path | None = None) -> tuple[str, str]:
     if result.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() == package_dir.parent:
         return "git", lines[1]
     return "package", training.__version__
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

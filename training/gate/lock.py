@@ -252,7 +252,7 @@ def _storage_errors(action: str, location: str) -> Iterator[None]:
 def _describe(error: BaseException) -> str:
     from azure.core.exceptions import HttpResponseError
 
-    from training.checkpoint.blob_store import mask_secrets
+    from training.common import mask_secrets
 
     if isinstance(error, HttpResponseError) and error.status_code is not None:
         code = getattr(error, "error_code", None) or "no error code"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.atomic_files import write_atomically
+from training.common import write_atomically
 from training.engine.outputs import METADATA_FILE, MODEL_FILE
 from training.errors import InputError
 from training.gate.evaluate import (

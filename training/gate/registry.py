@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from training.checkpoint.blob_store import mask_secrets
+from training.common import displayable_url, mask_secrets
 from training.engine.outputs import weights_sha256
 from training.errors import InputError, RetrainError
 from training.gate.lineage import WEIGHTS_SHA256
@@ -44,7 +44,6 @@ MODEL_FILE_NAME = "model.pt"
 DEFAULT_EXPERIMENT = "retrain"
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _ERROR_CHARS = 300
-_USER_INFO = re.compile(r"://[^/@]*@")
 _MLFLOW_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
 
@@ -67,8 +66,7 @@ def check_model_name(name: str) -> str:
 
 def displayable_uri(uri: str) -> str:
     """`uri` without user info or query: where a password or token could hide."""
-    without_query = uri.split("?", 1)[0].split("#", 1)[0]
-    return mask_secrets(_USER_INFO.sub("://", without_query))
+    return displayable_url(uri)
 
 
 def _first_line(error: BaseException) -> str:

@@ -1,5 +1,5 @@
-"""Planning maths for training runs: spot vs dedicated, checkpoint interval, GPU scaling (modelled, or
-fitted to measured step times).
+"""Planning maths for training runs: spot vs dedicated and the checkpoint interval (whose formulas are
+training/common.py's), and GPU scaling (modelled, or fitted to measured step times).
 
 Pure functions over frozen inputs. Inputs validate themselves, and their messages name the `retrain plan`
 option that carries the value, so the command line can print them as they are.
@@ -12,134 +12,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+# The spot and interval formulas live in training/common.py, which components/ uses too; `retrain plan`
+# reaches them here, beside the scaling maths (the redundant aliases mark them as re-exported).
+from training.common import SECONDS_PER_HOUR, is_finite_number
+from training.common import IntervalAdvice as IntervalAdvice
+from training.common import IntervalInputs as IntervalInputs
+from training.common import SpotEstimate as SpotEstimate
+from training.common import SpotScenario as SpotScenario
+from training.common import checkpoint_interval as checkpoint_interval
+from training.common import spot_estimate as spot_estimate
 from training.errors import InputError
 
-SECONDS_PER_HOUR = 3600.0
 DEFAULT_EFFICIENCY_THRESHOLD = 0.8
 
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise InputError(message)
-
-
-def _finite(value: float) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-# -- spot vs dedicated ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SpotScenario:
-    """A run of `hours` on `gpus` GPUs, evicted `evictions` times (an expectation: may be fractional)."""
-
-    gpus: int
-    hours: float
-    evictions: float
-    discount: float
-    checkpoint_every: float | None = None
-    restart_overhead: float = 0.0
-
-    def __post_init__(self) -> None:
-        _require(
-            isinstance(self.gpus, int) and not isinstance(self.gpus, bool) and self.gpus >= 1,
-            f"--gpus must be a whole number >= 1, got {self.gpus!r}",
-        )
-        _require(_finite(self.hours) and self.hours > 0, f"--hours must be a number > 0, got {self.hours!r}")
-        _require(
-            _finite(self.evictions) and self.evictions >= 0,
-            f"--evictions must be a number >= 0, got {self.evictions!r}",
-        )
-        # A discount of 1 makes spot free and every comparison meaningless, so it is refused.
-        _require(
-            _finite(self.discount) and 0 <= self.discount < 1,
-            f"--discount must be a fraction in [0, 1), e.g. 0.6, got {self.discount!r}",
-        )
-        _require(
-            self.checkpoint_every is None or (_finite(self.checkpoint_every) and self.checkpoint_every > 0),
-            f"--checkpoint-every must be a number of hours > 0, got {self.checkpoint_every!r}",
-        )
-        _require(
-            _finite(self.restart_overhead) and self.restart_overhead >= 0,
-            f"--restart-overhead must be a number of hours >= 0, got {self.restart_overhead!r}",
-        )
-
-
-@dataclass(frozen=True)
-class SpotEstimate:
-    wall_hours: float
-    gpu_hours: float
-    dedicated_gpu_hours: float
-    cost_vs_dedicated: float
-    lost_hours: float
-    verdict: str
-
-
-def spot_estimate(scenario: SpotScenario) -> SpotEstimate:
-    # Evictions land uniformly between saves, so each loses half a save period; an interval longer than
-    # the run never fires, which is the same as not checkpointing (the period is then the whole run).
-    period = (
-        scenario.hours
-        if scenario.checkpoint_every is None
-        else min(scenario.checkpoint_every, scenario.hours)
-    )
-    lost_per_eviction = period / 2
-    lost_hours = scenario.evictions * lost_per_eviction
-    wall_hours = scenario.hours + scenario.evictions * (lost_per_eviction + scenario.restart_overhead)
-    gpu_hours = scenario.gpus * wall_hours
-    dedicated = scenario.gpus * scenario.hours
-    ratio = (1 - scenario.discount) * gpu_hours / dedicated
-    return SpotEstimate(wall_hours, gpu_hours, dedicated, ratio, lost_hours, _verdict(ratio))
-
-
-def _verdict(ratio: float) -> str:
-    if math.isclose(ratio, 1.0, abs_tol=1e-9):
-        return "break-even: spot costs the same as dedicated"
-    if ratio < 1:
-        return f"spot pays: {(1 - ratio) * 100:.0f}% cheaper than dedicated"
-    return f"dedicated pays: spot costs {(ratio - 1) * 100:.0f}% more"
-
-
-# -- checkpoint interval --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class IntervalInputs:
-    checkpoint_seconds: float
-    mtbe_hours: float
-
-    def __post_init__(self) -> None:
-        _require(
-            _finite(self.checkpoint_seconds) and self.checkpoint_seconds > 0,
-            f"--checkpoint-seconds must be a number of seconds > 0, got {self.checkpoint_seconds!r}",
-        )
-        _require(
-            _finite(self.mtbe_hours) and self.mtbe_hours > 0,
-            f"--mtbe-hours must be a number of hours > 0, got {self.mtbe_hours!r}",
-        )
-
-
-@dataclass(frozen=True)
-class IntervalAdvice:
-    young_seconds: float
-    daly_seconds: float
-    overhead_fraction: float
-    lost_seconds_per_eviction: float
-
-
-def checkpoint_interval(inputs: IntervalInputs) -> IntervalAdvice:
-    cost = inputs.checkpoint_seconds
-    mtbe = inputs.mtbe_hours * SECONDS_PER_HOUR  # both formulas need one unit
-    young = math.sqrt(2 * cost * mtbe)
-    if cost < 2 * mtbe:
-        ratio = cost / (2 * mtbe)
-        daly = young * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost
-    else:
-        daly = mtbe  # Daly 2006: once a save costs this much, checkpoint once per expected eviction
-    # Overhead and rework are reported at the recommended (Daly) interval, by the first-order model.
-    overhead = cost / daly + daly / (2 * mtbe)
-    return IntervalAdvice(young, daly, overhead, daly / 2)
 
 
 # -- scaling (modelled) ---------------------------------------------------------------------------------
@@ -169,11 +58,11 @@ class ScalingInputs:
 
     def __post_init__(self) -> None:
         _require(
-            _finite(self.single_gpu_hours) and self.single_gpu_hours > 0,
+            is_finite_number(self.single_gpu_hours) and self.single_gpu_hours > 0,
             f"--single-gpu-hours must be a number of hours > 0, got {self.single_gpu_hours!r}",
         )
         _require(
-            _finite(self.comm_hours_per_doubling) and self.comm_hours_per_doubling >= 0,
+            is_finite_number(self.comm_hours_per_doubling) and self.comm_hours_per_doubling >= 0,
             f"--comm-hours-per-doubling must be a number of hours >= 0, got {self.comm_hours_per_doubling!r}",
         )
         check_scaling_options(
@@ -195,7 +84,7 @@ def check_scaling_options(
         f"--gpus must be increasing positive whole numbers without duplicates, got {gpus!r}",
     )
     _require(
-        _finite(efficiency_threshold) and 0 < efficiency_threshold <= 1,
+        is_finite_number(efficiency_threshold) and 0 < efficiency_threshold <= 1,
         f"--efficiency-threshold must be a fraction in (0, 1], got {efficiency_threshold!r}",
     )
     # The money test compares a cost with a value: one without the other cannot be weighed.
@@ -206,7 +95,7 @@ def check_scaling_options(
     money = (("--gpu-hour-price", gpu_hour_price), ("--value-per-hour-saved", value_per_hour_saved))
     for flag, value in money:
         _require(
-            value is None or (_finite(value) and value >= 0),
+            value is None or (is_finite_number(value) and value >= 0),
             f"{flag} must be a number >= 0, got {value!r}",
         )
 
@@ -312,7 +201,7 @@ def fit_step_times(points: Sequence[StepTime]) -> StepFit:
             f"scaling fit: process counts must be whole numbers >= 1, got {point.processes!r}",
         )
         _require(
-            _finite(point.seconds) and point.seconds > 0,
+            is_finite_number(point.seconds) and point.seconds > 0,
             f"scaling fit: step times must be seconds > 0, "
             f"got {point.seconds!r} at {point.processes} processes",
         )

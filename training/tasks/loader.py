@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.common import file_sha256
 from training.errors import InputError, RetrainError
 from training.tasks.base import Task, missing_parts
 
@@ -68,7 +69,7 @@ def task_file_sha256(ref: TaskRef) -> str | None:
     """The content hash of a task file (what the local runner's cache key and lineage record)."""
     if ref.path is None or not ref.path.is_file():
         return None
-    return hashlib.sha256(ref.path.read_bytes()).hexdigest()
+    return file_sha256(ref.path)
 
 
 def _import_module(ref: TaskRef) -> Any:

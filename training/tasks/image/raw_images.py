@@ -8,7 +8,6 @@ check reads it, so a feature means the same thing on both sides.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from training.common import file_sha256
 from training.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -129,9 +129,7 @@ def _check_name(path: Path) -> None:
 
 
 def fingerprint(path: Path, class_name: str) -> RawImage:
-    with path.open("rb") as stream:
-        digest = hashlib.file_digest(stream, "sha256")
-    return RawImage(path=path, class_name=class_name, sha256=digest.hexdigest(), bytes=path.stat().st_size)
+    return RawImage(path=path, class_name=class_name, sha256=file_sha256(path), bytes=path.stat().st_size)
 
 
 def decode_image(path: Path, size: tuple[int, int]) -> np.ndarray:

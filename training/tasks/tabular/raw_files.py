@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from training.common import file_sha256
 from training.errors import InputError
 from training.tasks.tabular.schema import (
     DERIVED_KEY_COLUMN,
@@ -80,9 +81,7 @@ def list_raw_files(raw_dir: Path) -> list[Path]:
 
 
 def fingerprint(path: Path) -> RawFingerprint:
-    with path.open("rb") as stream:
-        digest = hashlib.file_digest(stream, "sha256")
-    return RawFingerprint(path=path, sha256=digest.hexdigest(), bytes=path.stat().st_size)
+    return RawFingerprint(path=path, sha256=file_sha256(path), bytes=path.stat().st_size)
 
 
 def header_columns(path: Path) -> list[str]:

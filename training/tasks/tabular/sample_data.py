@@ -6,8 +6,6 @@ This stands in for the data that lands in Blob Storage, so that the whole pipeli
 from __future__ import annotations
 
 import itertools
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from training.common import write_atomically
 from training.errors import InputError
 from training.tasks.tabular.schema import DIGITS_SCHEMA
 
@@ -137,12 +136,7 @@ def write_sample_batches(
 def write_batch_file(table: pa.Table, path: Path, file_format: str = "csv") -> None:
     """`table` as one raw batch file that appears at `path` whole: it is written under a hidden name (which
     neither a watcher nor `prepare` picks up) and renamed."""
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
-    try:
-        if file_format == "parquet":
-            pq.write_table(table, temporary)
-        else:
-            pa_csv.write_csv(table, temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    if file_format == "parquet":
+        write_atomically(path, lambda handle: pq.write_table(table, handle))
+    else:
+        write_atomically(path, lambda handle: pa_csv.write_csv(table, handle))

@@ -1,0 +1,398 @@
+"""The helpers every room needs, written once: blob URL parsing with secret masking and the prefix rule,
+the atomic file write, the file sha256, and the spot and checkpoint-interval formulas. function_app/ and
+components/ import it too, and the Function App ships it alone of training/ (.funcignore): standard library
+and training.errors only. Parsers take the name of the setting or option they read and the error type their
+caller raises, so that each message names what the user typed where they typed it."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit
+
+from training.errors import InputError
+
+ErrorType = Callable[[str], Exception]
+
+# -- secrets in text ------------------------------------------------------------------------------------
+
+_SECRET_PATTERNS = (
+    # User info of a URL, up to the last '@' of the token: a pasted key may itself contain '/'.
+    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^\s'\"]*@"),
+    re.compile(r"(?i)(AccountKey=)[^;\s'\"]+"),
+    re.compile(r"(?i)(SharedAccessSignature=)[^;\s'\"]+"),
+    re.compile(r"(?i)(\bsig=)[^&;\s'\"]+"),
+    re.compile(r"(?i)(\bSharedKey(?:Lite)?\s+[^:\s]+:)[^\s'\"]+"),
+)
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with URL user info, account keys, SAS tokens and signatures replaced by '***'."""
+    text = _SECRET_PATTERNS[0].sub(r"\1***@", text)
+    for pattern in _SECRET_PATTERNS[1:]:
+        text = pattern.sub(r"\1***", text)
+    return text
+
+
+def displayable_url(url: str) -> str:
+    """`url` for a message: without user info, query or fragment (the places a secret hides), then masked."""
+    scheme, separator, rest = url.partition("://")
+    if separator and "@" in rest:
+        rest = rest.rsplit("@", 1)[1]  # the last '@': a key pasted as a password may contain '/' or '@'
+    return mask_secrets(f"{scheme}{separator}{rest}".split("?", 1)[0].split("#", 1)[0])
+
+
+def quoted(value: object, limit: int = 80) -> str:
+    """A value for an error message: masked, clipped, and one line (repr escapes breaks)."""
+    text = mask_secrets(str(value))
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+# -- blob URLs ------------------------------------------------------------------------------------------
+
+EMULATOR_HOSTS = frozenset({"127.0.0.1", "localhost"})
+CLOUD_SUFFIXES = ("core.windows.net", "core.chinacloudapi.cn", "core.usgovcloudapi.net")
+# A blob name has at most 1024 characters: leave room for a record's folder and a 200-character name.
+MAX_PREFIX_CHARS = 700
+EXPECTED_ENDPOINT = (
+    "https://<account>.blob.core.windows.net (or another Azure cloud's blob host), "
+    "or http://127.0.0.1:<port>/<account> for the Azurite emulator"
+)
+EXPECTED_BLOB_URL = (
+    "https://<account>.blob.core.windows.net/<container>/<prefix> (the prefix may be empty; or another "
+    "Azure cloud's blob host; or http://127.0.0.1:<port>/<account>/<container>/<prefix> for the Azurite "
+    "emulator)"
+)
+PREFIX_RULE = (
+    "folder names of letters, digits, '.', '_', '=' or '-' separated by single '/' (no leading '/', "
+    f"no '..'), at most 255 characters each and {MAX_PREFIX_CHARS} in all"
+)
+_ACCOUNT_NAME = re.compile(r"[a-z0-9]{3,24}")
+_CONTAINER_NAME = re.compile(r"(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+_PREFIX_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,254}")
+_ACCOUNT_RULE = "3-24 lowercase letters or digits"
+_CONTAINER_RULE = "3-63 lowercase letters, digits or single '-', starting and ending with a letter or digit"
+
+
+@dataclass(frozen=True)
+class AccountEndpoint:
+    """A storage account's blob endpoint: `https://<account>.blob.<cloud suffix>` or Azurite's path-style
+    `http://127.0.0.1:<port>/<account>` (the account is the first path segment there)."""
+
+    account: str
+    url: str  # without a trailing '/'
+    is_emulator: bool
+
+    @property
+    def dfs_url(self) -> str | None:
+        """The account's Data Lake endpoint, which FlushWithClose events name; the emulator has none."""
+        return None if self.is_emulator else self.url.replace(".blob.", ".dfs.", 1)
+
+
+@dataclass(frozen=True)
+class BlobLocation:
+    """A folder in Blob Storage: an account's endpoint, a container, and a prefix ('' is the root)."""
+
+    endpoint: AccountEndpoint
+    container: str
+    prefix: str
+
+    @property
+    def container_url(self) -> str:
+        return f"{self.endpoint.url}/{self.container}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.container_url}/{self.prefix}" if self.prefix else self.container_url
+
+
+def check_account_name(name: str, setting: str, error: ErrorType = InputError) -> str:
+    if not _ACCOUNT_NAME.fullmatch(name):
+        raise error(f"{setting} {quoted(name)}: expected a storage account name of {_ACCOUNT_RULE}")
+    return name
+
+
+def check_container_name(name: str, setting: str, error: ErrorType = InputError) -> str:
+    if not _CONTAINER_NAME.fullmatch(name):
+        raise error(f"{setting} {quoted(name)}: expected a container name of {_CONTAINER_RULE}")
+    return name
+
+
+def check_prefix(prefix: str, setting: str, error: ErrorType = InputError) -> str:
+    """A folder inside a container, without a trailing '/'; '' is the container's root."""
+    trimmed = prefix.removesuffix("/")
+    segments = trimmed.split("/") if trimmed else []
+    if len(trimmed) > MAX_PREFIX_CHARS or not all(_PREFIX_SEGMENT.fullmatch(s) for s in segments):
+        raise error(f"{setting} {quoted(prefix)}: expected {PREFIX_RULE}")
+    return trimmed
+
+
+def parse_account_endpoint(
+    url: str, setting: str, error: ErrorType = InputError, expected: str = EXPECTED_ENDPOINT
+) -> tuple[AccountEndpoint, list[str]]:
+    """The account endpoint `url` starts with, and the path segments after it (a trailing '/' ignored).
+
+    Credentials are refused, never echoed: user info, a query (a SAS token) or a fragment. A cloud account
+    is served over https only; Azurite, on 127.0.0.1 or localhost, over http or https.
+    """
+
+    def bad(why: str) -> Exception:
+        return error(f"{setting} {quoted(displayable_url(url), 120)}: {why}; expected {expected}")
+
+    if any(mark in url for mark in "@?#"):
+        raise bad(
+            "credentials do not belong in the URL (no user info, query or fragment: they would end up in "
+            "logs); use the managed identity, or a connection string for the emulator"
+        )
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise bad("it cannot be parsed") from None
+    host = parts.hostname or ""
+    path = parts.path.removeprefix("/").removesuffix("/")
+    segments = path.split("/") if path else []
+    account, _, suffix = host.partition(".blob.")
+    if suffix in CLOUD_SUFFIXES and parts.scheme == "https" and port in (None, 443):
+        endpoint = AccountEndpoint(account, f"https://{host}", is_emulator=False)
+    elif host in EMULATOR_HOSTS and parts.scheme in ("http", "https") and segments:
+        account = segments.pop(0)
+        netloc = f"{host}:{port}" if port else host
+        endpoint = AccountEndpoint(account, f"{parts.scheme}://{netloc}/{account}", is_emulator=True)
+    else:
+        raise bad("the host is neither an Azure Blob Storage account over https nor Azurite, the emulator")
+    if not _ACCOUNT_NAME.fullmatch(account):
+        raise bad(f"{quoted(account)} is not a storage account name ({_ACCOUNT_RULE})")
+    return endpoint, segments
+
+
+def parse_blob_url(url: str, setting: str, error: ErrorType = InputError) -> BlobLocation:
+    """Split a container URL with an optional prefix (see `EXPECTED_BLOB_URL`) into its parts."""
+
+    def bad(why: str) -> Exception:
+        return error(f"{setting} {quoted(displayable_url(url), 120)}: {why}; expected {EXPECTED_BLOB_URL}")
+
+    endpoint, segments = parse_account_endpoint(url, setting, error, EXPECTED_BLOB_URL)
+    if not segments:
+        raise bad("it names no container")
+    container, prefix = segments[0], "/".join(segments[1:])
+    if not _CONTAINER_NAME.fullmatch(container):
+        raise bad(f"{quoted(container)} is not a container name ({_CONTAINER_RULE})")
+    check_prefix(
+        prefix, setting, lambda _: bad(f"the prefix {quoted(prefix)} is not a folder path: {PREFIX_RULE}")
+    )
+    return BlobLocation(endpoint, container, prefix)
+
+
+# -- files ----------------------------------------------------------------------------------------------
+
+_HASH_CHUNK_BYTES = 1 << 20
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read in chunks (a data file may not fit in memory)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+Content = bytes | Callable[[BinaryIO], Any]
+
+
+def write_atomically(path: Path, content: Content, *, sync_folder: bool = False) -> None:
+    """Replace `path` whole: readers (and a crash) see the old file or the new one, never a part.
+
+    `content` is the bytes, or a function that writes them to a binary handle. The bytes are fsynced
+    before the rename; `sync_folder` also fsyncs the folder after it, so that the new name itself survives
+    a power loss (a record whose write was acknowledged must).
+    """
+    with _temporary_sibling(path, content) as temporary:
+        os.replace(temporary, path)
+    if sync_folder:
+        _fsync_folder(path.parent)
+
+
+def create_atomically(path: Path, content: Content, *, sync_folder: bool = False) -> bool:
+    """Create `path` whole if it does not exist; False, and nothing written, if it does (another writer won).
+
+    The file is linked into place, which fails on an existing name, so two writers racing for one name
+    never overwrite each other.
+    """
+    with _temporary_sibling(path, content) as temporary:
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            return False
+    if sync_folder:
+        _fsync_folder(path.parent)
+    return True
+
+
+@contextmanager
+def _temporary_sibling(path: Path, content: Content) -> Iterator[Path]:
+    """A hidden, fsynced temporary file beside `path` holding `content`, removed when the block ends."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Hidden, so listings and watchers skip it; 0o666 less the umask, the mode a plain open() gives.
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            if isinstance(content, bytes):
+                handle.write(content)
+            else:
+                content(handle)
+            handle.flush()
+            os.fsync(handle.fileno())  # the bytes are on disk before a name points at them
+        yield temporary
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _fsync_folder(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+# -- spot vs dedicated, and the checkpoint interval ------------------------------------------------------
+# Pure functions over frozen inputs whose messages name the `retrain plan` option that carries each value.
+
+SECONDS_PER_HOUR = 3600.0
+
+
+def is_finite_number(value: object) -> bool:
+    """A real, finite number; a bool is not one."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise InputError(message)
+
+
+@dataclass(frozen=True)
+class SpotScenario:
+    """A run of `hours` on `gpus` GPUs, evicted `evictions` times (an expectation: may be fractional)."""
+
+    gpus: int
+    hours: float
+    evictions: float
+    discount: float
+    checkpoint_every: float | None = None
+    restart_overhead: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.gpus, int) and not isinstance(self.gpus, bool) and self.gpus >= 1,
+            f"--gpus must be a whole number >= 1, got {self.gpus!r}",
+        )
+        _require(
+            is_finite_number(self.hours) and self.hours > 0,
+            f"--hours must be a number > 0, got {self.hours!r}",
+        )
+        _require(
+            is_finite_number(self.evictions) and self.evictions >= 0,
+            f"--evictions must be a number >= 0, got {self.evictions!r}",
+        )
+        # A discount of 1 makes spot free and every comparison meaningless, so it is refused.
+        _require(
+            is_finite_number(self.discount) and 0 <= self.discount < 1,
+            f"--discount must be a fraction in [0, 1), e.g. 0.6, got {self.discount!r}",
+        )
+        _require(
+            self.checkpoint_every is None
+            or (is_finite_number(self.checkpoint_every) and self.checkpoint_every > 0),
+            f"--checkpoint-every must be a number of hours > 0, got {self.checkpoint_every!r}",
+        )
+        _require(
+            is_finite_number(self.restart_overhead) and self.restart_overhead >= 0,
+            f"--restart-overhead must be a number of hours >= 0, got {self.restart_overhead!r}",
+        )
+
+
+@dataclass(frozen=True)
+class SpotEstimate:
+    wall_hours: float
+    gpu_hours: float
+    dedicated_gpu_hours: float
+    cost_vs_dedicated: float
+    lost_hours: float
+    verdict: str
+
+
+def spot_estimate(scenario: SpotScenario) -> SpotEstimate:
+    # Evictions land uniformly between saves, so each loses half a save period; an interval longer than
+    # the run never fires, which is the same as not checkpointing (the period is then the whole run).
+    period = (
+        scenario.hours
+        if scenario.checkpoint_every is None
+        else min(scenario.checkpoint_every, scenario.hours)
+    )
+    lost_per_eviction = period / 2
+    lost_hours = scenario.evictions * lost_per_eviction
+    wall_hours = scenario.hours + scenario.evictions * (lost_per_eviction + scenario.restart_overhead)
+    gpu_hours = scenario.gpus * wall_hours
+    dedicated = scenario.gpus * scenario.hours
+    ratio = (1 - scenario.discount) * gpu_hours / dedicated
+    return SpotEstimate(wall_hours, gpu_hours, dedicated, ratio, lost_hours, _verdict(ratio))
+
+
+def _verdict(ratio: float) -> str:
+    if math.isclose(ratio, 1.0, abs_tol=1e-9):
+        return "break-even: spot costs the same as dedicated"
+    if ratio < 1:
+        return f"spot pays: {(1 - ratio) * 100:.0f}% cheaper than dedicated"
+    return f"dedicated pays: spot costs {(ratio - 1) * 100:.0f}% more"
+
+
+@dataclass(frozen=True)
+class IntervalInputs:
+    checkpoint_seconds: float
+    mtbe_hours: float
+
+    def __post_init__(self) -> None:
+        _require(
+            is_finite_number(self.checkpoint_seconds) and self.checkpoint_seconds > 0,
+            f"--checkpoint-seconds must be a number of seconds > 0, got {self.checkpoint_seconds!r}",
+        )
+        _require(
+            is_finite_number(self.mtbe_hours) and self.mtbe_hours > 0,
+            f"--mtbe-hours must be a number of hours > 0, got {self.mtbe_hours!r}",
+        )
+
+
+@dataclass(frozen=True)
+class IntervalAdvice:
+    young_seconds: float
+    daly_seconds: float
+    overhead_fraction: float
+    lost_seconds_per_eviction: float
+
+
+def checkpoint_interval(inputs: IntervalInputs) -> IntervalAdvice:
+    """Young's and Daly's optimal checkpoint intervals for a save of `checkpoint_seconds` and a mean time
+    between evictions of `mtbe_hours`."""
+    cost = inputs.checkpoint_seconds
+    mtbe = inputs.mtbe_hours * SECONDS_PER_HOUR  # both formulas need one unit
+    young = math.sqrt(2 * cost * mtbe)
+    if cost < 2 * mtbe:
+        ratio = cost / (2 * mtbe)
+        daly = young * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost
+    else:
+        daly = mtbe  # Daly 2006: once a save costs this much, checkpoint once per expected eviction
+    # Overhead and rework are reported at the recommended (Daly) interval, by the first-order model.
+    overhead = cost / daly + daly / (2 * mtbe)
+    return IntervalAdvice(young, daly, overhead, daly / 2)
