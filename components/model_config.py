@@ -1,25 +1,14 @@
 """One model's configuration file: its task, gate policy, pipeline parameters and trigger scope, in TOML.
 
-    name = "digits"                 # the registered model's name; default: the file's stem
-    [task]
-    ref = "tabular"                 # a built-in, "file.py:Attr" (relative to this file) or "pkg.mod:Attr"
-    [task.options]                  # the task's keyword arguments
-    hidden_width = 256
-    [gate]                          # unset keys take the task's defaults
-    primary_metric = "macro_f1"
-    min_improvement = 0.002
-    floors = { accuracy = 0.8 }
-    max_regression = { accuracy = 0.01, "recall_*" = 0.1 }
-    first_model_floors = { accuracy = 0.9, macro_f1 = 0.9 }
-    bootstrap_unloadable_champion = false
-    [pipeline]                      # pipeline parameters, as `retrain run --param NAME=VALUE` sets them
-    epochs = 5
-    [trigger]                       # which landing blobs are this model's data
-    account = "mystorage"
-    container = "landing"
-    prefix = "digits"
-    suffixes = [".csv"]             # default: the task's raw file suffixes
+    name = "digits"             # the registered model's name; default: the file's stem
+    [task]                      # ref: a built-in, "file.py:Attr" (relative to this file) or "pkg.mod:Attr"
+    [task.options]              # the task's keyword arguments
+    [gate]                      # primary_metric, min_improvement, floors, max_regression,
+                                # first_model_floors, bootstrap_unloadable_champion; unset: the task's
+    [pipeline]                  # pipeline parameters, as `retrain run --param NAME=VALUE` sets them
+    [trigger]                   # account, container, prefix, suffixes (default: the task's raw suffixes)
 
+`retrain init` writes one with every key explained (components/templates/, models/digits.toml).
 Files live in `models/<name>.toml` under the working folder; RETRAIN_MODELS_DIR moves that folder. They
 are read with the standard library (tomllib), torch-free, so the command line, the pipeline runners and the
 front door can all read them. Everything is checked when the file is read, and each error is one line
