@@ -42,6 +42,13 @@ def test_options_with_spaces_and_quotes_reach_every_step_unchanged_locally(compo
     assert _option(argv, "--task") == "/models/my task.py:Flowers"
 
 
+def test_the_drift_check_without_a_task_leaves_it_to_the_champion_s_lineage():
+    spec = load_component_spec(REPO_ROOT / "components" / "drift.yml")
+    inputs = {name: None if spec.inputs[name].optional else f"/in/{name}" for name in spec.inputs}
+    argv = render_command(spec.command, inputs, {"report": "/out/report"}, "drift")
+    assert "--task" not in argv and "--task-options" not in argv
+
+
 def _as_azure_ml_runs_it(command: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
     """The command as Azure ML hands it to a shell: each ${{...}} replaced by its value as text, and each
     $[[...]] kept when its inputs are set (here: all are), without the brackets."""
