@@ -24,7 +24,13 @@ import yaml
 from components.azureml.data_assets import build_data_asset, data_asset_reference, register_data_asset
 from components.azureml.fallback import FallbackPolicy
 from components.azureml.publish import publish
-from components.azureml.schedule import build_schedule, create_schedule, scheduled_checkpoints_path
+from components.azureml.schedule import (
+    build_schedule,
+    check_cron,
+    check_time_zone,
+    create_schedule,
+    scheduled_checkpoints_path,
+)
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings
 from components.azureml.workspace import AzureMLWorkspace, MLClientWorkspace, WorkspaceRef
 from components.blob_snapshot import manifest_of_blob_prefix, snapshot_blob_prefix, split_folder_url
@@ -169,9 +175,12 @@ def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
     return pairs
 
 
+def _workspace_ref(args: argparse.Namespace) -> WorkspaceRef:
+    return WorkspaceRef.from_settings(args.environ, args.subscription, args.resource_group, args.workspace)
+
+
 def _workspace(args: argparse.Namespace, connectors: Connectors) -> AzureMLWorkspace:
-    ref = WorkspaceRef.from_settings(args.environ, args.subscription, args.resource_group, args.workspace)
-    return connectors.workspace(ref)
+    return connectors.workspace(_workspace_ref(args))
 
 
 def _check_datastore(workspace: AzureMLWorkspace, name: str, container: ContainerClient) -> None:
@@ -189,6 +198,17 @@ def _check_datastore(workspace: AzureMLWorkspace, name: str, container: Containe
         )
 
 
+def _pinned_data(data: str) -> DataRef | None:
+    """--data as a pinned asset version; None for a blob folder URL (checked for form, not read)."""
+    pinned = _PINNED_DATA.match(data)
+    if pinned:
+        return DataRef(pinned["version"], data)
+    if not data.startswith(("https://", "http://")):
+        raise SubmissionError(f"--data {data!r}: {_DATA_FORMS}")
+    split_folder_url(data)
+    return None
+
+
 def _data_ref(
     args: argparse.Namespace,
     connectors: Connectors,
@@ -196,11 +216,9 @@ def _data_ref(
     settings: RunSettings,
     found: PreflightResult,
 ) -> DataRef:
-    pinned = _PINNED_DATA.match(args.data)
-    if pinned:
-        return DataRef(pinned["version"], args.data)
-    if not args.data.startswith(("https://", "http://")):
-        raise SubmissionError(f"--data {args.data!r}: {_DATA_FORMS}")
+    pinned = _pinned_data(args.data)
+    if pinned is not None:
+        return pinned
     container_url, prefix = split_folder_url(args.data)
     container = connectors.container(container_url)
     name, layout = settings.model_name, (found.raw_suffixes, raw_depth(settings.task))
@@ -239,6 +257,8 @@ def _report(submission: Submission, out: IO[str]) -> None:
 def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
     cost = CostSettings.from_environ(args.environ)  # a bad setting stops before any data is pinned
+    _pinned_data(args.data)  # what is cheap to check goes before the preflight's process
+    ref = None if args.dry_run else _workspace_ref(args)
     settings, found = _settings(args)
     request_fields = {
         "trigger": _pairs(args.trigger, "--trigger") or {"source": "cli"},
@@ -253,9 +273,9 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
             args.state_root, datastore=args.datastore, registered_components=args.registered_components
         )
     else:
-        workspace = _workspace(args, connectors)
+        workspace = connectors.workspace(ref) if ref is not None else _workspace(args, connectors)
         request = settings.request(_data_ref(args, connectors, workspace, settings, found), **request_fields)
-        settings = AzureSettings(
+        azure = AzureSettings(
             datastore=args.datastore,
             registered_components=args.registered_components,
             check_quota=not args.skip_quota_check,
@@ -263,7 +283,7 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
                 max_preemptions=args.max_preemptions, dedicated_compute=args.dedicated_compute
             ),
         )
-        submitter = AzureMLSubmitter(workspace, settings)
+        submitter = AzureMLSubmitter(workspace, azure)
     request, estimate = with_estimate(request, cost)
     print(estimate.summary(), file=out, flush=True)
     _report(submitter.submit(request), out)
@@ -280,6 +300,8 @@ def _publish(args: argparse.Namespace, connectors: Connectors, out: IO[str] | No
 
 def _schedule(args: argparse.Namespace, connectors: Connectors, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
+    check_cron(args.cron)  # what is cheap to check goes before the preflight's process
+    check_time_zone(args.time_zone)
     settings, _ = _settings(args)
     name = settings.model_name
     task = parse_task_reference(settings.task, None, "task")
