@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from components.errors import SubmissionError
-from components.local.commands import format_value
 from components.run_inputs import GATE_INPUTS
 from components.specs import REPO_ROOT
 
@@ -68,7 +67,8 @@ def check_arguments(request: TaskRun, where: str = DEFAULT_WHERE) -> list[str]:
     arguments = ["--task", request.task, "--task-options", request.task_options_text, "--where", where]
     for name in GATE_INPUTS:
         if name in request.parameters:
-            arguments += [f"--{name.replace('_', '-')}", format_value(request.parameters[name])]
+            # As a step's command line spells a value (components/local/commands.format_value).
+            arguments += [f"--{name.replace('_', '-')}", str(request.parameters[name])]
     return arguments
 
 
