@@ -15,7 +15,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from components.data_version import MANIFEST_SUFFIX, RAW_SUFFIXES, DataError, DataFile, DataManifest
+from components.data_version import (
+    MANIFEST_SUFFIX,
+    RAW_SUFFIXES,
+    DataError,
+    DataFile,
+    DataManifest,
+    is_raw_name,
+)
 
 if TYPE_CHECKING:
     from azure.storage.blob import BlobClient, ContainerClient
@@ -34,15 +41,18 @@ def folder_prefix(prefix: str) -> str:
     return f"{prefix}/" if prefix else ""
 
 
-def manifest_of_blob_prefix(container_client: ContainerClient, prefix: str) -> DataManifest:
-    """The manifest of the raw (.csv, .parquet) blobs directly under `prefix`; empty blobs are skipped."""
+def manifest_of_blob_prefix(
+    container_client: ContainerClient, prefix: str, suffixes: tuple[str, ...] = RAW_SUFFIXES, depth: int = 1
+) -> DataManifest:
+    """The manifest of the raw blobs under `prefix`: the task's suffixes, directly under it (depth 1) or
+    also in class folders (depth 2; components/data_version.is_raw_name). Empty blobs are skipped."""
     prefix = folder_prefix(prefix)
     where = f"{container_client.url}/{prefix}"
     files = []
     for blob in container_client.list_blobs(name_starts_with=prefix):
         name = blob.name[len(prefix) :]
-        if "/" in name or not name.endswith(RAW_SUFFIXES):
-            continue  # a sub-folder's blob, or not a raw batch file: not part of this data
+        if not is_raw_name(name, suffixes, depth):
+            continue  # too deep (another folder's, or a snapshot's), or not raw data: not part of this data
         if not blob.size:
             log.warning("skipping empty blob %s%s: an empty batch holds no data", where, name)
             continue
@@ -53,7 +63,7 @@ def manifest_of_blob_prefix(container_client: ContainerClient, prefix: str) -> D
         )
     if not files:
         raise DataError(
-            f"data {where}: no non-empty {' or '.join(RAW_SUFFIXES)} blobs; expected raw batch files there"
+            f"data {where}: no non-empty {' or '.join(suffixes)} blobs; expected the task's raw files there"
         )
     return DataManifest(tuple(files))
 
@@ -166,10 +176,14 @@ def copy_snapshot(
 
 
 def snapshot_blob_prefix(
-    container_client: ContainerClient, prefix: str, snapshots_prefix: str
+    container_client: ContainerClient,
+    prefix: str,
+    snapshots_prefix: str,
+    suffixes: tuple[str, ...] = RAW_SUFFIXES,
+    depth: int = 1,
 ) -> tuple[DataManifest, str]:
     """Pin the raw blobs under `prefix` as an immutable snapshot; returns (manifest, snapshot prefix)."""
-    manifest = manifest_of_blob_prefix(container_client, prefix)
+    manifest = manifest_of_blob_prefix(container_client, prefix, suffixes, depth)
     return manifest, copy_snapshot(container_client, manifest, snapshots_prefix)
 
 

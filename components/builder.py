@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -22,13 +23,10 @@ from components.errors import SpecError, SubmissionError
 from components.request import RunRequest
 from components.run_inputs import (
     DATA_INPUT,
-    DATA_VERSION_INPUT,
-    ENVIRONMENT_VERSION_INPUT,
-    MODEL_NAME_INPUT,
     RESERVED_INPUTS,
     TRIGGER_INPUT,
     UNPINNED_DATA_VERSION,
-    environment_version,
+    reserved_values,
     trigger_argument,
 )
 from components.specs import (
@@ -40,10 +38,9 @@ from components.specs import (
     load_pipeline_spec,
     load_yaml,
 )
+from components.task_ref import DEFAULT_TASK, parse_task_reference
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from azure.ai.ml.entities import PipelineJob
 
 DEFAULT_DATASTORE = "workspaceblobstore"
@@ -111,9 +108,22 @@ class PipelineBuild:
     component_versions: Mapping[str, str] = field(default_factory=dict)
     registered_components: bool = False
     allow_latest_data: bool = False
+    # The task as the steps see it (a task file by its place in the code snapshot, `user_tasks/...`), its
+    # options as JSON text, the local task file the snapshot must carry, and that staged snapshot
+    # (components/code_snapshot.py), which every component's `code` then points at.
+    task: str = DEFAULT_TASK
+    task_options: str = "{}"
+    task_file: Path | None = None
+    code_folder: Path | None = None
 
     def __post_init__(self) -> None:
         _check_data_uri(self.data_uri, self.allow_latest_data)
+        if self.task_file is not None and self.registered_components:
+            raise SubmissionError(
+                f"task file {self.task_file}: registered components run the code they were published with, "
+                "which does not hold it; drop --registered-components, or install the task as a package in "
+                "the environment and name it package.module:Attr"
+            )
         if not self.checkpoints_path.startswith("azureml://datastores/"):
             raise SubmissionError(
                 f"checkpoints path {self.checkpoints_path!r}: expected azureml://datastores/<name>/paths/<path>/"
@@ -154,6 +164,7 @@ class PipelineBuild:
                 f"is {request.data.version}; expected azureml:<asset>:{request.data.version}"
             )
         suffix = f" (attempt {attempt})" if attempt else ""
+        task = parse_task_reference(request.task, None, "task")
         return cls(
             model_name=request.model_name,
             data_uri=request.data.uri,
@@ -169,6 +180,9 @@ class PipelineBuild:
             instance_count=request.instance_count,
             component_versions=request.component_versions,
             registered_components=registered_components,
+            task=task.snapshot_text(),
+            task_options=request.task_options_text,
+            task_file=task.path,
         )
 
 
@@ -247,13 +261,11 @@ def _pipeline_inputs(build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]
                 f"parameter {name}: not an input of the pipeline; expected one of {expected}"
             )
         inputs[name] = _coerce(name, value, ports.get(name))
-    reserved = {
+    reserved: dict[str, Any] = {
+        **reserved_values(build.model_name, build.raw_data_version, {}, build.task, build.task_options),
         DATA_INPUT: Input(type="uri_folder", path=build.data_uri),
-        MODEL_NAME_INPUT: build.model_name,
-        TRIGGER_INPUT: build.trigger,
-        DATA_VERSION_INPUT: build.raw_data_version,
-        ENVIRONMENT_VERSION_INPUT: environment_version(),
     }
+    reserved[TRIGGER_INPUT] = build.trigger  # already the argument's text (a schedule sets its own)
     inputs.update({name: value for name, value in reserved.items() if name in spec.inputs})
     return inputs
 
@@ -276,9 +288,22 @@ def _component(step: StepSpec, build: PipelineBuild) -> Any:
     declared = step.component
     version = str(build.component_versions.get(step.name, declared.version))
     if build.registered_components or version != declared.version:
+        if build.task_file is not None:
+            raise SubmissionError(
+                f"step '{step.name}': version {version} of {declared.name} is a published one, whose code "
+                f"snapshot lacks the task file {build.task_file}; use the YAML's version {declared.version}"
+            )
         # Another version than the YAML's can only be one published earlier: reference it, never guess it.
         return f"{_AZUREML}{declared.name}:{version}"
-    return load_component(source=declared.path)
+    component = load_component(source=declared.path)
+    if build.task_file is not None:
+        if build.code_folder is None:
+            raise SpecError(
+                f"task file {build.task_file}: the job needs a code snapshot that holds it; stage one with "
+                "components.code_snapshot.with_code_snapshot before building"
+            )
+        component.code = str(build.code_folder)
+    return component
 
 
 def _outputs(step: StepSpec, build: PipelineBuild) -> dict[str, Any]:

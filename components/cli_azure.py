@@ -13,8 +13,10 @@ import argparse
 import functools
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import yaml
@@ -22,16 +24,27 @@ import yaml
 from components.azureml.data_assets import build_data_asset, data_asset_reference, register_data_asset
 from components.azureml.fallback import FallbackPolicy
 from components.azureml.publish import publish
-from components.azureml.schedule import build_schedule, create_schedule, scheduled_checkpoints_path
+from components.azureml.schedule import (
+    build_schedule,
+    check_cron,
+    check_time_zone,
+    create_schedule,
+    scheduled_checkpoints_path,
+)
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings
 from components.azureml.workspace import AzureMLWorkspace, MLClientWorkspace, WorkspaceRef
 from components.blob_snapshot import manifest_of_blob_prefix, snapshot_blob_prefix, split_folder_url
 from components.builder import DEFAULT_DATASTORE, PipelineBuild
+from components.cli_local import add_task_options, run_settings
+from components.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.cost import CostSettings, with_estimate
 from components.dry_run import DryRunSubmitter
 from components.errors import SubmissionError
-from components.request import DataRef, RunRequest, Submission
+from components.preflight import PreflightResult, SubprocessPreflight
+from components.request import DataRef, Submission
 from components.run_inputs import trigger_argument
+from components.run_settings import RunSettings
+from components.task_ref import parse_task_reference, raw_depth
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
@@ -81,7 +94,12 @@ def _workspace_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-name", required=True, help="the model to retrain, e.g. digits")
+    parser.add_argument(
+        "--model-name",
+        required=True,
+        help="the model to retrain, e.g. digits (reads models/NAME.toml if any)",
+    )
+    add_task_options(parser)
     parser.add_argument("--gpus", type=int, default=1, help="processes (GPUs) per node for the train step")
     parser.add_argument("--nodes", type=int, default=1, help="nodes for the train step")
     parser.add_argument(
@@ -157,9 +175,12 @@ def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
     return pairs
 
 
+def _workspace_ref(args: argparse.Namespace) -> WorkspaceRef:
+    return WorkspaceRef.from_settings(args.environ, args.subscription, args.resource_group, args.workspace)
+
+
 def _workspace(args: argparse.Namespace, connectors: Connectors) -> AzureMLWorkspace:
-    ref = WorkspaceRef.from_settings(args.environ, args.subscription, args.resource_group, args.workspace)
-    return connectors.workspace(ref)
+    return connectors.workspace(_workspace_ref(args))
 
 
 def _check_datastore(workspace: AzureMLWorkspace, name: str, container: ContainerClient) -> None:
@@ -177,37 +198,46 @@ def _check_datastore(workspace: AzureMLWorkspace, name: str, container: Containe
         )
 
 
-def _data_ref(
-    args: argparse.Namespace, connectors: Connectors, workspace: AzureMLWorkspace | None
-) -> DataRef:
-    pinned = _PINNED_DATA.match(args.data)
+def _pinned_data(data: str) -> DataRef | None:
+    """--data as a pinned asset version; None for a blob folder URL (checked for form, not read)."""
+    pinned = _PINNED_DATA.match(data)
     if pinned:
-        return DataRef(pinned["version"], args.data)
-    if not args.data.startswith(("https://", "http://")):
-        raise SubmissionError(f"--data {args.data!r}: {_DATA_FORMS}")
+        return DataRef(pinned["version"], data)
+    if not data.startswith(("https://", "http://")):
+        raise SubmissionError(f"--data {data!r}: {_DATA_FORMS}")
+    split_folder_url(data)
+    return None
+
+
+def _data_ref(
+    args: argparse.Namespace,
+    connectors: Connectors,
+    workspace: AzureMLWorkspace | None,
+    settings: RunSettings,
+    found: PreflightResult,
+) -> DataRef:
+    pinned = _pinned_data(args.data)
+    if pinned is not None:
+        return pinned
     container_url, prefix = split_folder_url(args.data)
     container = connectors.container(container_url)
+    name, layout = settings.model_name, (found.raw_suffixes, raw_depth(settings.task))
     if workspace is None:  # a dry run reads the data's manifest, and copies nothing
-        manifest = manifest_of_blob_prefix(container, prefix)
-        return DataRef(manifest.version, data_asset_reference(args.model_name, manifest.version))
+        manifest = manifest_of_blob_prefix(container, prefix, *layout)
+        return DataRef(manifest.version, data_asset_reference(name, manifest.version))
     _check_datastore(workspace, args.datastore, container)
-    snapshots = args.snapshots_prefix or f"retrain/snapshots/{args.model_name}"
-    manifest, snapshot = snapshot_blob_prefix(container, prefix, snapshots)
-    register_data_asset(workspace, build_data_asset(args.model_name, manifest, args.datastore, snapshot))
-    return DataRef(manifest.version, data_asset_reference(args.model_name, manifest.version))
+    snapshots = args.snapshots_prefix or f"retrain/snapshots/{name}"
+    manifest, snapshot = snapshot_blob_prefix(container, prefix, snapshots, *layout)
+    register_data_asset(workspace, build_data_asset(name, manifest, args.datastore, snapshot))
+    return DataRef(manifest.version, data_asset_reference(name, manifest.version))
 
 
-def _request(args: argparse.Namespace, data: DataRef) -> RunRequest:
-    return RunRequest(
-        model_name=args.model_name,
-        data=data,
-        trigger=_pairs(args.trigger, "--trigger") or {"source": "cli"},
-        parameters=_pairs(args.param, "--param"),
-        processes_per_instance=args.gpus,
-        instance_count=args.nodes,
-        compute=_pairs(args.compute, "--compute"),
-        component_versions=_pairs(args.component_version, "--component-version"),
-    )
+def _settings(args: argparse.Namespace) -> tuple[RunSettings, PreflightResult]:
+    """The run's model, task and parameters (its configuration file with the command line over it), and
+    the preflight's verdict on them: a task that does not load or a gate metric it lacks stops here,
+    before any data is pinned or anything submitted."""
+    settings = run_settings(args, _pairs(args.param, "--param"))
+    return settings, SubprocessPreflight(environ=args.environ).check(settings, settings.where)
 
 
 def _report(submission: Submission, out: IO[str]) -> None:
@@ -227,15 +257,25 @@ def _report(submission: Submission, out: IO[str]) -> None:
 def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
     cost = CostSettings.from_environ(args.environ)  # a bad setting stops before any data is pinned
+    _pinned_data(args.data)  # what is cheap to check goes before the preflight's process
+    ref = None if args.dry_run else _workspace_ref(args)
+    settings, found = _settings(args)
+    request_fields = {
+        "trigger": _pairs(args.trigger, "--trigger") or {"source": "cli"},
+        "processes_per_instance": args.gpus,
+        "instance_count": args.nodes,
+        "compute": _pairs(args.compute, "--compute"),
+        "component_versions": _pairs(args.component_version, "--component-version"),
+    }
     if args.dry_run:
-        request = _request(args, _data_ref(args, connectors, None))
+        request = settings.request(_data_ref(args, connectors, None, settings, found), **request_fields)
         submitter: DryRunSubmitter | AzureMLSubmitter = DryRunSubmitter(
             args.state_root, datastore=args.datastore, registered_components=args.registered_components
         )
     else:
-        workspace = _workspace(args, connectors)
-        request = _request(args, _data_ref(args, connectors, workspace))
-        settings = AzureSettings(
+        workspace = connectors.workspace(ref) if ref is not None else _workspace(args, connectors)
+        request = settings.request(_data_ref(args, connectors, workspace, settings, found), **request_fields)
+        azure = AzureSettings(
             datastore=args.datastore,
             registered_components=args.registered_components,
             check_quota=not args.skip_quota_check,
@@ -243,7 +283,7 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
                 max_preemptions=args.max_preemptions, dedicated_compute=args.dedicated_compute
             ),
         )
-        submitter = AzureMLSubmitter(workspace, settings)
+        submitter = AzureMLSubmitter(workspace, azure)
     request, estimate = with_estimate(request, cost)
     print(estimate.summary(), file=out, flush=True)
     _report(submitter.submit(request), out)
@@ -260,24 +300,41 @@ def _publish(args: argparse.Namespace, connectors: Connectors, out: IO[str] | No
 
 def _schedule(args: argparse.Namespace, connectors: Connectors, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
+    check_cron(args.cron)  # what is cheap to check goes before the preflight's process
+    check_time_zone(args.time_zone)
+    settings, _ = _settings(args)
+    name = settings.model_name
+    task = parse_task_reference(settings.task, None, "task")
+    tags = {"retrain.model_name": name, "trigger.source": "schedule", "retrain.task": settings.task}
+    if settings.task_sha256 is not None:
+        tags["retrain.task_sha256"] = settings.task_sha256
     build = PipelineBuild(
-        model_name=args.model_name,
-        data_uri=args.data or f"azureml:{args.model_name}-raw@latest",
-        checkpoints_path=scheduled_checkpoints_path(args.datastore, args.model_name),
-        tags={"retrain.model_name": args.model_name, "trigger.source": "schedule"},
+        model_name=name,
+        data_uri=args.data or f"azureml:{name}-raw@latest",
+        checkpoints_path=scheduled_checkpoints_path(args.datastore, name),
+        tags=tags,
         trigger=trigger_argument({"source": "schedule"}),
-        parameters=_pairs(args.param, "--param"),
+        parameters=settings.parameters,
         compute=_pairs(args.compute, "--compute"),
         processes_per_instance=args.gpus,
         instance_count=args.nodes,
         component_versions=_pairs(args.component_version, "--component-version"),
         registered_components=args.registered_components,
         allow_latest_data=True,
+        task=task.snapshot_text(),
+        task_options=settings.task_options_text,
+        task_file=task.path,
     )
-    schedule = build_schedule(args.name or f"retrain-{args.model_name}", args.cron, args.time_zone, build)
+    # A dry run keeps a task file's code snapshot with the state (its job names it); a real schedule's
+    # is uploaded when the schedule is created, so a temporary folder serves.
     if args.dry_run:
+        build = with_code_snapshot(build, args.state_root / SNAPSHOTS_FOLDER)
+        schedule = build_schedule(args.name or f"retrain-{name}", args.cron, args.time_zone, build)
         print(yaml.safe_dump(schedule._to_dict(), sort_keys=False), file=out, end="")
         return 0
-    record = create_schedule(_workspace(args, connectors), schedule)
+    with tempfile.TemporaryDirectory(prefix="retrain-code-") as scratch:
+        build = with_code_snapshot(build, Path(scratch))
+        schedule = build_schedule(args.name or f"retrain-{name}", args.cron, args.time_zone, build)
+        record = create_schedule(_workspace(args, connectors), schedule)
     print(f"scheduled {record.name}: {schedule.trigger.expression!r} ({args.time_zone})", file=out)
     return 0

@@ -1,12 +1,17 @@
-"""`retrain run` and `retrain runs`: the whole pipeline on this machine, and what earlier runs did.
+"""`retrain run`, `retrain runs` and `retrain init`: the whole pipeline on this machine, what earlier runs
+did, and a new model's configuration.
 
-    retrain run --data RAW [--model-name digits] [--epochs N] [--param KEY=VALUE ...] [--nproc N]
-                [--force-rerun]
+    retrain run --data RAW [--model-name NAME | --config FILE] [--task REF] [--task-option KEY=VALUE ...]
+                [--epochs N] [--param KEY=VALUE ...] [--nproc N] [--force-rerun]
     retrain runs [--json] [--limit N]
+    retrain init NAME --task tabular|image|custom [--dir models]
 
-`run` pins RAW as a data version (an immutable copy under `<state>/data/<model>/`), runs prep -> train ->
-evaluate -> register with step reuse, and prints each step as it starts, is reused, ends or fails. First
-it prints what the same run would cost on Azure ML (components/cost.py, from the RETRAIN_* cost settings).
+`run` reads the model's configuration file (models/NAME.toml, or --config; components/run_settings.py) for
+its task, gate policy and parameters, checks that the task loads and reports the gate's metrics (the
+preflight, components/preflight.py), pins RAW as a data version (an immutable copy under
+`<state>/data/<model>/`), and runs prep -> train -> evaluate -> register with step reuse, printing each step
+as it starts, is reused, ends or fails. First it prints what the same run would cost on Azure ML
+(components/cost.py, from the RETRAIN_* cost settings).
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ from typing import TextIO
 from components.cost import CostSettings, with_estimate
 from components.errors import SubmissionError
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
-from components.local.plan import check_parameters
+from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
+from components.model_init import KINDS, init_model
+from components.preflight import SubprocessPreflight
 from components.request import CANCELED, COMPLETED, DataRef, RunRequest
+from components.run_settings import DEFAULT_MODEL_NAME, RunSettings, resolve_run_settings
 from components.specs import load_pipeline_spec
+from components.task_ref import raw_depth
 
-DEFAULT_MODEL_NAME = "digits"
 DEFAULT_RUNS_LISTED = 10
 # What a shell reports for a run stopped by Ctrl-C (128 + SIGINT); the steps saved their state.
 INTERRUPTED_EXIT_CODE = 130
@@ -47,21 +55,44 @@ def _parameter(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-def register_commands(commands: argparse._SubParsersAction) -> None:
-    """Add `run` and `runs` to a `retrain` parser's subcommands."""
-    run = commands.add_parser("run", help="run the whole pipeline on this machine, reusing unchanged steps")
-    run.add_argument(
-        "--data", type=Path, required=True, metavar="RAW", help="folder of raw .csv/.parquet files"
+def add_task_options(parser: argparse.ArgumentParser) -> None:
+    """--config, --task, --task-options and --task-option: what a run trains, over the model's file."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the model's configuration (default: models/NAME.toml if any)",
     )
-    run.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help=f"default {DEFAULT_MODEL_NAME}")
-    run.add_argument("--epochs", type=_positive, help="training epochs (default: pipeline.yml's)")
+    parser.add_argument(
+        "--task",
+        metavar="REF",
+        help="tabular, image, file.py:Attr or package.module:Attr (default: the file's)",
+    )
+    parser.add_argument("--task-options", metavar="JSON", help="the task's options as one JSON object")
+    parser.add_argument(
+        "--task-option", action="append", default=[], metavar="KEY=VALUE", help="one task option (repeatable)"
+    )
+
+
+def register_commands(commands: argparse._SubParsersAction) -> None:
+    """Add `run`, `runs` and `init` to a `retrain` parser's subcommands."""
+    run = commands.add_parser("run", help="run the whole pipeline on this machine, reusing unchanged steps")
+    run.add_argument("--data", type=Path, required=True, metavar="RAW", help="folder of the task's raw files")
+    run.add_argument(
+        "--model-name",
+        help=f"the model; reads models/NAME.toml when it exists (default {DEFAULT_MODEL_NAME})",
+    )
+    add_task_options(run)
+    run.add_argument(
+        "--epochs", type=_positive, help="training epochs (default: the file's, or pipeline.yml's)"
+    )
     run.add_argument(
         "--param",
         type=_parameter,
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a pipeline or component input, e.g. hidden_width=64 (repeatable)",
+        help="a pipeline or component input, e.g. learning_rate=0.01 (repeatable)",
     )
     run.add_argument(
         "--nproc", type=_positive, default=1, help="training processes under torchrun (default 1)"
@@ -73,6 +104,17 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     runs.add_argument("--json", action="store_true", help="the run records as JSON")
     runs.add_argument("--limit", type=_positive, default=DEFAULT_RUNS_LISTED, help="how many (default 10)")
     runs.set_defaults(handler=runs_command)
+
+    init = commands.add_parser("init", help="write a new model's commented configuration (and task file)")
+    init.add_argument("name", help="the model's name: 1-40 lowercase letters, digits or '-'")
+    init.add_argument("--task", choices=KINDS, required=True, help="custom: also a task file to start from")
+    init.add_argument(
+        "--dir",
+        type=Path,
+        metavar="FOLDER",
+        help=f"where to write (default: ${MODELS_DIR_VARIABLE}, else ./{DEFAULT_MODELS_DIR})",
+    )
+    init.set_defaults(handler=init_command)
 
 
 def _parameters(args: argparse.Namespace) -> dict[str, object]:
@@ -88,27 +130,45 @@ def _parameters(args: argparse.Namespace) -> dict[str, object]:
     return parameters
 
 
-def build_request(args: argparse.Namespace) -> RunRequest:
-    """Pin the raw folder as a data version and describe the run."""
-    from components.data_version import snapshot_folder
-
-    parameters = _parameters(args)
-    check_parameters(load_pipeline_spec(), parameters)  # refuse before pinning anything
-    manifest, folder = snapshot_folder(args.data, args.state_root / "data" / args.model_name)
-    return RunRequest(
+def run_settings(args: argparse.Namespace, parameters: dict[str, object]) -> RunSettings:
+    """The run's model, task and parameters: the configuration file, with the command line over it."""
+    return resolve_run_settings(
         model_name=args.model_name,
-        data=DataRef(manifest.version, str(folder)),
+        config_file=args.config,
+        task=args.task,
+        task_options=args.task_options,
+        task_option=args.task_option,
         parameters=parameters,
-        processes_per_instance=args.nproc,
+        cwd=Path.cwd(),
+        environ=args.environ,
+        pipeline=load_pipeline_spec(),
     )
+
+
+def build_request(args: argparse.Namespace, preflight: SubprocessPreflight | None = None) -> RunRequest:
+    """Check the run (its settings, then its task and gate policy), then pin the raw folder as a data
+    version and describe the run: nothing is pinned for a run that would be refused."""
+    from components.data_version import require_folder, snapshot_folder
+
+    settings = run_settings(args, _parameters(args))
+    require_folder(args.data)  # before the slower preflight
+    found = (preflight or SubprocessPreflight(environ=args.environ)).check(settings, settings.where)
+    manifest, folder = snapshot_folder(
+        args.data,
+        args.state_root / "data" / settings.model_name,
+        found.raw_suffixes,  # the task's raw files: .csv batches, class folders of .png images...
+        raw_depth(settings.task),
+    )
+    return settings.request(DataRef(manifest.version, str(folder)), processes_per_instance=args.nproc)
 
 
 def run_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     cost = CostSettings.from_environ(args.environ)  # a bad setting stops before the data is pinned
-    request, estimate = with_estimate(build_request(args), cost)
+    preflight = SubprocessPreflight(environ=args.environ)
+    request, estimate = with_estimate(build_request(args, preflight), cost)
     print(f"on Azure ML, {estimate.summary()}", file=out, flush=True)
-    runner = LocalRunner(RunnerOptions(state_root=args.state_root), args.environ, out)
+    runner = LocalRunner(RunnerOptions(state_root=args.state_root), args.environ, out, preflight=preflight)
     try:
         record = runner.run(request, force_rerun=args.force_rerun)
     except LocalStepFailed as failure:
@@ -120,6 +180,25 @@ def run_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if record.status == CANCELED:
         return INTERRUPTED_EXIT_CODE
     return 0 if record.status == COMPLETED else 1
+
+
+def init_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    cwd = Path.cwd()
+    folder = args.dir if args.dir is not None else models_dir(cwd, args.environ)
+    folder = folder if folder.is_absolute() else cwd / folder
+    shown = str(folder.relative_to(cwd)) if folder.is_relative_to(cwd) else str(folder)
+    result = init_model(args.name, args.task, folder, shown)
+    print(f"wrote {result.config}", file=out)
+    if result.task_file is not None:
+        task = f"{shown}/{result.task_file.name}"
+        print(f"wrote {result.task_file}", file=out)
+        print(
+            f"try it: python {task} --sample RAW && retrain run --model-name {args.name} --data RAW", file=out
+        )
+    else:
+        print(f"edit it, then: retrain run --model-name {args.name} --data RAW", file=out)
+    return 0
 
 
 def _describe_step_outputs(outputs: dict[str, str]) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from components.errors import PipelineError
 from training.common import file_sha256, write_atomically
 
-RAW_SUFFIXES = (".csv", ".parquet")
+RAW_SUFFIXES = (".csv", ".parquet")  # the tabular task's; a run pins its own task's (raw_suffixes)
 MANIFEST_SUFFIX = ".manifest.json"
 VERSION_PREFIX = "rd-"
 
@@ -49,7 +49,7 @@ class DataManifest:
 
     def __post_init__(self) -> None:
         if not self.files:
-            raise DataError(f"no raw data files; expected at least one {' or '.join(RAW_SUFFIXES)} file")
+            raise DataError("no raw data files; expected at least one file of the task's raw data")
         names = [file.name for file in self.files]
         if len(set(names)) != len(names):
             raise DataError("duplicate file names in a data manifest; expected each file once")
@@ -86,24 +86,55 @@ class DataManifest:
         return manifest
 
 
-def _raw_files(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        raise DataError(
-            f"--data {folder}: no such folder; expected a folder of raw .csv/.parquet batch files"
+def require_folder(folder: Path) -> Path:
+    if not Path(folder).is_dir():
+        raise DataError(f"--data {folder}: no such folder; expected a folder of the task's raw files")
+    return Path(folder)
+
+
+def is_raw_name(name: str, suffixes: tuple[str, ...], depth: int) -> bool:
+    """Whether a relative name (`batch-1.csv`, `circle/a.png`) is raw data: one of the task's suffixes
+    (any case), at most `depth` levels down (1: directly in the folder; 2: also in class sub-folders), and
+    no hidden part (`.DS_Store`, `.staging/`)."""
+    parts = name.split("/")
+    return (
+        len(parts) <= depth
+        and not any(part.startswith(".") or not part for part in parts)
+        and name.lower().endswith(tuple(suffix.lower() for suffix in suffixes))
+    )
+
+
+def _raw_files(folder: Path, suffixes: tuple[str, ...], depth: int) -> list[tuple[str, Path]]:
+    require_folder(folder)
+    found = []
+    for parent, dirnames, filenames in os.walk(folder):
+        level = len(Path(parent).relative_to(folder).parts)
+        dirnames[:] = (
+            [] if level + 1 >= depth else sorted(name for name in dirnames if not name.startswith("."))
         )
-    return sorted(path for path in folder.iterdir() if path.is_file() and path.suffix in RAW_SUFFIXES)
+        for name in filenames:
+            relative = Path(parent, name).relative_to(folder).as_posix()
+            if is_raw_name(relative, suffixes, depth):
+                found.append((relative, Path(parent, name)))
+    return sorted(found)
 
 
-def manifest_of_folder(folder: Path) -> DataManifest:
-    """The manifest of the raw files directly inside `folder` (other files are not data)."""
+def manifest_of_folder(
+    folder: Path, suffixes: tuple[str, ...] = RAW_SUFFIXES, depth: int = 1
+) -> DataManifest:
+    """The manifest of the raw files in `folder` (is_raw_name; other files are not data), each named by
+    its path relative to the folder."""
     folder = Path(folder)
-    files = _raw_files(folder)
+    files = _raw_files(folder, suffixes, depth)
     if not files:
-        raise DataError(f"--data {folder}: no .csv or .parquet files; expected raw batch files")
+        where = "" if depth == 1 else f" in it or up to {depth - 1} sub-folder level(s) down"
+        raise DataError(
+            f"--data {folder}: no {' or '.join(suffixes)} files{where}; expected the task's raw files"
+        )
     return DataManifest(
         tuple(
-            DataFile(path.name, path.stat().st_size, f"sha256:{file_sha256(path)}", path.resolve().as_uri())
-            for path in files
+            DataFile(name, path.stat().st_size, f"sha256:{file_sha256(path)}", path.resolve().as_uri())
+            for name, path in files
         )
     )
 
@@ -111,6 +142,7 @@ def manifest_of_folder(folder: Path) -> DataManifest:
 def _copy_verified(manifest: DataManifest, source: Path, staging: Path) -> None:
     for entry in manifest.files:
         target = staging / entry.name
+        target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source / entry.name, target)
         if f"sha256:{file_sha256(target)}" != entry.fingerprint:
             raise DataError(
@@ -118,15 +150,18 @@ def _copy_verified(manifest: DataManifest, source: Path, staging: Path) -> None:
             )
 
 
-def snapshot_folder(source: Path, root: Path) -> tuple[DataManifest, Path]:
-    """Pin the raw files of `source` as an immutable folder `root/<version>/`; idempotent.
+def snapshot_folder(
+    source: Path, root: Path, suffixes: tuple[str, ...] = RAW_SUFFIXES, depth: int = 1
+) -> tuple[DataManifest, Path]:
+    """Pin the raw files of `source` (manifest_of_folder) as an immutable folder `root/<version>/`;
+    idempotent.
 
     The copy is staged beside its final place and renamed into it, and the manifest is written last, so a
     version folder with a manifest is always complete. A file that changes while it is copied fails the
     snapshot instead of pinning a mixture.
     """
     source, root = Path(source), Path(root)
-    manifest = manifest_of_folder(source)
+    manifest = manifest_of_folder(source, suffixes, depth)
     target = root / manifest.version
     manifest_path = root / f"{manifest.version}{MANIFEST_SUFFIX}"
     if manifest_path.exists() and target.is_dir():

@@ -2,7 +2,9 @@
 
 `retrain submit --dry-run` shows exactly what `--azure` would send (the job as YAML, and the request it
 came from) without an Azure account. Each record is a folder `<state root>/dry-runs/<job name>/`, written
-complete or not at all; submitting the same request again finds it, like Azure ML finds a job by name.
+complete or not at all; submitting the same request again finds it, like Azure ML finds a job by name. A job
+whose task is a user's file has its code snapshot staged under `<state root>/code-snapshots/` (the
+components' code plus `user_tasks/<file>`, components/code_snapshot.py): the job's components point at it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import yaml
 
 from components.builder import DEFAULT_DATASTORE, PipelineBuild, build_pipeline_job
+from components.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.errors import SubmissionError
 from components.request import COMPLETED, RunRequest, Submission
 from components.specs import PIPELINE_FILE
@@ -43,6 +46,9 @@ def request_to_dict(request: RunRequest) -> dict[str, Any]:
         "instance_count": request.instance_count,
         "compute": dict(request.compute),
         "component_versions": dict(request.component_versions),
+        "task": request.task,
+        "task_options": dict(request.task_options),
+        "task_sha256": request.task_sha256,
         "run_key": request.run_key,
     }
 
@@ -61,6 +67,7 @@ class DryRunSubmitter:
         pipeline_file: Path = PIPELINE_FILE,
     ) -> None:
         self.root = Path(state_root) / DRY_RUN_DIR
+        self.snapshots = Path(state_root) / SNAPSHOTS_FOLDER
         self.datastore = datastore
         self.registered_components = registered_components
         self.pipeline_file = pipeline_file
@@ -74,13 +81,17 @@ class DryRunSubmitter:
         if (folder / SUBMISSION_FILE).exists():
             log.info("dry run %s already recorded at %s", name, folder)
             return self._read(folder, duplicate=True)
+        build = with_code_snapshot(build, self.snapshots)
         job = build_pipeline_job(build, self.pipeline_file)
+        details = {"recorded": str(folder), "job_file": str(folder / JOB_FILE)}
+        if build.code_folder is not None:
+            details["code_folder"] = str(build.code_folder)
         submission = Submission(
             job_name=name,
             backend=BACKEND,
             status=COMPLETED,  # the dry run's work (build, validate, record) is done; nothing was started
             run_key=request.run_key,
-            details={"recorded": str(folder), "job_file": str(folder / JOB_FILE)},
+            details=details,
         )
         self._write(
             folder,

@@ -17,3 +17,8 @@ class SubmissionError(PipelineError):
 
 class StepFailed(PipelineError):
     """A pipeline step exited non-zero; the message carries the tail of its log."""
+
+
+class ConfigError(PipelineError):
+    """A model's configuration file (models/<name>.toml) does not say what it must: the message names the
+    file, the key and the expected form."""

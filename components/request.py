@@ -15,14 +15,29 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from components.errors import SubmissionError
+from components.task_ref import (
+    DEFAULT_TASK,
+    check_task_options,
+    options_text,
+    parse_task_reference,
+    task_file_sha256,
+)
 
+MODEL_NAME_FORM = "1-40 lowercase letters, digits or '-', starting with a letter"
 _MODEL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 _DATA_VERSION = re.compile(r"^[a-z]{2}-[0-9a-f]{16}$")
 _TAG_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _STEP_NAMES = ("prep", "train", "evaluate", "register")
 TRIGGER_TAG_PREFIX = "trigger."
 # The tags that pin a run: `tags()` sets them, and no job tag may stand in for them.
-LINEAGE_TAGS = ("retrain.model_name", "retrain.data_version", "retrain.run_key", "retrain.attempt")
+LINEAGE_TAGS = (
+    "retrain.model_name",
+    "retrain.data_version",
+    "retrain.run_key",
+    "retrain.attempt",
+    "retrain.task",
+    "retrain.task_sha256",
+)
 
 # Submission states, the same words Azure ML uses for jobs.
 QUEUED, RUNNING, COMPLETED, FAILED, CANCELED = "Queued", "Running", "Completed", "Failed", "Canceled"
@@ -62,13 +77,19 @@ class RunRequest:
     # More tags for the job, beside the lineage ones (the cost estimate): unlike `trigger`, they reach neither
     # the register step's --trigger argument nor a step's cache key, so an estimate never reruns a step.
     job_tags: Mapping[str, str] = field(default_factory=dict)
+    # The model's task (components/task_ref.py; a task file by its absolute path) and its options. A task
+    # file's content hash is taken when the request is made, as the data is pinned: it tags the job.
+    task: str = DEFAULT_TASK
+    task_options: Mapping[str, Any] = field(default_factory=dict)
+    task_sha256: str | None = None
 
     def __post_init__(self) -> None:
-        if not _MODEL_NAME.match(self.model_name):
-            raise SubmissionError(
-                f"model name {self.model_name!r}: expected 1-40 lowercase letters, digits or '-', "
-                "starting with a letter"
-            )
+        check_model_name(self.model_name)
+        reference = parse_task_reference(self.task, None, "task")
+        object.__setattr__(self, "task", reference.text)
+        object.__setattr__(self, "task_options", check_task_options(self.task_options))
+        if reference.path is not None and self.task_sha256 is None:
+            object.__setattr__(self, "task_sha256", task_file_sha256(reference.path))
         if self.processes_per_instance < 1:
             raise SubmissionError(
                 f"processes per instance {self.processes_per_instance}: expected a positive GPU count"
@@ -85,7 +106,7 @@ class RunRequest:
         if bad_tags:
             raise SubmissionError(f"trigger keys {bad_tags}: expected letters, digits, '_', '.' or '-'")
         _check_job_tags(self.job_tags)
-        for name in ("trigger", "parameters", "compute", "component_versions", "job_tags"):
+        for name in ("trigger", "parameters", "compute", "component_versions", "job_tags", "task_options"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
 
     @property
@@ -101,15 +122,31 @@ class RunRequest:
     def process_count(self) -> int:
         return self.processes_per_instance * self.instance_count
 
+    @property
+    def task_options_text(self) -> str:
+        """The options as the pipeline's `task_options` input (JSON safe between single quotes)."""
+        return options_text(self.task_options)
+
     def tags(self) -> dict[str, str]:
-        """Lineage tags for the job: the trigger metadata plus what pins the run."""
+        """Lineage tags for the job: the trigger metadata plus what pins the run, its task included."""
+        task = {"retrain.task": self.task}
+        if self.task_sha256 is not None:
+            task["retrain.task_sha256"] = self.task_sha256
         return {
             **{f"{TRIGGER_TAG_PREFIX}{key}": str(value) for key, value in self.trigger.items()},
             **self.job_tags,
             "retrain.model_name": self.model_name,
             "retrain.data_version": self.data.version,
             "retrain.run_key": self.run_key,
+            **task,
         }
+
+
+def check_model_name(name: str, what: str = "model name") -> str:
+    """A registered model's name, as a run request, a job name and a configuration file accept it."""
+    if not isinstance(name, str) or not _MODEL_NAME.match(name):
+        raise SubmissionError(f"{what} {name!r}: expected {MODEL_NAME_FORM}")
+    return name
 
 
 def _check_job_tags(tags: Mapping[str, str]) -> None:

@@ -18,7 +18,27 @@ MODEL_NAME_INPUT = "model_name"
 TRIGGER_INPUT = "trigger"
 DATA_VERSION_INPUT = "raw_data_version"
 ENVIRONMENT_VERSION_INPUT = "environment_version"
-RESERVED_INPUTS = (DATA_INPUT, MODEL_NAME_INPUT, TRIGGER_INPUT, DATA_VERSION_INPUT, ENVIRONMENT_VERSION_INPUT)
+TASK_INPUT = "task"
+TASK_OPTIONS_INPUT = "task_options"
+RESERVED_INPUTS = (
+    DATA_INPUT,
+    MODEL_NAME_INPUT,
+    TRIGGER_INPUT,
+    DATA_VERSION_INPUT,
+    ENVIRONMENT_VERSION_INPUT,
+    TASK_INPUT,
+    TASK_OPTIONS_INPUT,
+)
+# The register step's gate policy inputs: a model's configuration file sets them ([gate]); unset, the
+# register step takes the task's defaults.
+GATE_INPUTS = (
+    "primary_metric",
+    "min_improvement",
+    "floors",
+    "max_regression",
+    "first_model_floors",
+    "bootstrap_unloadable_champion",
+)
 # A scheduled run resolves `<asset>@latest` when it fires; its version is known only inside the job.
 UNPINNED_DATA_VERSION = "latest"
 
@@ -43,12 +63,21 @@ def environment_version(environment_file: Path = ENVIRONMENT_FILE) -> str:
 
 
 def reserved_values(
-    model_name: str, data_version: str, trigger: Mapping[str, str], environment_file: Path = ENVIRONMENT_FILE
+    model_name: str,
+    data_version: str,
+    trigger: Mapping[str, str],
+    task: str,
+    task_options: str,
+    environment_file: Path = ENVIRONMENT_FILE,
 ) -> dict[str, str]:
-    """Every reserved input but the data itself, whose form differs (a folder locally, an asset on Azure)."""
+    """Every reserved input but the data itself, whose form differs (a folder locally, an asset on Azure).
+    `task` is the reference as the steps see it (a task file's place in the code snapshot on Azure ML),
+    `task_options` the JSON text of components.task_ref.options_text."""
     return {
         MODEL_NAME_INPUT: model_name,
         TRIGGER_INPUT: trigger_argument(trigger),
         DATA_VERSION_INPUT: data_version,
         ENVIRONMENT_VERSION_INPUT: environment_version(environment_file),
+        TASK_INPUT: task,
+        TASK_OPTIONS_INPUT: task_options,
     }

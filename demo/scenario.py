@@ -34,7 +34,6 @@ class DemoSize:
     first_rows: int = 1200
     first_batches: int = 3
     epochs: int = 30
-    hidden_width: int = 256
     global_batch_size: int = 32
     processes: int = 2
     shift: float = 0.5
@@ -44,8 +43,8 @@ class DemoSize:
             raise InputError(f"first_rows {self.first_rows}: expected 100 to {DIGITS_ROWS - 100}")
         if not 1 <= self.first_batches <= 9:
             raise InputError(f"first_batches {self.first_batches}: expected 1 to 9")
-        if self.epochs < 2 or self.hidden_width < 8 or self.processes < 1:
-            raise InputError("epochs >= 2, hidden_width >= 8 and processes >= 1 are needed for the story")
+        if self.epochs < 2 or self.processes < 1:
+            raise InputError("epochs >= 2 and processes >= 1 are needed for the story")
         if self.global_batch_size % self.processes:
             raise InputError(
                 f"global_batch_size {self.global_batch_size}: expected a multiple of processes "
@@ -66,7 +65,6 @@ def demo_environ(home: Path, size: DemoSize, model_name: str, base: Mapping[str,
     }
     parameters = {
         "epochs": size.epochs,
-        "hidden_width": size.hidden_width,
         "global_batch_size": size.global_batch_size,
         "checkpoint_every_seconds": "auto",
     }

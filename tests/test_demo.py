@@ -29,7 +29,7 @@ from training.local_state import default_mlflow_tracking_uri
 # Smaller than `make demo`, on one process (DDP is tested in tests/training/test_resume.py). The train step
 # must outlast its first durable checkpoint, when the eviction notice is sent: that save is taken after step
 # 1, but its writer runs at the lowest CPU priority, so on a busy machine it lands many steps later.
-SMALL = DemoSize(epochs=20, hidden_width=64, processes=1)
+SMALL = DemoSize(epochs=20, processes=1)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -131,6 +131,6 @@ def test_the_summary_shows_every_stage_the_estimates_and_the_plots(story):
 
 def test_the_demo_command_refuses_too_few_epochs_in_one_line(tmp_path):
     args = argparse.Namespace(state_root=tmp_path, epochs=1)
-    with pytest.raises(Exception, match=r"^epochs >= 2, hidden_width >= 8 and processes >= 1") as raised:
+    with pytest.raises(Exception, match=r"^epochs >= 2 and processes >= 1") as raised:
         demo_cli.run_demo(args, io.StringIO())
     assert "\n" not in str(raised.value)

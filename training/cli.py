@@ -15,6 +15,7 @@ from training.errors import RetrainError
 from training.gate import cli as registry_cli
 from training.local_state import state_root
 from training.planning import cli as planning_cli
+from training.tasks import check as task_check
 
 log = logging.getLogger("retrain")
 
@@ -96,6 +97,7 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     registry_cli.add_commands(commands)
     drift_cli.add_commands(commands)
     planning_cli.add_commands(commands)
+    task_check.add_commands(commands)
 
 
 def build_parser() -> argparse.ArgumentParser:

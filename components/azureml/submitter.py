@@ -14,12 +14,16 @@ Every Azure call goes through the `AzureMLWorkspace` seam; azure-ai-ml is import
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from components.azureml.fallback import Attempt, FallbackPolicy, decide_next_attempt, train_child
 from components.azureml.quota import check_quota
 from components.azureml.workspace import AzureMLWorkspace, JobRecord
 from components.builder import DEFAULT_DATASTORE, TRAIN_STEP, PipelineBuild, build_pipeline_job
+from components.code_snapshot import with_code_snapshot
 from components.errors import SubmissionError
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, RunRequest, Submission
 
@@ -128,10 +132,18 @@ class AzureMLSubmitter:
             compute={TRAIN_STEP: train_compute} if train_compute else None,
             registered_components=self.settings.registered_components,
         )
-        job = build_pipeline_job(build)
-        compute_name = str(job.jobs[TRAIN_STEP].compute).removeprefix("azureml:")
-        if self.settings.check_quota:
-            self._check_quota(compute_name, request)
+        # A task file travels in a staged code snapshot, which exists until the job (and its code) is sent.
+        with tempfile.TemporaryDirectory(prefix="retrain-code-") as scratch:
+            build = with_code_snapshot(build, Path(scratch))
+            job = build_pipeline_job(build)
+            compute_name = str(job.jobs[TRAIN_STEP].compute).removeprefix("azureml:")
+            if self.settings.check_quota:
+                self._check_quota(compute_name, request)
+            return self._send(job, build, request, compute_name, reason)
+
+    def _send(
+        self, job: Any, build: PipelineBuild, request: RunRequest, compute_name: str, reason: str
+    ) -> Submission:
         name = str(build.job_name)
         try:
             record = self.workspace.create_job(job)

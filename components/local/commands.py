@@ -1,16 +1,19 @@
-"""Turn a component's `command:` line into an argument vector, as Azure ML does before running it.
+r"""Turn a component's `command:` line into an argument vector, as Azure ML does before running it.
 
 `${{inputs.NAME}}` and `${{outputs.NAME}}` become the input's value or path and the output's path. An
 optional part `$[[ ... ]]` is kept only when every input it references is set; otherwise the whole part is
-dropped. Values are shell-quoted before the line is split, so a path or value with spaces stays one
-argument; no shell ever runs the result.
+dropped. The line is then split as a POSIX shell splits it (Azure ML runs it in one), but no shell ever
+runs it: a value is quoted for where it stands, so that it becomes exactly its own text. Outside quotes it
+is shell-quoted (a path with spaces stays one argument); between the command's own single quotes
+(`--task-options '${{inputs.task_options}}'`, where a shell would otherwise expand braces or `*`) a single
+quote in it is closed, escaped and reopened; between double quotes, `"` and `\` are escaped.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,43 @@ def _drop_unset_optional_parts(command: str, inputs: Mapping[str, Any]) -> str:
     return _OPTIONAL_PART.sub(keep_if_set, command)
 
 
+def _quote_state(text: str, state: str | None) -> str | None:
+    """The shell quoting in force after `text`, starting in `state` (None, "'" or '"')."""
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if state == "'":
+            state = None if char == "'" else state
+        elif char == "\\":
+            index += 1  # the next character is escaped, outside quotes and between double quotes alike
+        elif state == '"':
+            state = None if char == '"' else state
+        elif char in ("'", '"'):
+            state = char
+        index += 1
+    return state
+
+
+def _quoted(value: str, state: str | None) -> str:
+    if state == "'":
+        return value.replace("'", "'\"'\"'")
+    if state == '"':
+        return value.replace("\\", "\\\\").replace('"', '\\"')
+    return shlex.quote(value)
+
+
+def _substitute_quoted(text: str, value_of: Callable[[re.Match[str]], str]) -> str:
+    parts: list[str] = []
+    state: str | None = None
+    position = 0
+    for match in _REFERENCE.finditer(text):
+        state = _quote_state(text[position : match.start()], state)
+        parts += [text[position : match.start()], _quoted(value_of(match), state)]
+        position = match.end()
+    parts.append(text[position:])
+    return "".join(parts)
+
+
 def render_command(
     command: str, inputs: Mapping[str, Any], outputs: Mapping[str, str | Path], step: str
 ) -> list[str]:
@@ -58,9 +98,9 @@ def render_command(
                 f"step '{step}': its command uses input '{name}', which is unset, outside an optional "
                 "$[[...]] part; make the input required or wrap its use in $[[...]]"
             )
-        return shlex.quote(format_value(value))
+        return format_value(value)
 
-    text = _REFERENCE.sub(substitute, _drop_unset_optional_parts(command, inputs))
+    text = _substitute_quoted(_drop_unset_optional_parts(command, inputs), substitute)
     if _LEFTOVER_EXPRESSION.search(text):
         raise SpecError(
             f"step '{step}': its command has an expression the local runner cannot resolve ({command!r}); "

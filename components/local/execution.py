@@ -2,10 +2,12 @@
 
 A step is reused, as Azure ML reuses one, when everything that decides its outputs is unchanged: the
 component version, the code snapshot (fingerprint.py), the environment spec, the command line template,
-its parameter values, the content of each input (an upstream output by the hash recorded with it), and
-the process count. Together they make the step's cache key (cache.py). An output the pipeline gives a
-fixed path (train's `checkpoints`) is not cached: it lives at `<state>/<output>/<run key>/`, so a rerun of
-the same logical run resumes from it, and neither its path nor its content is part of any key.
+its parameter values, the content of each input (an upstream output by the hash recorded with it), the
+process count, and for a task that is a user's file, that file's content (on Azure ML it is part of the
+code snapshot; here it is read where it is). Together they make the step's cache key (cache.py). An
+output the pipeline gives a fixed path (train's `checkpoints`) is not cached: it lives at
+`<state>/<output>/<run key>/`, so a rerun of the same logical run resumes from it, and neither its path nor
+its content is part of any key.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from components.local.launch import (
 from components.local.plan import durable_outputs, process_count, step_argv, step_input_values
 from components.local.runs import RunRecord, StepAttempt, StepRecord
 from components.request import CANCELED, COMPLETED, FAILED, RUNNING, RunRequest
+from components.run_inputs import TASK_INPUT
 from components.specs import PipelineSpec, StepOutput, StepSpec
 
 if TYPE_CHECKING:
@@ -174,6 +177,9 @@ class PipelineExecution:
             "process_count": nproc,
             "outputs": cached_outputs,
         }
+        if TASK_INPUT in step.component.inputs and self.request.task_sha256 is not None:
+            # A user's task file lives outside the code snapshot: its content joins the key itself.
+            material["task_file_sha256"] = self.request.task_sha256
         key = cache_key(material)
         entry = None if self.force_rerun else self.runner.cache.lookup(step.name, key)
         if entry is not None:

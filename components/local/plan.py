@@ -22,6 +22,9 @@ from components.request import RunRequest
 from components.run_inputs import DATA_INPUT, RESERVED_INPUTS, reserved_values
 from components.specs import ParentInput, PipelineSpec, StepOutput, StepSpec
 
+# The tabular model's sizes were train inputs before tasks existed; a parameter naming one gets a hint.
+TASK_MODEL_OPTIONS = ("hidden_width", "hidden_layers", "dropout")
+
 
 def _overridable_inputs(pipeline: PipelineSpec) -> set[str]:
     names = set(pipeline.inputs) - set(RESERVED_INPUTS)
@@ -38,9 +41,16 @@ def check_parameters(pipeline: PipelineSpec, parameters: Mapping[str, Any]) -> N
     for name in parameters:
         if name in RESERVED_INPUTS:
             raise SubmissionError(
-                f"parameter {name}: set by the run itself (--data, --model-name, the trigger); remove it"
+                f"parameter {name}: set by the run itself (--data, --model-name, the trigger, --task and "
+                "--task-option, or the model's configuration file); remove it"
             )
     unknown = sorted(set(parameters) - _overridable_inputs(pipeline))
+    moved = [name for name in unknown if name in TASK_MODEL_OPTIONS]
+    if moved:
+        raise SubmissionError(
+            f"parameter {moved[0]}: an option of the tabular task now, not a pipeline input; pass "
+            f"--task-option {moved[0]}=VALUE or set it under [task.options] in the model's configuration"
+        )
     if unknown:
         raise SubmissionError(
             f"parameters {unknown}: not inputs of the pipeline; expected some of "
@@ -56,7 +66,9 @@ def pipeline_values(pipeline: PipelineSpec, request: RunRequest) -> dict[str, An
     values = dict(pipeline.inputs)
     values[DATA_INPUT] = request.data.uri
     # The same values an Azure ML job gets (components/run_inputs.py).
-    reserved = reserved_values(request.model_name, request.data.version, request.trigger)
+    reserved = reserved_values(
+        request.model_name, request.data.version, request.trigger, request.task, request.task_options_text
+    )
     values.update({name: value for name, value in reserved.items() if name in pipeline.inputs})
     values.update({name: value for name, value in request.parameters.items() if name in pipeline.inputs})
     return values

@@ -29,8 +29,11 @@ from components.local.execution import LocalStepFailed, PipelineExecution
 from components.local.launch import ProcessLauncher, ProcessStarted, StepExecutor, SubprocessLauncher
 from components.local.plan import pipeline_values
 from components.local.runs import RunRecord, RunStore, StepRecord, new_run_id
+from components.preflight import Preflight, SubprocessPreflight
 from components.request import RunRequest
+from components.run_inputs import TASK_INPUT
 from components.specs import ENVIRONMENT_FILE, PIPELINE_FILE, PipelineSpec, load_pipeline_spec
+from components.task_ref import parse_task_reference, task_file_sha256
 
 __all__ = ["LocalRunner", "LocalStepFailed", "RunnerOptions"]
 
@@ -71,9 +74,11 @@ class LocalRunner:
         launcher: ProcessLauncher | None = None,
         clock: Clock | None = None,
         on_process_started: ProcessStarted | None = None,
+        preflight: Preflight | None = None,
     ) -> None:
         self.options = options
         self.environ = dict(environ)
+        self._preflight = preflight
         self._progress = progress
         self._launcher = launcher or SubprocessLauncher()
         self.clock = clock or SystemClock()
@@ -91,6 +96,9 @@ class LocalRunner:
                 "(`retrain run --data FOLDER` makes one)"
             )
         values = pipeline_values(pipeline, request)
+        if TASK_INPUT in pipeline.inputs:  # a pipeline that carries a task: check it before any step
+            _check_task_file(request)
+            self.preflight(pipeline).check(request)
         record = self._new_record(pipeline, request, force_rerun)
         self.runs.create(record)
         executor = StepExecutor(
@@ -99,6 +107,15 @@ class LocalRunner:
         run = PipelineExecution(self, pipeline, request, values, record, executor, force_rerun)
         with _forwarding_stop_signals(executor):
             return run.execute()
+
+    def preflight(self, pipeline: PipelineSpec) -> Preflight:
+        """The given preflight, else the check run by this runner's interpreter in the steps' code folder."""
+        if self._preflight is None:
+            first = pipeline.steps[pipeline.order[0]]
+            self._preflight = SubprocessPreflight(
+                self.options.python, self.options.code_root or first.component.code, self.environ
+            )
+        return self._preflight
 
     def _new_record(self, pipeline: PipelineSpec, request: RunRequest, force_rerun: bool) -> RunRecord:
         created_at = self.clock.now()
@@ -124,6 +141,16 @@ class LocalRunner:
     def say(self, step: str, message: str) -> None:
         self._progress.write(f"{step:<{_NAME_WIDTH}} {message}\n")
         self._progress.flush()
+
+
+def _check_task_file(request: RunRequest) -> None:
+    """A task file must still be what the request pinned: its hash keys the steps' cache entries."""
+    reference = parse_task_reference(request.task, None, "task")
+    if reference.path is not None and task_file_sha256(reference.path) != request.task_sha256:
+        raise SubmissionError(
+            f"task file {reference.path}: changed since the run was requested (sha256 "
+            f"{str(request.task_sha256)[:12]}...); request the run again"
+        )
 
 
 def _check_component_versions(pipeline: PipelineSpec, request: RunRequest) -> None:

@@ -29,11 +29,12 @@ def make_request(**changes) -> RunRequest:
         "model_name": "digits",
         "data": DataRef(VERSION, ASSET),
         "trigger": {"source": "blob", "event_id": "evt-42"},
-        "parameters": {"epochs": "7", "hidden_width": "64", "checkpoint_every_steps": "25"},
+        "parameters": {"epochs": "7", "learning_rate": "0.01", "checkpoint_every_steps": "25"},
         "processes_per_instance": 4,
         "instance_count": 2,
         "compute": {"prep": "cpu-big"},
-        "component_versions": {"evaluate": "3", "train": "2"},
+        "component_versions": {"evaluate": "4", "train": "3"},
+        "task_options": {"hidden_width": 64},
     }
     return RunRequest(**{**fields, **changes})
 
@@ -88,17 +89,17 @@ def test_component_versions_are_pinned(built):
         )
         assert jobs[step]["component"]["environment"] == "azureml:retrain-training:2"
     # A version other than the YAML's can only be a registered one: the step references it.
-    assert jobs["evaluate"]["component"] == "azureml:retrain_evaluate:3"
+    assert jobs["evaluate"]["component"] == "azureml:retrain_evaluate:4"
 
 
 def test_registered_components_reference_the_published_versions():
     job = build_pipeline_job(PipelineBuild.for_request(make_request(), registered_components=True))
     components = {name: step["component"] for name, step in job._to_dict()["jobs"].items()}
     assert components == {
-        "prep": "azureml:retrain_prep:2",
-        "train": "azureml:retrain_train:2",
-        "evaluate": "azureml:retrain_evaluate:3",
-        "register": "azureml:retrain_register:2",
+        "prep": "azureml:retrain_prep:3",
+        "train": "azureml:retrain_train:3",
+        "evaluate": "azureml:retrain_evaluate:4",
+        "register": "azureml:retrain_register:3",
     }
 
 
@@ -118,7 +119,8 @@ def test_inputs_carry_the_data_model_trigger_and_parameters(built):
     assert inputs["trigger"] == "event_id=evt-42,source=blob"
     assert inputs["epochs"] == 7  # coerced to the train step's integer input
     assert inputs["checkpoint_every_seconds"] == "auto"  # pipeline.yml's default
-    assert inputs["hidden_width"] == 64
+    assert inputs["learning_rate"] == 0.01  # coerced to the train step's number input
+    assert (inputs["task"], inputs["task_options"]) == ("tabular", '{"hidden_width":64}')
 
 
 def test_an_optional_component_input_is_set_on_its_step(built):
@@ -134,6 +136,7 @@ def test_trigger_metadata_goes_into_tags(built):
         "retrain.model_name": "digits",
         "retrain.data_version": VERSION,
         "retrain.run_key": f"digits-{VERSION}",
+        "retrain.task": "tabular",
         "retrain.attempt": "0",
     }
 
@@ -183,7 +186,7 @@ def test_the_built_job_agrees_with_pipeline_yml(built, from_yaml):
 
 
 def test_the_same_component_version_as_the_yaml_uses_the_yaml():
-    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "2"})))
+    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "3"})))
     assert job._to_dict()["jobs"]["prep"]["component"]["command"].startswith("python -m training.cli prepare")
 
 

@@ -71,6 +71,7 @@ def test_the_recorded_job_carries_the_estimate_in_its_tags(recorded):
         "retrain.model_name": "digits",
         "retrain.data_version": VERSION,
         "retrain.run_key": f"digits-{VERSION}",
+        "retrain.task": "tabular",
         "retrain.attempt": "0",
     }
 

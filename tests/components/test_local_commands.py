@@ -80,15 +80,15 @@ def test_a_command_the_runner_cannot_resolve_is_a_one_line_spec_error(command, m
 
 
 def test_parameters_override_pipeline_defaults_which_override_component_defaults():
-    values = pipeline_values(PIPELINE, request(parameters={"epochs": 2, "hidden_width": "64"}))
+    values = pipeline_values(PIPELINE, request(parameters={"epochs": 2, "checkpoint_every_steps": "9"}))
     train = step_input_values(
-        PIPELINE.steps["train"], values, {"hidden_width": "64"}, {("prep", "prepared_data"): "/p"}
+        PIPELINE.steps["train"], values, {"checkpoint_every_steps": "9"}, {("prep", "prepared_data"): "/p"}
     )
     assert train["epochs"] == 2  # request parameter over pipeline.yml's 5
-    assert train["hidden_width"] == "64"  # request parameter over the component's 256
+    assert train["checkpoint_every_steps"] == "9"  # request parameter over the component's unset
     assert train["checkpoint_every_seconds"] == "auto"  # pipeline.yml's
-    assert train["learning_rate"] == 0.003  # the component's
-    assert train["checkpoint_every_steps"] is None  # optional, unset
+    assert train["learning_rate"] == 0.003  # pipeline.yml's, which is the component's too
+    assert train["mlflow_tracking_uri"] is None  # optional, unset
 
 
 def test_the_request_sets_the_data_model_name_and_trigger():

@@ -16,32 +16,38 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_TRAINING, copy_raw, pinned_request
+from conftest import SMALL_MODEL, SMALL_TRAINING, copy_raw, pinned_request
 
 import retrain_cli
 from components import cli_local
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.local.cache import STAGING_PREFIX
+from components.model_config import MODELS_DIR_VARIABLE
 from components.request import CANCELED, COMPLETED, FAILED
 from components.specs import REPO_ROOT
 from training.tasks.tabular.sample_data import write_sample_batches
 
 
 def small_training(epochs: int = SMALL_TRAINING["epochs"]) -> list[str]:
-    """`retrain run` options for the small training."""
+    """`retrain run` options for the small training of a small model."""
     options = ["--epochs", str(epochs)]
     for name, value in SMALL_TRAINING.items():
         if name != "epochs":
             options += ["--param", f"{name}={value}"]
+    for name, value in SMALL_MODEL.items():
+        options += ["--task-option", f"{name}={value}"]
     return options
 
 
 def retrain(state: Path, *argv: str) -> tuple[int, str]:
-    """Run a `retrain run|runs` command as the root CLI does, and return its exit code and output."""
+    """Run a `retrain run|runs` command as the root CLI does, and return its exit code and output. No
+    model configuration file applies (the repository's models/digits.toml is tested on its own): the runs
+    train the defaults, as the direct runner requests below do."""
     parser = argparse.ArgumentParser(prog="retrain")
     cli_local.register_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    args.state_root, args.environ = state, dict(os.environ)
+    args.state_root = state
+    args.environ = {**os.environ, MODELS_DIR_VARIABLE: str(state.parent / "no-model-configs")}
     out = io.StringIO()
     try:
         return args.handler(args, out), out.getvalue()
@@ -92,7 +98,7 @@ def test_the_first_run_executes_every_components_real_command(first_run):
 
     model = Path(record.step("train").outputs["model"])
     metadata = json.loads((model / "metadata.json").read_text())
-    assert (metadata["config"]["epochs"], metadata["config"]["hidden_width"]) == (2, 64)
+    assert (metadata["config"]["epochs"], metadata["config"]["task_options"]["hidden_width"]) == (2, 64)
     assert (Path(record.step("evaluate").outputs["evaluation"]) / "evaluation.json").is_file()
     registration = Path(record.outputs["registration"])
     decision = json.loads((registration / "registration.json").read_text())
@@ -137,7 +143,7 @@ def test_changing_the_code_reruns_every_step_and_an_identical_copy_reuses_them(
     shutil.copytree(REPO_ROOT / "training", code_root / "training")
     shutil.copy(REPO_ROOT / ".amlignore", code_root / ".amlignore")
     runner = LocalRunner(RunnerOptions(state_root=state, code_root=code_root), os.environ, io.StringIO())
-    request = pinned_request(state, sample_raw, parameters=SMALL_TRAINING)
+    request = pinned_request(state, sample_raw, parameters=SMALL_TRAINING, task_options=SMALL_MODEL)
 
     identical = runner.run(request)
     assert reused(identical) == {"prep": True, "train": True, "evaluate": True, "register": True}

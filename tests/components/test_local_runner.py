@@ -280,10 +280,10 @@ def test_a_bad_request_is_refused_before_any_run_is_recorded(
 
 def test_a_component_version_other_than_the_yamls_is_refused(quick_request, state):
     runner = LocalRunner(RunnerOptions(state_root=state), os.environ, io.StringIO())  # the real pipeline
-    request = RunRequest(model_name="digits", data=quick_request().data, component_versions={"train": "3"})
+    request = RunRequest(model_name="digits", data=quick_request().data, component_versions={"train": "2"})
     with pytest.raises(
         SubmissionError,
-        match=r"step 'train': the request pins retrain_train version 3, but .*train.yml is version 2",
+        match=r"step 'train': the request pins retrain_train version 2, but .*train.yml is version 3",
     ):
         runner.run(request)
     assert not (state / "runs").exists()

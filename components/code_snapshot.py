@@ -1,0 +1,92 @@
+"""The code snapshot of a job whose task is a user's file: the components' code plus that file.
+
+Azure ML uploads each component's `code` folder, filtered by its `.amlignore`, and runs the step's command in
+it; ours keeps only `training/`. A task file elsewhere (`models/house_task.py`) would not be there, so the
+builder stages a folder holding the same kept files plus the task file under `user_tasks/`, with an
+`.amlignore` that keeps both, points every component's `code` at it, and passes the steps the task as
+`user_tasks/<file>:<Attr>` (components/task_ref.py), a path relative to the folder a step runs in.
+
+A staged folder is named by the hash of what it holds and written whole or not at all (staged beside it,
+then renamed), so the same code and task file reuse one folder, and a folder of that name is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from components.errors import SubmissionError
+from components.local.fingerprint import IGNORE_FILES, file_sha256, ignore_rules_of, kept_files
+from components.specs import REPO_ROOT
+from components.task_ref import USER_TASKS_FOLDER
+
+if TYPE_CHECKING:
+    from components.builder import PipelineBuild
+
+SNAPSHOTS_FOLDER = "code-snapshots"
+_KEEP_USER_TASKS = (
+    f"\n# The user's task file, staged by components/code_snapshot.py\n!/{USER_TASKS_FOLDER}/\n"
+)
+
+
+def snapshot_files(code_root: Path, task_file: Path) -> dict[PurePosixPath, Path]:
+    """What the snapshot holds: each relative name and the file it is copied from."""
+    files = {relative: code_root / relative for relative in kept_files(code_root, ignore_rules_of(code_root))}
+    files[PurePosixPath(USER_TASKS_FOLDER, task_file.name)] = task_file
+    return files
+
+
+def _ignore_file(code_root: Path) -> tuple[str, str] | None:
+    """The snapshot's ignore file: the code folder's own (same name), with `user_tasks/` kept."""
+    for name in IGNORE_FILES:
+        if (code_root / name).is_file():
+            return name, (code_root / name).read_text() + _KEEP_USER_TASKS
+    return None
+
+
+def snapshot_name(files: dict[PurePosixPath, Path], ignore: tuple[str, str] | None) -> str:
+    digest = hashlib.sha256()
+    for relative in sorted(files):
+        digest.update(f"{relative.as_posix()}\0{file_sha256(files[relative])}\n".encode())
+    if ignore is not None:
+        digest.update(f"{ignore[0]}\0{ignore[1]}".encode())
+    return digest.hexdigest()[:16]
+
+
+def stage_code_snapshot(task_file: Path, parent: Path, code_root: Path = REPO_ROOT) -> Path:
+    """A folder under `parent` with the code snapshot of `code_root` plus `task_file` in `user_tasks/`."""
+    task_file = Path(task_file)
+    if not task_file.is_file():
+        raise SubmissionError(f"task file {task_file}: no such file; expected the model's task file")
+    files = snapshot_files(code_root, task_file)
+    ignore = _ignore_file(code_root)
+    target = Path(parent) / snapshot_name(files, ignore)
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for relative, source in files.items():
+            destination = staging / relative
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, destination)
+        if ignore is not None:
+            (staging / ignore[0]).write_text(ignore[1])
+        os.replace(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not target.is_dir():  # not another process staging the same snapshot first
+            raise
+    return target
+
+
+def with_code_snapshot(build: PipelineBuild, parent: Path, code_root: Path = REPO_ROOT) -> PipelineBuild:
+    """`build` with its code folder staged under `parent` when its task is a file; unchanged otherwise."""
+    if build.task_file is None:
+        return build
+    return replace(build, code_folder=stage_code_snapshot(build.task_file, parent, code_root))

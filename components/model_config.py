@@ -1,0 +1,389 @@
+"""One model's configuration file: its task, gate policy, pipeline parameters and trigger scope, in TOML.
+
+    name = "digits"             # the registered model's name; default: the file's stem
+    [task]                      # ref: a built-in, "file.py:Attr" (relative to this file) or "pkg.mod:Attr"
+    [task.options]              # the task's keyword arguments
+    [gate]                      # primary_metric, min_improvement, floors, max_regression,
+                                # first_model_floors, bootstrap_unloadable_champion; unset: the task's
+    [pipeline]                  # pipeline parameters, as `retrain run --param NAME=VALUE` sets them
+    [trigger]                   # account, container, prefix, suffixes (default: the task's raw suffixes)
+
+`retrain init` writes one with every key explained (components/templates/, models/digits.toml).
+Files live in `models/<name>.toml` under the working folder; RETRAIN_MODELS_DIR moves that folder. They
+are read with the standard library (tomllib), torch-free, so the command line, the pipeline runners and the
+front door can all read them. Everything is checked when the file is read, and each error is one line
+naming the file, the key and the expected form; unknown keys are refused, since a typo would otherwise
+silently leave a default in force. What only the task knows (does it load, does it report the gate's
+metrics) is checked by the preflight (components/preflight.py) before any step runs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from components.errors import ConfigError, PipelineError
+from components.request import check_model_name
+from components.run_inputs import GATE_INPUTS, RESERVED_INPUTS
+from components.task_ref import (
+    BUILTIN_RAW_SUFFIXES,
+    DEFAULT_TASK,
+    TaskReference,
+    check_task_options,
+    parse_task_reference,
+)
+
+if TYPE_CHECKING:
+    from components.specs import PipelineSpec
+
+MODELS_DIR_VARIABLE = "RETRAIN_MODELS_DIR"
+DEFAULT_MODELS_DIR = "models"
+CONFIG_SUFFIX = ".toml"
+
+_TOP_KEYS = ("name", "task", "gate", "pipeline", "trigger")
+_TASK_KEYS = ("ref", "options")
+_TRIGGER_KEYS = ("account", "container", "prefix", "suffixes")
+_METRIC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_FAMILY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*\*$")
+_ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
+_CONTAINER = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
+_PREFIX_SEGMENT = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._=-]+$")
+_SUFFIX = re.compile(r"^\.[a-z0-9]{1,10}$")
+_METRIC_FORM = "a metric name such as accuracy or mse"
+
+
+def models_dir(cwd: Path, environ: Mapping[str, str]) -> Path:
+    """Where model configuration files live: RETRAIN_MODELS_DIR (relative to `cwd`), else `cwd/models`."""
+    folder = Path(environ.get(MODELS_DIR_VARIABLE) or DEFAULT_MODELS_DIR).expanduser()
+    return folder if folder.is_absolute() else Path(cwd) / folder
+
+
+def config_file(name: str, cwd: Path, environ: Mapping[str, str]) -> Path:
+    return models_dir(cwd, environ) / f"{name}{CONFIG_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """`[task]`: the reference as written, the checked reference (a task file made absolute), options."""
+
+    ref: str
+    reference: TaskReference
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """The reference as a run request carries it (a task file by its absolute path)."""
+        return self.reference.text
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """`[gate]`: the register step's policy; None leaves a part to the task's default."""
+
+    primary_metric: str | None = None
+    min_improvement: float | None = None
+    floors: Mapping[str, float] | None = None
+    max_regression: Mapping[str, float] | None = None
+    first_model_floors: Mapping[str, float] | None = None
+    bootstrap_unloadable_champion: bool | None = None
+
+    def parameters(self) -> dict[str, Any]:
+        """The register step's inputs of the parts that are set (components/register.yml)."""
+        values: dict[str, Any] = {}
+        if self.primary_metric is not None:
+            values["primary_metric"] = self.primary_metric
+        if self.min_improvement is not None:
+            values["min_improvement"] = self.min_improvement
+        for name in ("floors", "max_regression", "first_model_floors"):
+            bounds = getattr(self, name)
+            if bounds is not None:
+                values[name] = bounds_text(bounds)
+        if self.bootstrap_unloadable_champion is not None:
+            values["bootstrap_unloadable_champion"] = str(self.bootstrap_unloadable_champion).lower()
+        return values
+
+
+def bounds_text(bounds: Mapping[str, float]) -> str:
+    """{'accuracy': 0.8} -> 'accuracy=0.8', the gate's METRIC=NUMBER[,...] form; {} -> 'none'."""
+    return ",".join(f"{name}={float(value)!r}" for name, value in bounds.items()) or "none"
+
+
+@dataclass(frozen=True)
+class TriggerScope:
+    """`[trigger]`: which landing blobs are this model's data. `suffixes` None: the task's raw suffixes."""
+
+    account: str | None = None
+    container: str | None = None
+    prefix: str = ""
+    suffixes: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    path: Path
+    task: TaskConfig
+    gate: GateConfig = field(default_factory=GateConfig)
+    pipeline: Mapping[str, Any] = field(default_factory=dict)
+    trigger: TriggerScope = field(default_factory=TriggerScope)
+
+    def parameters(self) -> dict[str, Any]:
+        """The run request's parameters: the pipeline's, and the register step's gate inputs."""
+        return {**self.pipeline, **self.gate.parameters()}
+
+    def trigger_suffixes(self) -> tuple[str, ...] | None:
+        """The suffixes the trigger accepts: configured, else a built-in task's; None for a user's task
+        (its `raw_suffixes`, which the preflight reports)."""
+        if self.trigger.suffixes is not None:
+            return self.trigger.suffixes
+        return BUILTIN_RAW_SUFFIXES.get(self.task.text)
+
+
+# -- reading --------------------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Checks one file's values; every error names the file and the key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, key: str, problem: str, expected: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {key} {problem}; expected {expected}")
+
+    def table(self, document: Mapping[str, Any], key: str, label: str) -> dict[str, Any]:
+        value = document.get(key, {})
+        if not isinstance(value, dict):
+            raise self.fail(label, f"is {_shown(value)}", f"a table ({label} ...)")
+        return value
+
+    def known(self, table: Mapping[str, Any], allowed: tuple[str, ...], label: str) -> None:
+        unknown = sorted(set(table) - set(allowed))
+        if unknown:
+            where = f"{label} key" if label else "key"
+            raise self.fail(f"{where} {unknown[0]!r}", "is not known", f"one of {', '.join(allowed)}")
+
+    def text(
+        self, table: Mapping[str, Any], key: str, label: str, pattern: re.Pattern[str], form: str
+    ) -> str:
+        value = table[key]
+        if not isinstance(value, str) or not pattern.match(value):
+            raise self.fail(f"{label}.{key}" if label else key, f"is {_shown(value)}", form)
+        return value
+
+    def number(self, value: Any, key: str, minimum: float | None) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.fail(key, f"is {_shown(value)}", "a finite number")
+        if minimum is not None and value < minimum:
+            raise self.fail(key, f"is {value}", f"a number >= {minimum:g}")
+        return float(value)
+
+    def bounds(
+        self, gate: Mapping[str, Any], key: str, minimum: float | None, family: bool
+    ) -> dict[str, float]:
+        value = gate[key]
+        if not isinstance(value, dict):
+            raise self.fail(f"[gate] {key}", f"is {_shown(value)}", "a table of METRIC = NUMBER")
+        bounds = {}
+        for metric, bound in value.items():
+            if not (_METRIC.match(metric) or (family and _FAMILY.match(metric))):
+                form = _METRIC_FORM + (', or a family such as "recall_*"' if family else "")
+                raise self.fail(f"[gate] {key}", f"names {metric!r}", form)
+            bounds[metric] = self.number(bound, f"[gate] {key}.{metric}", minimum)
+        return bounds
+
+
+def _shown(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}" if not isinstance(value, str) else repr(value)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: no such file; expected a model configuration (`retrain init NAME` writes one)"
+        ) from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML ({error})") from None
+
+
+def _task(reader: _Reader, document: Mapping[str, Any]) -> TaskConfig:
+    table = reader.table(document, "task", "[task]")
+    reader.known(table, _TASK_KEYS, "[task]")
+    ref = table.get("ref", DEFAULT_TASK)
+    if not isinstance(ref, str):
+        raise reader.fail("[task] ref", f"is {_shown(ref)}", "text naming the task")
+    options = reader.table(table, "options", "[task.options]")
+    try:
+        reference = parse_task_reference(ref, reader.path.parent, f"{reader.path}: [task] ref")
+        checked = check_task_options(options, f"{reader.path}: [task.options]")
+    except PipelineError as error:
+        raise ConfigError(str(error)) from None
+    return TaskConfig(ref, reference, MappingProxyType(checked))
+
+
+def _gate(reader: _Reader, document: Mapping[str, Any]) -> GateConfig:
+    gate = reader.table(document, "gate", "[gate]")
+    reader.known(gate, GATE_INPUTS, "[gate]")
+    values: dict[str, Any] = {}
+    if "primary_metric" in gate:
+        values["primary_metric"] = reader.text(gate, "primary_metric", "[gate]", _METRIC, _METRIC_FORM)
+    if "min_improvement" in gate:
+        values["min_improvement"] = reader.number(gate["min_improvement"], "[gate] min_improvement", 0.0)
+    for key, minimum, family in (
+        ("floors", None, False),
+        ("max_regression", 0.0, True),
+        ("first_model_floors", None, False),
+    ):
+        if key in gate:
+            values[key] = MappingProxyType(reader.bounds(gate, key, minimum, family))
+    if "bootstrap_unloadable_champion" in gate:
+        flag = gate["bootstrap_unloadable_champion"]
+        if not isinstance(flag, bool):
+            raise reader.fail("[gate] bootstrap_unloadable_champion", f"is {_shown(flag)}", "true or false")
+        values["bootstrap_unloadable_champion"] = flag
+    return GateConfig(**values)
+
+
+def _parameter_types(spec: PipelineSpec) -> dict[str, str]:
+    """Each settable parameter's input type: a pipeline input's by the step input it feeds, else the
+    component input's own (an input no step binds)."""
+    from components.specs import ParentInput
+
+    types: dict[str, str] = {}
+    for step in spec.steps.values():
+        for name, port in step.component.inputs.items():
+            binding = step.inputs.get(name)
+            if isinstance(binding, ParentInput):
+                types.setdefault(binding.name, port.type)
+            elif name not in step.inputs:
+                types.setdefault(name, port.type)
+    return types
+
+
+_TYPE_FORMS = {
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+    "string": "text (or a number)",
+}
+
+
+def _value_fits(value: Any, kind: str) -> bool:
+    if isinstance(value, bool):
+        return kind == "boolean"
+    if kind == "integer":
+        return isinstance(value, int)
+    if kind == "number":
+        return isinstance(value, int | float) and math.isfinite(value)
+    if kind == "boolean":
+        return False
+    return isinstance(value, str | int | float)  # text, and paths for a folder input
+
+
+def _pipeline(reader: _Reader, document: Mapping[str, Any], spec: PipelineSpec) -> dict[str, Any]:
+    from components.local.plan import check_parameters
+
+    table = reader.table(document, "pipeline", "[pipeline]")
+    for name in table:
+        if name in GATE_INPUTS:
+            raise reader.fail(f"[pipeline] {name}", "is a gate setting", f"it under [gate] as {name} = ...")
+        if name in RESERVED_INPUTS:
+            raise reader.fail(
+                f"[pipeline] {name}", "is set by the run itself", "the task under [task], the rest left out"
+            )
+    try:
+        check_parameters(spec, table)
+    except PipelineError as error:
+        raise ConfigError(f"{reader.path}: [pipeline] {error}") from None
+    types = _parameter_types(spec)
+    for name, value in table.items():
+        kind = types.get(name, "string")
+        if not _value_fits(value, kind):
+            raise reader.fail(f"[pipeline] {name}", f"is {_shown(value)}", _TYPE_FORMS.get(kind, "text"))
+    return table
+
+
+def _prefix(reader: _Reader, value: Any) -> str:
+    trimmed = value.removesuffix("/") if isinstance(value, str) else None
+    segments = trimmed.split("/") if trimmed else []
+    if trimmed is None or not all(_PREFIX_SEGMENT.match(segment) for segment in segments):
+        raise reader.fail(
+            "[trigger] prefix",
+            f"is {_shown(value)}",
+            "folder names of letters, digits, '.', '_', '=' or '-' separated by single '/' (no leading '/', "
+            "no '..'); \"\" for the container's root",
+        )
+    return trimmed
+
+
+def _trigger(reader: _Reader, document: Mapping[str, Any]) -> TriggerScope:
+    table = reader.table(document, "trigger", "[trigger]")
+    reader.known(table, _TRIGGER_KEYS, "[trigger]")
+    account = container = suffixes = None
+    if "account" in table:
+        account = reader.text(table, "account", "[trigger]", _ACCOUNT, "a storage account name of 3-24 "
+                              "lowercase letters or digits")  # fmt: skip
+    if "container" in table:
+        container = reader.text(table, "container", "[trigger]", _CONTAINER, "a container name of 3-63 "
+                                "lowercase letters, digits or single '-', starting and ending with a letter "
+                                "or digit")  # fmt: skip
+    prefix = _prefix(reader, table["prefix"]) if "prefix" in table else ""
+    if "suffixes" in table:
+        value = table["suffixes"]
+        form = 'a non-empty list of file suffixes such as [".csv", ".parquet"] (lowercase, with the dot)'
+        if not isinstance(value, list) or not value or not all(isinstance(s, str) for s in value):
+            raise reader.fail("[trigger] suffixes", f"is {_shown(value)}", form)
+        bad = [suffix for suffix in value if not _SUFFIX.match(suffix)]
+        if bad or len(set(value)) != len(value):
+            raise reader.fail("[trigger] suffixes", f"has {bad[0] if bad else 'a repeated suffix'!r}", form)
+        suffixes = tuple(value)
+    return TriggerScope(account, container, prefix, suffixes)
+
+
+def load_model_config(path: Path, pipeline: PipelineSpec | None = None) -> ModelConfig:
+    """Read and check one model's configuration file; `pipeline` (default components/pipeline.yml) is what
+    its [pipeline] parameters are checked against."""
+    from components.specs import load_pipeline_spec
+
+    path = Path(path)
+    reader = _Reader(path)
+    document = _read_toml(path)
+    reader.known(document, _TOP_KEYS, "")
+    name = document.get("name", path.stem)
+    try:
+        check_model_name(name, f"{path}: name" if "name" in document else f"{path}: the file's stem")
+    except PipelineError as error:
+        raise ConfigError(str(error)) from None
+    return ModelConfig(
+        name=name,
+        path=path,
+        task=_task(reader, document),
+        gate=_gate(reader, document),
+        pipeline=MappingProxyType(_pipeline(reader, document, pipeline or load_pipeline_spec())),
+        trigger=_trigger(reader, document),
+    )
+
+
+def find_model_config(
+    name: str, cwd: Path, environ: Mapping[str, str], pipeline: PipelineSpec | None = None
+) -> ModelConfig | None:
+    """`models/<name>.toml` read and checked, or None when there is no such file."""
+    path = config_file(name, cwd, environ)
+    if not path.is_file():
+        return None
+    config = load_model_config(path, pipeline)
+    if config.name != name:
+        raise ConfigError(
+            f"{path}: name {config.name!r} differs from the file's stem {name!r}; expected them to agree "
+            "(or pass the file with --config)"
+        )
+    return config

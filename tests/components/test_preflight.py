@@ -1,0 +1,150 @@
+"""The preflight: the task loads and the gate names only its metrics, checked before anything is pinned.
+
+The check is the real one (`python -m training.cli check-model` in a process, as the runner and `retrain
+submit` run it), on task files written here, and on the built-in tabular task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+from pathlib import Path
+
+import pytest
+from conftest import TASK_FILE, write_task_file
+
+from components import cli_azure, cli_local
+from components.errors import SubmissionError
+from components.model_config import MODELS_DIR_VARIABLE
+from components.preflight import SubprocessPreflight
+from components.run_settings import RunSettings
+
+
+def flowers(tmp_path: Path, **given) -> RunSettings:
+    task = write_task_file(tmp_path / "tasks")
+    return RunSettings(model_name="flowers", task=f"{task}:Flowers", **given)
+
+
+def test_a_task_that_loads_and_a_policy_it_can_meet_pass_and_the_task_s_facts_come_back(tmp_path):
+    run = flowers(
+        tmp_path,
+        task_options={"width": 3, "note": 'it\'s a "flower" {x}'},
+        parameters={"primary_metric": "accuracy", "floors": "loss=1.5", "max_regression": "recall_*=0.1"},
+    )
+    found = SubprocessPreflight().check(run)
+    assert (found.name, found.raw_suffixes, found.primary_metric) == ("flowers", (".csv", ".tsv"), "accuracy")
+    assert found.metrics == {
+        "accuracy": "higher",
+        "macro_f1": "higher",
+        "loss": "lower",
+        "recall_*": "higher",
+    }
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"floors": "acuracy=0.9"}, r"floors names metric 'acuracy', which the task does not report"),
+        ({"primary_metric": "mse"}, r"primary_metric names metric 'mse', which task .* does not report"),
+        ({"max_regression": "precision_*=0.1"}, r"max_regression names metric 'precision_\*'"),
+        ({"first_model_floors": "r2=0.5"}, r"first_model_floors names metric 'r2'"),
+    ],
+)
+def test_a_gate_metric_the_task_does_not_report_is_one_line_naming_it(tmp_path, parameters, message):
+    with pytest.raises(
+        SubmissionError, match=rf"^preflight: models/flowers.toml \[gate\].*{message}"
+    ) as raised:
+        SubprocessPreflight().check(flowers(tmp_path, parameters=parameters), "models/flowers.toml [gate]")
+    assert "\n" not in str(raised.value)
+    assert "expected one of accuracy (higher is better)" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (TASK_FILE.replace("def drift_features", "def drift_feature"), r"it lacks drift_features\(\)"),
+        (TASK_FILE.replace('default_primary_metric = "macro_f1"', 'default_primary_metric = "f1"'),
+         r"it lacks default_primary_metric 'f1' among its metrics"),
+        ("import not_a_module\n", r"importing .*flowers_task.py failed: ModuleNotFoundError"),
+        (TASK_FILE.replace("class Flowers", "class Roses"), r"has no attribute 'Flowers'"),
+    ],
+)  # fmt: skip
+def test_a_task_that_does_not_load_is_one_line_naming_the_task_and_what_is_missing(tmp_path, text, message):
+    task = write_task_file(tmp_path, text=text)
+    with pytest.raises(SubmissionError, match=rf"^preflight: --task '{task}:Flowers': .*{message}") as raised:
+        SubprocessPreflight().check(RunSettings(model_name="flowers", task=f"{task}:Flowers"))
+    assert "\n" not in str(raised.value)
+
+
+def test_an_option_the_task_does_not_take_is_refused(tmp_path):
+    with pytest.raises(SubmissionError, match=r"unknown option\(s\) \['colour'\]; this task takes"):
+        SubprocessPreflight().check(flowers(tmp_path, task_options={"colour": "red"}))
+
+
+def test_a_passed_check_is_remembered_for_the_same_task_file_options_and_policy(tmp_path):
+    preflight = SubprocessPreflight()
+    run = flowers(tmp_path, parameters={"floors": "accuracy=0.5"})
+    first = preflight.check(run, "one place")
+    preflight.python = str(tmp_path / "no-python")  # any new check would now fail to start
+    assert preflight.check(run, "another place") == first
+    with pytest.raises(SubmissionError, match=r"preflight of task .*: could not run the check"):
+        preflight.check(flowers(tmp_path, parameters={"floors": "accuracy=0.6"}))
+
+
+# -- before anything is pinned or run ------------------------------------------------------------------
+
+
+def handler_args(register, argv: list[str], state: Path, models: Path) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="retrain")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    args.state_root, args.environ = state, {MODELS_DIR_VARIABLE: str(models)}
+    return args
+
+
+@pytest.mark.parametrize("task", ["tabular", "file"])
+def test_a_bad_gate_metric_in_the_configuration_is_refused_before_the_prep_step_runs(
+    tmp_path, task, sample_raw
+):
+    models = tmp_path / "models"
+    ref = "tabular" if task == "tabular" else f"{write_task_file(models).name}:Flowers"
+    (models / "flowers.toml").parent.mkdir(parents=True, exist_ok=True)
+    (models / "flowers.toml").write_text(f'[task]\nref = "{ref}"\n[gate]\nfloors = {{ acuracy = 0.9 }}\n')
+    state = tmp_path / "state"
+    args = handler_args(
+        cli_local.register_commands,
+        ["run", "--model-name", "flowers", "--data", str(sample_raw)],
+        state,
+        models,
+    )
+
+    with pytest.raises(SubmissionError) as raised:
+        args.handler(args, io.StringIO())
+
+    message = str(raised.value)
+    assert message.startswith(f"preflight: {models / 'flowers.toml'} [gate] (task ")
+    assert "floors names metric 'acuracy', which the task does not report" in message
+    assert "\n" not in message
+    assert not state.exists()  # no data pinned, no run recorded, no prep step output
+
+
+def test_submit_refuses_a_bad_gate_metric_before_recording_or_submitting(tmp_path):
+    models = tmp_path / "models"
+    task = write_task_file(models)
+    (models / "flowers.toml").write_text(
+        f'[task]\nref = "{task.name}:Flowers"\n[gate]\nprimary_metric = "r2"\n'
+    )
+    state = tmp_path / "state"
+    argv = [
+        "submit",
+        "--dry-run",
+        "--data",
+        "azureml:flowers-raw:rd-0123456789abcdef",
+        "--model-name",
+        "flowers",
+    ]
+    args = handler_args(cli_azure.register_commands, argv, state, models)
+
+    with pytest.raises(SubmissionError, match=r"primary_metric names metric 'r2', which task .*Flowers"):
+        args.handler(args, out=io.StringIO())
+    assert not state.exists()
