@@ -61,6 +61,20 @@ def prepare_tabular(folder: Path) -> Path:
     return data
 
 
+def prepare_image(folder: Path) -> Path:
+    """The sample shapes, prepared: 4 classes of 200 PNGs at 32x32 (about 640 training images)."""
+    from training.data.splits import SplitFractions
+    from training.tasks.image.sample_data import write_sample_images
+    from training.tasks.image.task import ImageTask
+
+    data = folder / "prepared"
+    if not (data / "manifest.json").exists():
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+        write_sample_images(folder / "raw", per_class=200, seed=0)
+        ImageTask().prepare(folder / "raw", data, previous=None, split=SplitFractions())
+    return data
+
+
 @dataclass(frozen=True)
 class BenchCase:
     """One task to benchmark: what `--task`/`--task-options` say, how its data is made, and its batch."""
@@ -86,6 +100,13 @@ CASES: tuple[BenchCase, ...] = (
         prepare=prepare_tabular,
         global_batch_size=1024,  # about 0.6 s per step on this machine: a checkpoint every ~12 s
         blocked_target=BLOCKED_TARGET,
+    ),
+    BenchCase(
+        name="image",
+        task="image",
+        options={"size": 32, "width": 32},  # the built-in CNN as models/shapes.toml configures it
+        prepare=prepare_image,
+        global_batch_size=128,
     ),
 )
 

@@ -37,6 +37,9 @@ class DemoSize:
     global_batch_size: int = 32
     processes: int = 2
     shift: float = 0.5
+    # The image chapter: a small CNN learns the four sample shapes well within this many epochs.
+    images_per_class: int = 60
+    image_epochs: int = 10
 
     def __post_init__(self) -> None:
         if not 100 <= self.first_rows <= DIGITS_ROWS - 100:
@@ -49,6 +52,11 @@ class DemoSize:
             raise InputError(
                 f"global_batch_size {self.global_batch_size}: expected a multiple of processes "
                 f"{self.processes}"
+            )
+        if self.images_per_class < 20 or self.image_epochs < 1:
+            raise InputError(
+                f"images_per_class {self.images_per_class}, image_epochs {self.image_epochs}: expected at "
+                "least 20 images per class (every split needs some) and 1 epoch"
             )
         if not 0 < self.shift <= 1:
             raise InputError(f"shift {self.shift}: expected a strength in (0, 1]")

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from components.local import RunnerOptions, RunStore
 from components.submitters.local import LocalSubmitter
 from demo.eviction import EvictOnFirstCheckpoint
+from demo.image_chapter import ImageChapter, run_image_chapter
 from demo.narration import Narrator
 from demo.scenario import DemoSize, demo_environ, write_first_batches, write_shifted_batch
 from function_app.ledger_records import SubmissionRecord
@@ -45,6 +46,7 @@ class DemoRecord:
     train_attempts: list[list[int]] = field(default_factory=list)
     eviction_checkpoint: str | None = None
     drift: dict[str, Any] = field(default_factory=dict)
+    image: ImageChapter | None = None
 
 
 class DemoStory:
@@ -81,6 +83,7 @@ class DemoStory:
         self.shifted_data_lands()
         self.drift_check()
         self.retrain_on_drift()
+        self.bring_your_own_model()
         return self.record
 
     # -- the stages -------------------------------------------------------------------------------------
@@ -123,6 +126,11 @@ class DemoStory:
     def retrain_on_drift(self) -> None:
         self.say.stage("The alert triggers a retrain on all the data; the gate decides")
         self._flush()
+
+    def bring_your_own_model(self) -> None:
+        self.record.image = run_image_chapter(
+            self.home, self.say, self.environ, self.size.images_per_class, self.size.image_epochs
+        )
 
     # -- plumbing ---------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from demo.image_chapter import IMAGE_MODEL
 from demo.narration import Narrator
 from demo.story import MODEL_NAME, DemoRecord
 
@@ -76,6 +77,22 @@ def lineage_lines(say: Narrator, listing: Mapping[str, Any]) -> None:
         )
 
 
+def image_lines(say: Narrator, record: DemoRecord) -> None:
+    """The chapter's own model: another task through the same engine, gate and registry."""
+    chapter = record.image
+    if chapter is None:
+        return
+    registration = chapter.registration
+    lineage = registration.get("lineage", {})
+    metrics = registration.get("metrics", {})
+    say.line(
+        f"Model {IMAGE_MODEL!r} (task {registration.get('task', {}).get('ref', 'image')}): "
+        f"v{registration.get('registered_version')} -> prepared {lineage.get('data_version', '?')}"
+        f" -> macro-F1 {float(metrics.get('macro_f1', float('nan'))):.4f}"
+        f"; served {chapter.right} of {len(chapter.answers)} new images right"
+    )
+
+
 def cost_lines(say: Narrator, record: DemoRecord) -> None:
     say.line("The planner's spot estimate, recorded in the ledger before each submission:")
     for submission in record.submissions:
@@ -104,6 +121,7 @@ def summarise(
     runs_table(say, record)
     say.line("")
     lineage_lines(say, listing)
+    image_lines(say, record)
     say.line("")
     cost_lines(say, record)
     say.line("")

@@ -116,6 +116,21 @@ def test_the_alert_retrains_on_all_the_data_and_the_gate_promotes_the_better_mod
     assert (newest["trigger"]["kind"], newest["raw_data_version"]) == ("drift", second.data_version)
 
 
+def test_an_image_model_goes_through_the_same_engine_and_serves_uint8_images(story):
+    record = story[0].record
+    chapter = record.image
+    registration = chapter.registration
+    assert registration["model_name"] == "shapes" and registration["task"]["ref"] == "image"
+    assert (registration["decision"]["accepted"], registration["registered_version"]) == (True, "1")
+    listing = model_listing(ModelRegistry(resolve_store(None, {}, story[0].home)), "shapes")
+    assert listing["aliases"] == {"champion": "1"}
+    # The champion, served through mlflow.pyfunc, answers class folder names for new uint8 images.
+    assert len(chapter.answers) == 8
+    assert {answer for _, answer in chapter.answers} <= {"circle", "cross", "square", "triangle"}
+    assert chapter.right >= 4
+    assert f"served {chapter.right} of 8 new images right" in story[1]
+
+
 def test_the_summary_shows_every_stage_the_estimates_and_the_plots(story):
     _, output = story
     for heading in (

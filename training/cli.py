@@ -11,7 +11,7 @@ from pathlib import Path
 
 from training.drift import cli as drift_cli
 from training.engine.train_args import add_task_arguments, add_train_arguments, task_options_from_args
-from training.errors import RetrainError
+from training.errors import InputError, RetrainError
 from training.gate import cli as registry_cli
 from training.local_state import state_root
 from training.planning import cli as planning_cli
@@ -21,6 +21,14 @@ log = logging.getLogger("retrain")
 
 
 def _sample_data(args: argparse.Namespace) -> int:
+    if args.task == "image":
+        from training.tasks.image.sample_data import write_sample_images
+
+        if args.label_noise or args.format != "csv":
+            raise InputError("--label-noise and --format are for --task tabular; images are PNG files")
+        images = write_sample_images(args.out, per_class=args.per_class, seed=args.seed, shift=args.shift)
+        log.info("wrote %d images in class folders to %s", len(images), args.out)
+        return 0
     from training.tasks.tabular.sample_data import write_sample_batches
 
     paths = write_sample_batches(
@@ -55,8 +63,18 @@ def _train(args: argparse.Namespace) -> int:
 
 def register_commands(commands: argparse._SubParsersAction) -> None:
     """Add the training room's subcommands to a `retrain` parser."""
-    sample = commands.add_parser("sample-data", help="write the bundled digits data set as raw batch files")
-    sample.add_argument("--out", type=Path, required=True, help="folder for the raw batch files")
+    sample = commands.add_parser(
+        "sample-data",
+        help="write sample raw data: the bundled digits as CSV batches, or shapes as PNG images",
+    )
+    sample.add_argument(
+        "--task",
+        choices=("tabular", "image"),
+        default="tabular",
+        help="tabular: the digits as batch files; image: circles, crosses, squares and triangles as PNGs "
+        "in class folders (RAW/<class>/<file>.png)",
+    )
+    sample.add_argument("--out", type=Path, required=True, help="folder for the raw files")
     sample.add_argument("--batches", type=int, default=4, help="number of batch files (default 4)")
     sample.add_argument("--format", choices=("csv", "parquet"), default="csv", help="file format")
     sample.add_argument(
@@ -72,7 +90,12 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
         default=0.0,
         metavar="STRENGTH",
         help="move the images right by 2*STRENGTH columns and brighten them by 1+STRENGTH, rounded "
-        "(STRENGTH 0 to 1): deliberately drifted data for `retrain drift`",
+        "(STRENGTH 0 to 1; for --task image: brighter, shapes further right and down): deliberately "
+        "drifted data for `retrain drift`",
+    )
+    sample.add_argument("--per-class", type=int, default=100, help="--task image: images per class (100)")
+    sample.add_argument(
+        "--seed", type=int, default=0, help="--task image: what to draw; another seed adds new files (0)"
     )
     sample.set_defaults(handler=_sample_data)
 

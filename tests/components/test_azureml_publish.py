@@ -22,10 +22,10 @@ def test_the_environment_is_registered_before_the_components_that_name_it():
         "retrain_drift", "retrain_evaluate", "retrain_prep", "retrain_register", "retrain_train",
     ]  # fmt: skip
     environment, *components = workspace.sent
-    assert (environment.name, environment.version) == ("retrain-training", "2")
+    assert (environment.name, environment.version) == ("retrain-training", "3")
     for component, path in zip(components, component_files(), strict=True):
         assert component.version == load_component_spec(path).version
-        assert f"azureml:{component.environment}" == environment_reference() == "azureml:retrain-training:2"
+        assert f"azureml:{component.environment}" == environment_reference() == "azureml:retrain-training:3"
     assert [(record.kind, record.name) for record in records][:2] == [
         ("environment", "retrain-training"),
         ("component", "retrain_drift"),
@@ -48,7 +48,7 @@ def test_a_component_on_another_environment_version_publishes_nothing(tmp_path):
         COMPONENTS_DIR, components, ignore=shutil.ignore_patterns("*.py", "__pycache__", "azureml")
     )
     train = components / "train.yml"
-    train.write_text(train.read_text().replace("azureml:retrain-training:2", "azureml:retrain-training:3"))
+    train.write_text(train.read_text().replace("azureml:retrain-training:3", "azureml:retrain-training:4"))
     workspace = RecordingWorkspace()
 
     with pytest.raises(SpecError) as raised:
@@ -59,7 +59,7 @@ def test_a_component_on_another_environment_version_publishes_nothing(tmp_path):
         )
 
     assert str(raised.value) == (
-        f"{train}: environment azureml:retrain-training:3; expected azureml:retrain-training:2 "
+        f"{train}: environment azureml:retrain-training:4; expected azureml:retrain-training:3 "
         "(environment.yml's version): bump the component's environment when the environment changes"
     )
     assert workspace.calls == []

@@ -87,7 +87,7 @@ def test_component_versions_are_pinned(built):
             declared.name,
             declared.version,
         )
-        assert jobs[step]["component"]["environment"] == "azureml:retrain-training:2"
+        assert jobs[step]["component"]["environment"] == "azureml:retrain-training:3"
     # A version other than the YAML's can only be a registered one: the step references it.
     assert jobs["evaluate"]["component"] == "azureml:retrain_evaluate:4"
 

@@ -108,6 +108,27 @@ def test_cli_writes_batches(tmp_path):
     ]
 
 
+def test_cli_writes_sample_images_in_class_folders_for_the_image_task(tmp_path):
+    raw = tmp_path / "raw"
+    assert main(["sample-data", "--task", "image", "--out", str(raw), "--per-class", "2", "--seed", "5"]) == 0
+
+    assert sorted(path.relative_to(raw).as_posix() for path in raw.rglob("*.png")) == [
+        f"{shape}/{shape}-s5-{number:04d}.png"
+        for shape in ("circle", "cross", "square", "triangle")
+        for number in range(2)
+    ]
+
+
+def test_cli_refuses_tabular_options_for_images_on_one_line(tmp_path, capsys):
+    code = main(["sample-data", "--task", "image", "--out", str(tmp_path / "raw"), "--format", "parquet"])
+
+    assert code != 0
+    assert capsys.readouterr().err.splitlines() == [
+        "retrain: error: --label-noise and --format are for --task tabular; images are PNG files"
+    ]
+    assert not (tmp_path / "raw").exists()
+
+
 def test_cli_reports_a_bad_batch_count_on_one_line(tmp_path, capsys):
     code = main(["sample-data", "--out", str(tmp_path / "raw"), "--batches", "0"])
 
