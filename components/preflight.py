@@ -2,7 +2,7 @@
 before any data is pinned or any step started.
 
 components/ imports neither torch nor training/, so the check runs where the steps run: as a process,
-`python -m training.cli check-model` (training/tasks/check.py), in the components' code folder and with
+`python -m training.cli check-model` (training/gate/check.py), in the components' code folder and with
 the caller's environment. A task that fails to load or lacks a part, and a gate metric the task does not
 declare, are one line naming the task and what is wrong, raised as a SubmissionError. A passed check is
 remembered for the same task file content, options and policy, so `retrain run` checking before it pins

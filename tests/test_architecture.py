@@ -115,3 +115,26 @@ def test_the_function_app_deploys_without_torch_or_mlflow():
         "azure-storage-blob",
         "azure-identity",
     } <= packages
+
+
+# Inside training/: the engine and everything around it know a task only through the contract
+# (training/tasks/base.py) and the loader; a built-in task is no more reachable to them than a user's.
+# The planner's measured scaling and `retrain sample-data` name the digits sample on purpose, as data.
+BUILT_IN_TASKS = ("training.tasks.tabular", "training.tasks.image")
+ENGINE_SIDE = ("engine", "gate", "drift", "checkpoint", "data")
+
+
+@pytest.mark.parametrize("part", ENGINE_SIDE)
+def test_the_engine_side_knows_tasks_only_through_the_contract(part):
+    assert _offenders(f"training/{part}", BUILT_IN_TASKS) == []
+
+
+def test_a_task_never_touches_the_engine_checkpoints_or_the_registry():
+    # What a task may use: the contract, the task-agnostic data helpers, the torch-free common helpers.
+    forbidden = tuple(f"training.{part}" for part in ("engine", "gate", "drift", "checkpoint", "planning"))
+    assert _offenders("training/tasks", forbidden) == []
+
+
+def test_the_planner_reaches_a_built_in_task_only_for_its_sample_data():
+    users = {file for file, module, _ in _imports("training/planning") if _within(module, BUILT_IN_TASKS)}
+    assert users <= {"training/planning/measure.py"}

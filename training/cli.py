@@ -12,10 +12,10 @@ from pathlib import Path
 from training.drift import cli as drift_cli
 from training.engine.train_args import add_task_arguments, add_train_arguments, task_options_from_args
 from training.errors import InputError, RetrainError
+from training.gate import check as model_check
 from training.gate import cli as registry_cli
 from training.local_state import state_root
 from training.planning import cli as planning_cli
-from training.tasks import check as task_check
 
 log = logging.getLogger("retrain")
 
@@ -120,7 +120,7 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     registry_cli.add_commands(commands)
     drift_cli.add_commands(commands)
     planning_cli.add_commands(commands)
-    task_check.add_commands(commands)
+    model_check.add_commands(commands)
 
 
 def build_parser() -> argparse.ArgumentParser:

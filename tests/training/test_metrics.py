@@ -11,7 +11,7 @@ from sklearn.metrics import accuracy_score, f1_score, log_loss, recall_score
 from torch import nn
 
 from training.gate.policy import non_finite
-from training.tasks.tabular.metrics import score_classifier
+from training.tasks.classification import score_classifier
 
 N_FEATURES, N_CLASSES = 6, 4
 

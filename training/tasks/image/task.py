@@ -29,12 +29,12 @@ from torch import nn
 from training.data.splits import SPLIT_NAMES, SplitFractions
 from training.errors import InputError
 from training.tasks.base import FeatureTable, Metric, MetricSet, TaskData, TensorSplit
+from training.tasks.classification import score_classifier
 from training.tasks.image.features import prepared_features, raw_folder_features
 from training.tasks.image.manifest import RERUN_HINT, read_manifest, read_split
 from training.tasks.image.model import CnnConfig, ImageClassifier, InChunks, augment
 from training.tasks.image.prepare import prepare_images
 from training.tasks.image.raw_images import RAW_SUFFIXES
-from training.tasks.tabular.metrics import score_classifier
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from torch import nn
 from training.data.splits import SPLIT_NAMES, SplitFractions
 from training.errors import InputError
 from training.tasks.base import FeatureTable, MetricSet, TaskData, TensorSplit
+from training.tasks.classification import CLASSIFICATION_METRICS, metrics_from_logits
 from training.tasks.tabular.dataset import load_prepared
-from training.tasks.tabular.metrics import CLASSIFICATION_METRICS, metrics_from_logits
 from training.tasks.tabular.model import ModelConfig, TabularClassifier
 from training.tasks.tabular.prepare import deduplicate, prepare
 from training.tasks.tabular.raw_files import RAW_SUFFIXES, list_raw_files, read_raw_file, with_features

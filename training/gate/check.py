@@ -3,9 +3,9 @@
 It loads the task (a task that fails to load, or lacks a part of the contract, is one line naming the
 task and what is missing) and checks the gate policy's metric names against the metrics the task
 declares, so that a typo in a model's configuration is refused before a whole training, not after it.
-Only the parts of the policy that are given are checked: the ones left unset take the task's defaults
-in the register step. On success it prints one JSON line: the task's name, its raw file suffixes (what
-the front door routes for a user's task), its metrics and the primary metric the gate will compare.
+The policy is built as the register step builds it (policy_of: the parts left unset take the task's
+defaults). On success it prints one JSON line: the task's name, its raw file suffixes (what the front door
+routes for a user's task), its metrics and the primary metric the gate will compare.
 
 components/preflight.py runs it as `python -m training.cli check-model ...` (components/ imports no
 torch); the flags are the register step's, so what the preflight accepts, the register step reads.
@@ -34,30 +34,25 @@ def check_model(
     where: str = "the gate policy",
 ) -> dict[str, Any]:
     """Load the task and check the given parts of the policy against its metrics; what was found."""
-    from training.gate.policy import GatePolicy, parse_bounds, validate_policy_metrics
+    from training.gate.policy import policy_of
     from training.tasks.loader import load_task
 
     task = load_task(task_ref, task_options)
-    primary = primary_metric or task.default_primary_metric
-    if task.metrics.find(primary) is None:  # before GatePolicy, whose own check knows no task
-        raise InputError(
-            f"{where}: primary_metric names metric {primary!r}, which task {task_ref!r} does not report; "
-            f"expected one of {task.metrics.describe()}"
-        )
-    policy = GatePolicy(
-        primary_metric=primary,
-        min_improvement=0.0 if min_improvement is None else min_improvement,
-        floors=parse_bounds(floors or "", "--floors"),
-        max_regression=parse_bounds(max_regression or "", "--max-regression"),
-        first_model_floors=parse_bounds(first_model_floors or "", "--first-model-floors"),
+    policy = policy_of(
+        task,
+        primary_metric=primary_metric,
+        min_improvement=min_improvement,
+        floors=floors,
+        max_regression=max_regression,
+        first_model_floors=first_model_floors,
+        where=f"{where} (task {task_ref!r})",
     )
-    validate_policy_metrics(policy, task.metrics, f"{where} (task {task_ref!r})")
     return {
         "task": task_ref,
         "name": task.name,
         "raw_suffixes": list(task.raw_suffixes),
         "metrics": {metric.name: metric.direction for metric in task.metrics.metrics},
-        "primary_metric": primary,
+        "primary_metric": policy.primary_metric,
     }
 
 
