@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from training.data.splits import SPLIT_METHOD, SPLIT_NAMES, SPLIT_SALT, SplitFractions, split_config
+from training.data.splits import SPLIT_NAMES, SplitFractions, split_config
+from training.data.versions import MANIFEST_NAME, check_split_document, parse_manifest, without_name
 from training.errors import InputError
 from training.tasks.image.raw_images import RESIZE_FILTER
 
 FORMAT = "retrain-image-prepared/1"
-MANIFEST_NAME = "manifest.json"
 RERUN_HINT = "re-run `retrain prepare --task image` to write a fresh data version"
 _CONTENT_TAG = b"retrain-image-split-content/1\n"
 _STATS_CHUNK = 4096  # images per pass when summing channel statistics, to bound memory
@@ -123,42 +123,21 @@ class ImageManifest:
             "channel_mean": list(self.channel_mean),
             "channel_std": list(self.channel_std),
             "stats": vars(self.stats),
-            "splits": {entry.name: _without_name(entry) for entry in self.splits},
+            "splits": {entry.name: without_name(entry) for entry in self.splits},
             "raw_files": [vars(entry) for entry in self.raw_files],
         }
         return json.dumps(document, indent=1) + "\n"
 
     @classmethod
     def from_json(cls, text: str, source: str = "manifest") -> ImageManifest:
-        try:
-            document = json.loads(text)
-            manifest = _from_document(document)
-            stored_version = document["data_version"]
-        except (ValueError, KeyError, TypeError, AttributeError, InputError) as error:
-            raise InputError(
-                f"{source}: not a readable image data version manifest ({error}); {RERUN_HINT}"
-            ) from error
-        if stored_version != manifest.data_version:
-            raise InputError(
-                f"{source}: says data version {stored_version} but its content gives "
-                f"{manifest.data_version}; the manifest was edited. {RERUN_HINT}"
-            )
-        return manifest
-
-
-def _without_name(entry: ImageSplitEntry) -> dict[str, Any]:
-    return {key: value for key, value in vars(entry).items() if key != "name"}
+        return parse_manifest(text, source, _from_document, "image data version manifest", RERUN_HINT)
 
 
 def _from_document(document: dict[str, Any]) -> ImageManifest:
     if document["format"] != FORMAT:
         raise ValueError(f"format {document['format']!r} is not {FORMAT!r}")
-    split = document["split"]
-    if split["method"] != SPLIT_METHOD or split["salt"] != SPLIT_SALT:
-        raise ValueError("unknown split method or salt")
-    splits = document["splits"]
-    if list(splits) != list(SPLIT_NAMES):
-        raise ValueError(f"splits are {list(splits)}, expected {list(SPLIT_NAMES)}")
+    split, splits = document["split"], document["splits"]
+    check_split_document(split, splits)
     height, width = (int(side) for side in document["size"])
     return ImageManifest(
         size=(height, width),

@@ -17,6 +17,7 @@ import numpy as np
 
 from training.data.publish import publish
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
+from training.data.versions import existing_manifest, same_version_or_refuse
 from training.errors import InputError
 from training.tasks.image.manifest import (
     MANIFEST_NAME,
@@ -58,7 +59,7 @@ def prepare_images(
     """
     raw, out = Path(raw), Path(out)
     split = split or SplitFractions()
-    existing = _existing_manifest(out)
+    existing = existing_manifest(out, read_manifest)
     classes, paths = list_labelled_images(raw)
     images = sorted((fingerprint(path, path.parent.name) for path in paths), key=lambda image: image.key)
     previous_manifest, reusable = _reusable(Path(previous), size) if previous is not None else (None, {})
@@ -88,7 +89,7 @@ def prepare_images(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     if existing is not None:
-        return _same_version_or_refuse(out, existing, manifest)
+        return same_version_or_refuse(out, existing, manifest)
     publish(out, {**files, MANIFEST_NAME: manifest.to_json().encode()})
     log.info(
         "data version %s: %d images in %d classes at %dx%d; decoded %d, reused %d from the previous version",
@@ -164,26 +165,3 @@ def _split(
             keys=tuple(keys[row] for row in rows), labels=labels[rows], pixels=pixels[rows]
         )
     return arrays
-
-
-def _same_version_or_refuse(out: Path, existing: ImageManifest, manifest: ImageManifest) -> ImageManifest:
-    if existing.data_version != manifest.data_version:
-        raise InputError(
-            f"{out}: already holds data version {existing.data_version}, not {manifest.data_version}; "
-            "expected a new or empty output folder"
-        )
-    log.info("%s already holds data version %s; nothing to do", out, existing.data_version)
-    return existing
-
-
-def _existing_manifest(out: Path) -> ImageManifest | None:
-    """None when `out` is absent or empty; its manifest when it holds a data version; else an error."""
-    if not out.exists():
-        return None
-    if not out.is_dir():
-        raise InputError(f"{out}: exists and is not a folder; expected a new or empty output folder")
-    if not any(out.iterdir()):
-        return None
-    if (out / MANIFEST_NAME).is_file():
-        return read_manifest(out)
-    raise InputError(f"{out}: the output folder is not empty; expected a new or empty output folder")

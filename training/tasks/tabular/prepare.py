@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from training.data.publish import publish
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
+from training.data.versions import existing_manifest, same_version_or_refuse
 from training.errors import InputError
 from training.tasks.tabular.raw_files import (
     RawFingerprint,
@@ -88,7 +89,7 @@ def prepare(
     """
     raw, out = Path(raw), Path(out)
     split = split or SplitFractions()
-    existing = _existing_manifest(out)
+    existing = existing_manifest(out, read_manifest)
     paths = list_raw_files(raw)
     schema = with_features(schema, paths)
     fingerprints = [fingerprint(path) for path in paths]
@@ -120,7 +121,7 @@ def prepare(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     if existing is not None:
-        return _same_version_or_refuse(out, existing, manifest)
+        return same_version_or_refuse(out, existing, manifest)
     publish(out, {**payloads, MANIFEST_NAME: manifest.to_json().encode()})
     log.info(
         "data version %s: %d unique rows from %d raw rows (%d exact duplicates, %d superseded)",
@@ -137,29 +138,6 @@ def _stats(gathered: _Gathered, deduplicated: Deduplicated) -> PrepStats:
         exact_duplicates=gathered.earlier_drops[0] + deduplicated.exact_duplicates,
         superseded=gathered.earlier_drops[1] + deduplicated.superseded,
     )
-
-
-def _same_version_or_refuse(out: Path, existing: Manifest, manifest: Manifest) -> Manifest:
-    if existing.data_version != manifest.data_version:
-        raise InputError(
-            f"{out}: already holds data version {existing.data_version}, not {manifest.data_version}; "
-            "expected a new or empty output folder"
-        )
-    log.info("%s already holds data version %s; nothing to do", out, existing.data_version)
-    return existing
-
-
-def _existing_manifest(out: Path) -> Manifest | None:
-    """None when `out` is absent or empty; its manifest when it holds a data version; else an error."""
-    if not out.exists():
-        return None
-    if not out.is_dir():
-        raise InputError(f"{out}: exists and is not a folder; expected a new or empty output folder")
-    if not any(out.iterdir()):
-        return None
-    if (out / MANIFEST_NAME).is_file():
-        return read_manifest(out)
-    raise InputError(f"{out}: the output folder is not empty; expected a new or empty output folder")
 
 
 def _gather(

@@ -18,11 +18,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.data.splits import SPLIT_METHOD, SPLIT_NAMES, SPLIT_SALT, SplitFractions, split_config
+from training.data.splits import SPLIT_NAMES, SplitFractions, split_config
+from training.data.versions import MANIFEST_NAME, check_split_document, parse_manifest, without_name
 from training.errors import InputError
 
 FORMAT = "retrain-prepared/1"
-MANIFEST_NAME = "manifest.json"
 SOURCE_FILE_COLUMN = "source_file"
 SOURCE_ROW_COLUMN = "source_row"
 # The key of a row in a table without a key column: a hash of its label and feature values.
@@ -281,7 +281,7 @@ class Manifest:
             "schema": self.schema.to_dict(),
             "split": split_config(self.split),
             "raw_files": [vars(entry) for entry in self.raw_files],
-            "splits": {entry.name: _without_name(entry) for entry in self.splits},
+            "splits": {entry.name: without_name(entry) for entry in self.splits},
             "stats": vars(self.stats),
             "normalization": {"mean": list(self.normalization.mean), "std": list(self.normalization.std)},
         }
@@ -289,35 +289,14 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str, source: str = "manifest") -> Manifest:
-        try:
-            document = json.loads(text)
-            manifest = _manifest_from_document(document)
-            stored_version = document["data_version"]
-        except (ValueError, KeyError, TypeError, AttributeError, InputError) as error:
-            raise InputError(
-                f"{source}: not a readable data version manifest ({error}); {RERUN_HINT}"
-            ) from error
-        if stored_version != manifest.data_version:
-            raise InputError(
-                f"{source}: says data version {stored_version} but its content gives "
-                f"{manifest.data_version}; the manifest was edited. {RERUN_HINT}"
-            )
-        return manifest
-
-
-def _without_name(entry: SplitEntry) -> dict[str, Any]:
-    return {key: value for key, value in vars(entry).items() if key != "name"}
+        return parse_manifest(text, source, _manifest_from_document, "data version manifest", RERUN_HINT)
 
 
 def _manifest_from_document(document: dict[str, Any]) -> Manifest:
     if document["format"] != FORMAT:
         raise ValueError(f"format {document['format']!r} is not {FORMAT!r}")
-    split = document["split"]
-    if split["method"] != SPLIT_METHOD or split["salt"] != SPLIT_SALT:
-        raise ValueError("unknown split method or salt")
-    splits = document["splits"]
-    if list(splits) != list(SPLIT_NAMES):
-        raise ValueError(f"splits are {list(splits)}, expected {list(SPLIT_NAMES)}")
+    split, splits = document["split"], document["splits"]
+    check_split_document(split, splits)
     schema = TableSchema.from_dict(document["schema"])
     if not schema.is_resolved:
         raise ValueError("its schema leaves the feature columns or the class count open")
