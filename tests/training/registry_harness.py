@@ -12,7 +12,8 @@ from conftest import SMALL_RUN
 from mlflow.tracking import MlflowClient
 
 from training.cli import main
-from training.gate.evaluate import EVALUATION_FILE, load_trained_model, score
+from training.engine.outputs import scores
+from training.gate.evaluate import EVALUATION_FILE, load_trained_model
 from training.gate.register import REGISTRATION_FILE
 from training.gate.registry import CHAMPION, MlflowStore, ModelRegistry
 
@@ -112,7 +113,7 @@ def build_harness(
     f1 = {}
     for name, path in harness.models.items():
         trained = load_trained_model(path)
-        f1[name] = score(trained.task, trained.model, trained.task.load(data).split("test"))["macro_f1"]
+        f1[name] = scores(trained.task, trained.model, trained.task.load(data).split("test"))["macro_f1"]
     # The scenarios rely on this ranking, with clear gaps; a change in the trainer shows up here first.
     ranked = [name for name in MODELS if name in f1]
     assert all(f1[better] - f1[worse] > 0.01 for worse, better in itertools.pairwise(ranked)), f1

@@ -104,15 +104,26 @@ def load_model_file(
 
 
 def scores(task: Task, model: nn.Module, split: Any) -> dict[str, float]:
-    """The task's scores of `model` on a whole split, in eval mode without gradients (mode restored)."""
+    """`task.score` with the model in eval mode and gradients off (mode restored), as plain floats (what
+    JSON, MLflow and the gate take); a score that is not a number is refused naming the task."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            metrics = task.score(model, split)
+            scores = task.score(model, split)
     finally:
         model.train(was_training)
-    return {name: float(value) for name, value in metrics.items()}
+    if not isinstance(scores, Mapping):
+        raise InputError(f"task {task.name!r}: score() returned {type(scores).__name__}; expected a dict")
+    metrics = {}
+    for name, value in scores.items():
+        try:
+            metrics[str(name)] = float(value)
+        except (TypeError, ValueError):
+            raise InputError(
+                f"task {task.name!r}: score() gave {name!r} = {value!r}; expected a number"
+            ) from None
+    return metrics
 
 
 def write_metadata(out_dir: Path, metadata: dict[str, Any]) -> Path:

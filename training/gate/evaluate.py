@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from training.common import write_atomically
-from training.engine.outputs import METADATA_FILE, MODEL_FILE, read_model_payload, weights_sha256
+from training.engine.outputs import METADATA_FILE, MODEL_FILE, read_model_payload, scores, weights_sha256
 from training.errors import InputError
 from training.gate.policy import LOADED, NO_CHAMPION, UNLOADABLE, Champion, Scored
 from training.gate.registry import (
@@ -143,29 +142,6 @@ def load_matching_data(candidate: TrainedModel, data_dir: Path) -> TaskData:
     return data
 
 
-def score(task: Task, model: nn.Module, split: Any) -> dict[str, float]:
-    """`task.score` with the model in eval mode and gradients off, as plain floats (what JSON, MLflow and
-    the gate take); a score that is not a number is refused naming the task."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            scores = task.score(model, split)
-    finally:
-        model.train(was_training)
-    if not isinstance(scores, Mapping):
-        raise InputError(f"task {task.name!r}: score() returned {type(scores).__name__}; expected a dict")
-    metrics = {}
-    for name, value in scores.items():
-        try:
-            metrics[str(name)] = float(value)
-        except (TypeError, ValueError):
-            raise InputError(
-                f"task {task.name!r}: score() gave {name!r} = {value!r}; expected a number"
-            ) from None
-    return metrics
-
-
 def score_version(
     registry: ModelRegistry, holder: VersionInfo, task: Task, split: Any, data_version: str
 ) -> Champion:
@@ -173,7 +149,7 @@ def score_version(
     code); unloadable, with the reason, when it cannot be loaded or scored."""
     try:
         champion = registry.load_model(holder)
-        metrics = score(task, champion.model, split)
+        metrics = scores(task, champion.model, split)
     except (ModelLoadError, InputError) as error:
         log.warning("champion %s is unloadable: %s", holder.uri, error)
         return Champion.unloadable(holder.version, str(error))
@@ -233,7 +209,7 @@ def evaluate(
     candidate = load_trained_model(model_dir, task_ref, task_options)
     data = load_matching_data(candidate, data_dir)
     split = data.split(EVALUATED_SPLIT)
-    metrics = score(candidate.task, candidate.model, split)
+    metrics = scores(candidate.task, candidate.model, split)
     holder = registry.alias_holder(model_name, CHAMPION)
     champion = (
         Champion.none()
