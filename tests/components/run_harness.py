@@ -1,0 +1,34 @@
+"""`retrain run` as the root command line runs it, for the end-to-end tests of tasks other than the
+digits (test_task_runs.py, test_readme_task.py)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+from pathlib import Path
+
+from components import cli_local
+from components.local import RunRecord, RunStore
+from components.model_config import MODELS_DIR_VARIABLE
+from components.request import COMPLETED
+
+QUICK = ["--param", "checkpoint_every_seconds=off", "--param", "mlflow_tracking_uri=off"]
+
+
+def retrain_run(state: Path, models: Path, *argv: str) -> tuple[RunRecord, dict]:
+    """`retrain run ...` as the root CLI runs it, with `models` as the configuration folder; the newest
+    run's record and its registration.json."""
+    parser = argparse.ArgumentParser(prog="retrain")
+    cli_local.register_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["run", *argv])
+    args.state_root, args.environ = state, {**os.environ, MODELS_DIR_VARIABLE: str(models)}
+    out = io.StringIO()
+    try:
+        assert args.handler(args, out) == 0
+    finally:
+        print(out.getvalue())  # shown by pytest when a test fails
+    record = RunStore(state / "runs").list(limit=1)[0]
+    assert record.status == COMPLETED
+    return record, json.loads((Path(record.outputs["registration"]) / "registration.json").read_text())

@@ -1,0 +1,75 @@
+"""The README's "Bring your own model" section, as a user copies it: its minimal task file and its
+configuration run through three `retrain run`s. The first model becomes champion, and the gate reads the
+direction of the task's own metric (mse, lower is better): a worse candidate is refused, a better one
+promoted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from run_harness import QUICK, retrain_run
+
+from components.model_config import MODELS_DIR_VARIABLE
+from components.specs import REPO_ROOT
+
+
+def readme_block(name: str) -> str:
+    """The code block the README marks `<!-- readme-task: NAME -->`, as a user would copy it."""
+    text = (REPO_ROOT / "README.md").read_text()
+    marker = f"<!-- readme-task: {name} -->\n"
+    assert text.count(marker) == 1, f"the README has no single block marked {name}"
+    block = text.split(marker, 1)[1]
+    assert block.startswith("```")
+    return block.split("\n", 1)[1].split("\n```\n", 1)[0] + "\n"
+
+
+def test_the_readme_s_minimal_task_runs_to_a_champion_and_is_gated_by_mse(tmp_path):
+    import pandas as pd
+
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("houses_task.py", "houses.toml"):
+        (models / name).write_text(readme_block(name))
+    state = tmp_path / "state"
+    generator = np.random.default_rng(7)
+
+    def batches(count: int) -> Path:  # each batch adds 300 new rows of price = w·x + 3 + noise
+        raw = tmp_path / f"raw-{count}"
+        raw.mkdir()
+        for number in range(1, count + 1):
+            x = np.random.default_rng(number).normal(size=(300, 3))
+            price = x @ [2.0, -1.0, 0.5] + 3.0 + generator.normal(0.0, 0.1, size=300)
+            frame = pd.DataFrame(x, columns=["x1", "x2", "x3"]).assign(price=price, listing=f"b{number}")
+            frame.to_csv(raw / f"batch-{number:04d}.csv", index=False)
+        return raw
+
+    record, first = retrain_run(state, models, "--model-name", "houses", "--data", str(batches(2)), *QUICK)
+    assert (first["decision"]["accepted"], first["registered_version"]) == (True, "1")
+    assert first["decision"]["primary_metric"] == "mse"
+    commands = {step.name: step.command for step in record.steps}
+    train = commands["train"]
+    assert train[train.index("--task") + 1] == f"{models / 'houses_task.py'}:HousePrices"
+
+    _, worse = retrain_run(
+        state, models, "--model-name", "houses", "--data", str(batches(3)),
+        "--epochs", "1", "--param", "learning_rate=0.0001", *QUICK,
+    )  # fmt: skip
+    decision = worse["decision"]
+    assert (decision["accepted"], worse["registered_version"]) == (False, None)
+    assert decision["candidate_value"] > decision["champion_value"]
+
+    _, better = retrain_run(
+        state, models, "--model-name", "houses", "--data", str(batches(4)), "--epochs", "60", *QUICK
+    )
+    decision = better["decision"]
+    assert (decision["accepted"], better["registered_version"]) == (True, "2")
+    assert decision["candidate_value"] < decision["champion_value"]
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_configuration(monkeypatch):
+    """Each run here names its configuration folder; the working folder's must not matter."""
+    monkeypatch.delenv(MODELS_DIR_VARIABLE, raising=False)
