@@ -8,9 +8,10 @@ whose stated version no longer matches its content, is refused rather than trust
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -28,6 +29,22 @@ class Versioned(Protocol):
 
 
 M = TypeVar("M", bound=Versioned)
+E = TypeVar("E")
+
+
+def content_version(content: Mapping[str, Any]) -> str:
+    """`dv-` + 16 hex digits of the sha256 of `content` (the content-defining fields only, never provenance
+    or time) as canonical JSON: the same content always names the same version."""
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return "dv-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def split_entry(entries: Iterable[E], name: str) -> E:
+    """The entry of split `name` among a manifest's split entries (each has a `name`)."""
+    for entry in entries:
+        if entry.name == name:
+            return entry
+    raise InputError(f"no split named {name!r}; expected one of {', '.join(SPLIT_NAMES)}")
 
 
 def parse_manifest(

@@ -19,7 +19,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.data.splits import SPLIT_NAMES, SplitFractions, split_config
-from training.data.versions import MANIFEST_NAME, check_split_document, parse_manifest, without_name
+from training.data.versions import (
+    MANIFEST_NAME,
+    check_split_document,
+    content_version,
+    parse_manifest,
+    split_entry,
+    without_name,
+)
 from training.errors import InputError
 
 FORMAT = "retrain-prepared/1"
@@ -263,14 +270,10 @@ class Manifest:
             "split": split_config(self.split),
             "splits": {entry.name: entry.content_sha256 for entry in self.splits},
         }
-        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
-        return "dv-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return content_version(content)
 
     def split_entry(self, name: str) -> SplitEntry:
-        for entry in self.splits:
-            if entry.name == name:
-                return entry
-        raise InputError(f"no split named {name!r}; expected one of {', '.join(SPLIT_NAMES)}")
+        return split_entry(self.splits, name)
 
     def to_json(self) -> str:
         document = {
