@@ -3,7 +3,7 @@
 `training.cli` contributes the commands that run inside a step (sample-data, prepare, train, evaluate,
 register, drift), those that read the model registry (models, lineage, rollback) and the planner (plan);
 `components.cli_local` the local pipeline runner (run, runs); `components.cli_azure` the Azure ML side
-(submit, publish, schedule); `function_app.cli` the front door played locally (event, watch, trigger,
+(submit, publish, schedule); `function_app.local.cli` the front door played locally (event, watch, trigger,
 flush, ledger); `demo.cli` the whole loop on one machine (demo). Each handler gets the local state folder
 and the environment on its arguments, so no library code reads os.environ.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from components import cli_azure, cli_local
 from components.errors import PipelineError
 from demo import cli as demo_cli
-from function_app import cli as front_door_cli
+from function_app.local import cli as front_door_cli
 from training import cli as training_cli
 from training.errors import RetrainError
 from training.local_state import state_root

@@ -136,8 +136,8 @@ def azurite() -> Iterator[tuple[str, str, str]]:
 
 def blob_events(count: int, rng: random.Random) -> list[dict]:
     """`count` Blob-created events over BLOBS blobs: new versions, and redeliveries of earlier events."""
-    from function_app.settings import AppSettings
-    from function_app.watch import LandedBlob, blob_created_event
+    from function_app.local.watch import LandedBlob, blob_created_event
+    from function_app.settings.app import AppSettings
 
     scope = AppSettings.from_environ(_settings(Path("unused"))).blob
     assert scope is not None
@@ -160,7 +160,7 @@ def handling(count: int) -> dict:
 
     from function_app import runtime
     from function_app.blueprints.blob_events import on_blob_created
-    from function_app.cli import worker_event
+    from function_app.local.cli import worker_event
 
     with azurite() as (_, endpoint, connection):
         BlobServiceClient.from_connection_string(connection).create_container("ledger")

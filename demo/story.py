@@ -23,11 +23,11 @@ from demo.eviction import EvictOnFirstCheckpoint
 from demo.image_chapter import ImageChapter, run_image_chapter
 from demo.narration import Narrator
 from demo.scenario import DemoSize, demo_environ, write_first_batches, write_shifted_batch
-from function_app.ledger_records import SubmissionRecord
-from function_app.local_topic import LocalTopic
+from function_app.ledger.records import SubmissionRecord
+from function_app.local.topic import LocalTopic
+from function_app.local.watch import FolderSource, Watcher
 from function_app.service import EventOutcome, FrontDoor
-from function_app.settings import AppSettings
-from function_app.watch import FolderSource, Watcher
+from function_app.settings.app import AppSettings
 from function_app.wiring import build_front_door
 from training.errors import RetrainError
 

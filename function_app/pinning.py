@@ -10,6 +10,7 @@ fails the pin instead of mixing versions.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -20,13 +21,29 @@ from urllib.parse import unquote
 
 from components.data_version import MANIFEST_SUFFIX, DataFile, DataManifest
 from components.request import DataRef
-from function_app.policy import PendingBlob
-from function_app.watch import etag_of_bytes
+from function_app.policy.rules import PendingBlob
+from training.common import file_sha256
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
 
 SNAPSHOTS_ROOT = "retrain/snapshots"
+_ETAG_HEX_DIGITS = 32
+
+
+def content_etag(path: Path) -> str:
+    """The eTag a landing folder's file plays (`retrain watch --folder`): a hash of its content, which
+    changes exactly with the bytes."""
+    return _etag_of_hex(file_sha256(path))
+
+
+def etag_of_bytes(data: bytes) -> str:
+    """`content_etag` of a file holding `data`."""
+    return _etag_of_hex(hashlib.sha256(data).hexdigest())
+
+
+def _etag_of_hex(sha256_hex: str) -> str:
+    return "0x" + sha256_hex[:_ETAG_HEX_DIGITS].upper()
 
 
 class PinError(Exception):

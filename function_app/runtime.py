@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping
 
 from function_app.service import FrontDoor
-from function_app.settings import AppSettings
+from function_app.settings.app import AppSettings
 from function_app.wiring import build_front_door
 
 log = logging.getLogger(__name__)

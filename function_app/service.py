@@ -20,9 +20,21 @@ from typing import Any
 from components.cost import with_estimate
 from components.data_version import DataManifest
 from components.request import TERMINAL_STATES, RunRequest, Submitter
-from function_app.http_requests import HttpRejection, parse_http_retrain
-from function_app.ledger import Ledger, LedgerBusyError
-from function_app.ledger_records import (
+from function_app.events.http_retrain import HttpRejection, parse_http_retrain
+from function_app.events.parsing import parse_blob_created, parse_drift_alert, parse_event
+from function_app.events.triggers import (
+    ACCEPTED,
+    COOLDOWN,
+    DUPLICATE,
+    KIND_BLOB,
+    KIND_DRIFT,
+    REJECTED,
+    SUBMITTED,
+    Rejection,
+    TriggerRequest,
+)
+from function_app.ledger.local import Ledger, LedgerBusyError
+from function_app.ledger.records import (
     SUBMITTING,
     EventRecord,
     InputPin,
@@ -30,9 +42,8 @@ from function_app.ledger_records import (
     SubmissionRecord,
     check_record_id,
 )
-from function_app.parsing import parse_blob_created, parse_drift_alert, parse_event
 from function_app.pinning import DataPinner, batch_manifest
-from function_app.policy import (
+from function_app.policy.rules import (
     FlushVerdict,
     ModelState,
     PendingItem,
@@ -44,18 +55,7 @@ from function_app.policy import (
     on_arrival,
     start_submission,
 )
-from function_app.requests import (
-    ACCEPTED,
-    COOLDOWN,
-    DUPLICATE,
-    KIND_BLOB,
-    KIND_DRIFT,
-    REJECTED,
-    SUBMITTED,
-    Rejection,
-    TriggerRequest,
-)
-from function_app.settings import AppSettings
+from function_app.settings.app import AppSettings
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ def _outcome(details: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _claim_id(dedupe_key: str) -> str:
-    from function_app.ledger_records import event_id_for_key
+    from function_app.ledger.records import event_id_for_key
 
     return event_id_for_key(dedupe_key)
 

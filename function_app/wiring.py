@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from components.request import Submitter
-from function_app.ledger import open_ledger
+from function_app.ledger.local import open_ledger
 from function_app.pinning import (
     DataPinner,
     DownloadedFolder,
@@ -16,7 +16,7 @@ from function_app.pinning import (
     RegisteredSnapshot,
 )
 from function_app.service import FrontDoor, utc_now
-from function_app.settings import PIPELINE_PARAMETERS, AppSettings, SettingsError
+from function_app.settings.app import PIPELINE_PARAMETERS, AppSettings, SettingsError
 
 DATASTORE = "workspaceblobstore"
 

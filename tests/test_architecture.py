@@ -70,6 +70,19 @@ def test_rooms_import_only_downstream(package, forbidden, allowed):
     assert _offenders(package, forbidden, allowed=allowed) == []
 
 
+def test_nothing_deployed_imports_the_local_stand_ins():
+    # function_app/local/ (the CLI, the folder watch, the loopback topic) is left out of the deployment
+    # (.funcignore): a deployed module that imported it, even lazily, would fail in Azure.
+    deployed = [
+        (file, module)
+        for file, module, _ in _imports("function_app") + _imports("components")
+        if not file.startswith("function_app/local/")
+    ]
+    assert [
+        f"{file} imports {module}" for file, module in deployed if _within(module, ("function_app.local",))
+    ] == []
+
+
 def test_training_uses_event_grid_only_to_publish_a_drift_alert_and_only_lazily():
     # The drift check sends the project's drift event, nothing more: it knows the event's contract (the
     # front door parses a published one in test_local_topic.py), not the front door; and training steps

@@ -7,7 +7,7 @@ import logging
 import azure.functions as func
 
 from function_app.blueprints.event_payload import event_payload
-from function_app.requests import KIND_BLOB
+from function_app.events.triggers import KIND_BLOB
 from function_app.runtime import front_door
 
 log = logging.getLogger(__name__)

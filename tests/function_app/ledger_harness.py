@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from function_app.ledger import EventRecord, Ledger, LocalLedger
-from function_app.policy import PolicySettings, on_arrival
-from function_app.requests import ACCEPTED, KIND_BLOB, KIND_DRIFT, KIND_HTTP, BlobRef, TriggerRequest
+from function_app.events.triggers import ACCEPTED, KIND_BLOB, KIND_DRIFT, KIND_HTTP, BlobRef, TriggerRequest
+from function_app.ledger.local import EventRecord, Ledger, LocalLedger
+from function_app.policy.rules import PolicySettings, on_arrival
 
 MODEL = "digits"
 ACCOUNT = "retrainlanding"

@@ -24,9 +24,9 @@ from corpus import (
     retrain_drift_detected,
 )
 
-from function_app.cli import register_commands
-from function_app.requests import DECISIONS
-from function_app.watch import WATCH_DIR
+from function_app.events.triggers import DECISIONS
+from function_app.local.cli import register_commands
+from function_app.local.watch import WATCH_DIR
 
 ENDPOINT = f"https://{ACCOUNT}.blob.core.windows.net"
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from corpus import ENVIRON, EVENT_CASES, FAKE_ACCOUNT_KEY, HTTP_CASES, EventCase, HttpCase
 
-from function_app.requests import REJECTED
+from function_app.events.triggers import REJECTED
 from function_app.service import FrontDoor
-from function_app.settings import AppSettings
+from function_app.settings.app import AppSettings
 from function_app.wiring import build_front_door
 
 

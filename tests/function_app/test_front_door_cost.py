@@ -13,9 +13,9 @@ from corpus import blob_created
 from components.dry_run import DryRunSubmitter
 from components.errors import SpecError
 from components.request import COMPLETED, Submitter
-from function_app.ledger import SUBMITTING
+from function_app.ledger.local import SUBMITTING
 from function_app.service import FrontDoor
-from function_app.settings import AppSettings
+from function_app.settings.app import AppSettings
 from function_app.wiring import DATASTORE, build_front_door
 
 # 2 h of training on the spot cluster, one eviction per node every 4 h (0.5 expected), a save every

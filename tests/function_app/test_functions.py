@@ -133,7 +133,8 @@ def test_the_deployment_package_keeps_what_the_entry_needs(shipped):
     # Of training/, only the shared helpers that components/ and function_app/ import
     # (tests/test_architecture.py).
     assert {path for path in shipped if path.startswith("training/")} == set(SHIPPED_TRAINING)
-    for left_out in ("tests", "bench", "docs", ".venv", "node_modules", ".retrain", "local.settings.json"):
+    left_outs = ("tests", "bench", "docs", ".venv", "node_modules", ".retrain", "local.settings.json")
+    for left_out in (*left_outs, "function_app/local"):
         assert not any(path == left_out or path.startswith(f"{left_out}/") for path in shipped), left_out
 
 
@@ -196,5 +197,5 @@ def test_an_invalid_setting_stops_start_up_naming_it(tmp_path, app_settings):
     result = _import_entry(app_settings(tmp_path / "home", RETRAIN_COOLDOWN_SECONDS="an hour"))
     assert result.returncode != 0
     last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("function_app.storage_settings.SettingsError: RETRAIN_COOLDOWN_SECONDS")
+    assert last_line.startswith("function_app.settings.storage.SettingsError: RETRAIN_COOLDOWN_SECONDS")
     assert "expected a whole number" in last_line

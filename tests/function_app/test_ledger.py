@@ -30,8 +30,9 @@ from ledger_harness import (
 )
 
 from components.request import COMPLETED, FAILED, QUEUED, RUNNING
-from function_app.blob_ledger import BlobLedger
-from function_app.ledger import (
+from function_app.events.triggers import ACCEPTED, DEBOUNCED, DUPLICATE, KIND_BLOB, REJECTED, SUBMITTED
+from function_app.ledger.blob import BlobLedger
+from function_app.ledger.local import (
     SUBMITTING,
     EventRecord,
     InputPin,
@@ -42,8 +43,7 @@ from function_app.ledger import (
     event_id_for_key,
     open_ledger,
 )
-from function_app.policy import ModelState, on_arrival, start_submission
-from function_app.requests import ACCEPTED, DEBOUNCED, DUPLICATE, KIND_BLOB, REJECTED, SUBMITTED
+from function_app.policy.rules import ModelState, on_arrival, start_submission
 
 THREADS = 8
 

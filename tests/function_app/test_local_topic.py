@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
-from function_app.drift_events import RETRAIN_DRIFT_DETECTED, parse_drift_alert
-from function_app.local_topic import KEY_HEADER, LocalTopic, LocalTopicError
-from function_app.requests import KIND_DRIFT, TriggerRequest
+from function_app.events.drift_alerts import RETRAIN_DRIFT_DETECTED, parse_drift_alert
+from function_app.events.triggers import KIND_DRIFT, TriggerRequest
+from function_app.local.topic import KEY_HEADER, LocalTopic, LocalTopicError
 from training.cli import main
 from training.drift.check import compare
 from training.drift.publish import PublishError, TopicSettings, drift_event, publish

@@ -15,8 +15,8 @@ import pytest
 from corpus import CLOUD_EVENTS, DROP, EVENT_GRID
 
 from components.blob_snapshot import manifest_of_blob_prefix
-from function_app.http_requests import HttpRejection
-from function_app.parsing import (
+from function_app.events.http_retrain import HttpRejection
+from function_app.events.parsing import (
     PayloadError,
     load_event_grid_payload,
     parse_blob_created,
@@ -24,8 +24,8 @@ from function_app.parsing import (
     parse_event,
     parse_http_retrain,
 )
-from function_app.requests import KIND_BLOB, KIND_DRIFT, KIND_HTTP, Rejection, TriggerRequest
-from function_app.settings import AppSettings
+from function_app.events.triggers import KIND_BLOB, KIND_DRIFT, KIND_HTTP, Rejection, TriggerRequest
+from function_app.settings.app import AppSettings
 
 NOW = datetime(2026, 11, 29, 10, 42, tzinfo=UTC)
 SCHEMAS = (EVENT_GRID, CLOUD_EVENTS)

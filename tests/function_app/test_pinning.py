@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from components.data_version import DataFile, DataManifest
-from function_app.pinning import LandingFolderCopy, PinError
-from function_app.watch import content_etag
+from function_app.pinning import LandingFolderCopy, PinError, content_etag
 
 URL = "http://127.0.0.1:10000/devstoreaccount1/landing/incoming/"
 

@@ -12,7 +12,16 @@ import pytest
 from ledger_harness import MODEL, SETTINGS, T0, blob_request, blob_url, drift_request, http_request
 
 from components.request import CANCELED, COMPLETED, FAILED, RUNNING
-from function_app.policy import (
+from function_app.events.triggers import (
+    ACCEPTED,
+    COALESCED,
+    COOLDOWN,
+    DEBOUNCED,
+    DUPLICATE,
+    KIND_DRIFT,
+    KIND_HTTP,
+)
+from function_app.policy.rules import (
     ModelState,
     PendingItem,
     PolicyError,
@@ -24,7 +33,6 @@ from function_app.policy import (
     on_arrival,
     start_submission,
 )
-from function_app.requests import ACCEPTED, COALESCED, COOLDOWN, DEBOUNCED, DUPLICATE, KIND_DRIFT, KIND_HTTP
 
 
 def at(seconds: float) -> datetime:

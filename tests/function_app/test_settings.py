@@ -15,7 +15,7 @@ from components.cost import CostSettings
 from components.data_version import DataError
 from components.errors import SubmissionError
 from components.request import DataRef, RunRequest
-from function_app.settings import AppSettings, SettingsError, mask_secrets
+from function_app.settings.app import AppSettings, SettingsError, mask_secrets
 
 ACCOUNT_KEY = secrets.token_urlsafe(48)  # fake, for this session only
 EMULATOR = "http://127.0.0.1:10000/devstoreaccount1"

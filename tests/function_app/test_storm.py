@@ -25,9 +25,9 @@ import pytest
 from azure.core.exceptions import AzureError
 from corpus import CLOUD_EVENTS, EVENT_GRID, PREFIX, blob_created, blob_url, retrain_drift_detected
 
-from function_app.ledger import LedgerBusyError
-from function_app.requests import DECISIONS, KIND_BLOB, KIND_DRIFT, KIND_HTTP
-from function_app.settings import AppSettings
+from function_app.events.triggers import DECISIONS, KIND_BLOB, KIND_DRIFT, KIND_HTTP
+from function_app.ledger.local import LedgerBusyError
+from function_app.settings.app import AppSettings
 from function_app.wiring import build_front_door
 
 QUIET, MAX_WAIT, COOLDOWN, BUDGET = 60, 150, 600, 3

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from function_app.blob_ledger import open_blob_ledger
-from function_app.ledger_records import LedgerError
-from function_app.storage_settings import LedgerLocation, SettingsError
+from function_app.ledger.blob import open_blob_ledger
+from function_app.ledger.records import LedgerError
+from function_app.settings.storage import LedgerLocation, SettingsError
 from training.checkpoint.blob_store import open_blob_store
 from training.common import (
     IntervalInputs,

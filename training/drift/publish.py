@@ -1,6 +1,6 @@
 """Publish a drift alert as the project's `Retrain.DriftDetected` event, with azure-eventgrid.
 
-The event's `data` is the contract function_app/drift_events.py parses (dataVersion "1"): model_name,
+The event's `data` is the contract function_app/events/drift_alerts.py parses (dataVersion "1"): model_name,
 check_id, metric ('psi'), value (the largest PSI), threshold (the PSI threshold), and data_version (the
 current raw data version, when known). It also carries what a person looking at the alert wants, which the
 parser ignores: each feature's scores, the drifted features, and the reference data's versions.
@@ -8,7 +8,7 @@ parser ignores: each feature's scores, the drifted features, and the reference d
 Where it goes, from the environment:
 
     RETRAIN_DRIFT_TOPIC_ENDPOINT  the custom topic's endpoint, https://<topic>.<region>-1.eventgrid.azure.net/api/events
-                                  (locally: the loopback topic's, function_app/local_topic.py)
+                                  (locally: the loopback topic's, function_app/local/topic.py)
     RETRAIN_DRIFT_TOPIC_KEY       the topic's access key (sent as `aeg-sas-key`); without one, the workload's
                                   Azure identity (DefaultAzureCredential), which needs an https endpoint
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 TOPIC_ENDPOINT = "RETRAIN_DRIFT_TOPIC_ENDPOINT"
 TOPIC_KEY = "RETRAIN_DRIFT_TOPIC_KEY"
-EVENT_TYPE = "Retrain.DriftDetected"  # function_app/drift_events.py's RETRAIN_DRIFT_DETECTED
+EVENT_TYPE = "Retrain.DriftDetected"  # function_app/events/drift_alerts.py's RETRAIN_DRIFT_DETECTED
 EVENT_DATA_VERSION = "1"
 METRIC = "psi"
 _CHECK_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # what the drift trigger accepts as a check id

@@ -1,5 +1,5 @@
 """The ledger: a durable record of every event and its decision, every submission and the data it pins, and
-each model's policy state, in Blob Storage (function_app/blob_ledger.py) or a local folder (here).
+each model's policy state, in Blob Storage (function_app/ledger/blob.py) or a local folder (here).
 
 Its conditional writes are what make racing Function instances agree:
 - an event is claimed by creating its record if absent (keyed by its dedupe key): one claim wins, the
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from function_app.ledger_records import (
+from function_app.ledger.records import (
     EVENTS,
     MODELS,
     SUBMISSION_STATUSES,
@@ -52,7 +52,7 @@ from function_app.ledger_records import (
     submission_replaceable,
     versioned_state,
 )
-from function_app.policy_state import ModelState
+from function_app.policy.state import ModelState
 from training.common import create_atomically, mask_secrets, write_atomically
 
 __all__ = [
@@ -242,7 +242,7 @@ def open_ledger(spec: str, connection_string: str | None = None) -> Ledger:
     spec = spec.strip()
     scheme = spec.split("://", 1)[0].lower() if "://" in spec else ""
     if scheme in ("http", "https"):
-        from function_app.blob_ledger import open_blob_ledger  # the Blob SDK, only when the ledger is there
+        from function_app.ledger.blob import open_blob_ledger  # the Blob SDK, only when the ledger is there
 
         return open_blob_ledger(spec, connection_string)
     if scheme:

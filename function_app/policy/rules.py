@@ -1,7 +1,7 @@
 """The front door's policy: dedupe, debounce, cooldown and budget, as pure functions of a model's state.
 
 Nothing here reads a clock or storage: the caller passes `now` (timezone-aware) and the state it loaded
-from the ledger, and saves the state it gets back with a compare-and-set (function_app/ledger.py).
+from the ledger, and saves the state it gets back with a compare-and-set (function_app/ledger/).
 
 The rules, per model:
 - Dedupe: an item whose dedupe key is already pending or in flight is a duplicate (the ledger's
@@ -24,18 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from components.request import CANCELED, COMPLETED, FAILED, TERMINAL_STATES
-from function_app.policy_state import (
-    STATE_SCHEMA,
-    ModelState,
-    PendingBlob,
-    PendingItem,
-    PolicyError,
-    PolicySettings,
-    aware,
-    time_text,
-    utc_day,
-)
-from function_app.requests import (
+from function_app.events.triggers import (
     ACCEPTED,
     COALESCED,
     COOLDOWN,
@@ -45,6 +34,17 @@ from function_app.requests import (
     KIND_DRIFT,
     KIND_HTTP,
     TriggerRequest,
+)
+from function_app.policy.state import (
+    STATE_SCHEMA,
+    ModelState,
+    PendingBlob,
+    PendingItem,
+    PolicyError,
+    PolicySettings,
+    aware,
+    time_text,
+    utc_day,
 )
 
 __all__ = [

@@ -9,9 +9,10 @@
 These play Event Grid and the host. `event` delivers Event Grid payloads (a JSON object or array, either
 schema) to the very handler functions the Event Grid triggers call, each event as the worker's own converter
 builds it, and prints each handler's decision line; `watch` polls the landing folder or container and
-delivers a Blob-created event per new blob version (function_app/watch.py); `trigger` sends the handler of
-`POST /api/retrain` what the HTTP request would carry; `flush` runs the timer's flush (`--now` ignores the
-quiet period); `ledger` prints every event's decision and every submission, with its estimated cost.
+delivers a Blob-created event per new blob version (function_app/local/watch.py); `trigger` sends the
+handler of `POST /api/retrain` what the HTTP request would carry; `flush` runs the timer's flush (`--now`
+ignores the quiet period); `ledger` prints every event's decision and every submission, with its
+estimated cost.
 
 Settings come from the environment (`args.environ`), as app settings reach a Function App. Exit codes: 0
 done (rejections are decisions too); 1 a delivery or flush failed (transient: run it again, the ledger
@@ -36,13 +37,13 @@ from azure.core.exceptions import AzureError
 
 from components.errors import PipelineError
 from function_app import runtime
-from function_app.ledger import LedgerError
-from function_app.parsing import STORAGE_EVENT_PREFIX, PayloadError, load_event_grid_payload
-from function_app.policy import PolicySettings, flush_verdict
-from function_app.requests import KIND_BLOB, KIND_DRIFT
+from function_app.events.parsing import STORAGE_EVENT_PREFIX, PayloadError, load_event_grid_payload
+from function_app.events.triggers import KIND_BLOB, KIND_DRIFT
+from function_app.ledger.local import LedgerError
+from function_app.local.watch import ContainerSource, FolderSource, Watcher, WatchError
+from function_app.policy.rules import PolicySettings, flush_verdict
 from function_app.service import FrontDoor, utc_now
-from function_app.settings import LANDING_FOLDER, LOCAL, SUBMITTER, AppSettings, mask_secrets
-from function_app.watch import ContainerSource, FolderSource, Watcher, WatchError
+from function_app.settings.app import LANDING_FOLDER, LOCAL, SUBMITTER, AppSettings, mask_secrets
 
 log = logging.getLogger(__name__)
 

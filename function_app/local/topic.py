@@ -26,8 +26,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from function_app.parsing import PayloadError, load_event_grid_payload
-from function_app.settings import mask_secrets
+from function_app.events.parsing import PayloadError, load_event_grid_payload
+from function_app.settings.app import mask_secrets
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,14 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from function_app.blob_paths import blob_url, check_blob_in_scope, displayable_url, subject_blob, url_blob
-from function_app.envelope import (
+from function_app.events.blob_paths import (
+    blob_url,
+    check_blob_in_scope,
+    displayable_url,
+    subject_blob,
+    url_blob,
+)
+from function_app.events.envelope import (
     Envelope,
     Invalid,
     event_id_of,
@@ -26,8 +32,8 @@ from function_app.envelope import (
     text,
     whole_number,
 )
-from function_app.requests import KIND_BLOB, BlobRef, Rejection, TriggerRequest
-from function_app.settings import BLOB_ACCOUNT, BLOB_CONTAINER, AppSettings, BlobScope
+from function_app.events.triggers import KIND_BLOB, BlobRef, Rejection, TriggerRequest
+from function_app.settings.app import BLOB_ACCOUNT, BLOB_CONTAINER, AppSettings, BlobScope
 
 log = logging.getLogger(__name__)
 

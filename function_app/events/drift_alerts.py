@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from function_app.envelope import (
+from function_app.events.envelope import (
     Envelope,
     Invalid,
     casefolded,
@@ -40,8 +40,8 @@ from function_app.envelope import (
     shown,
     text,
 )
-from function_app.requests import KIND_DRIFT, Rejection, TriggerRequest
-from function_app.settings import MODEL_NAME, AppSettings
+from function_app.events.triggers import KIND_DRIFT, Rejection, TriggerRequest
+from function_app.settings.app import MODEL_NAME, AppSettings
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from function_app.settings import mask_secrets
+from function_app.settings.app import mask_secrets
 
 EVENT_GRID, CLOUD_EVENTS = "eventgrid", "cloudevents"
 CLOUD_EVENTS_VERSION = "1.0"

@@ -1,5 +1,5 @@
 """The ledger's records: events and their decisions, submissions and the inputs they pin, with the rules
-for replacing them, and the JSON both ledgers store (function_app/ledger.py, function_app/blob_ledger.py).
+for replacing them, and the JSON both ledgers store (function_app/ledger/, function_app/ledger/blob.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, TERMINAL_STATES
-from function_app.policy_state import ModelState, PolicyError
-from function_app.requests import DECISIONS, KINDS, SUBMITTED, TriggerRequest
+from function_app.events.triggers import DECISIONS, KINDS, SUBMITTED, TriggerRequest
+from function_app.policy.state import ModelState, PolicyError
 
 SUBMITTING = "Submitting"  # recorded before the submitter has accepted the job
 SUBMISSION_STATUSES = (SUBMITTING, QUEUED, RUNNING, COMPLETED, FAILED, CANCELED)

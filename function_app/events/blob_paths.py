@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from urllib.parse import quote, unquote, urlsplit
 
-from function_app.envelope import Invalid, has_unsafe_characters, shown
-from function_app.settings import BLOB_CONTAINER, BLOB_PREFIX, BLOB_SUFFIXES, BlobScope
+from function_app.events.envelope import Invalid, has_unsafe_characters, shown
+from function_app.settings.app import BLOB_CONTAINER, BLOB_PREFIX, BLOB_SUFFIXES, BlobScope
 
 MAX_BLOB_NAME_CHARS = 1024  # Azure's limit
 _ENCODED_TRICK = re.compile(r"%(?:2e|2f|5c|[01][0-9a-f]|7f)", re.IGNORECASE)

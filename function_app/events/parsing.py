@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from function_app.blob_events import BLOB_CREATED, parse_blob_created
-from function_app.drift_events import DRIFT_EVENT_TYPES, parse_drift_alert
-from function_app.envelope import Invalid, json_type, load_json
-from function_app.http_requests import HttpRejection, parse_http_retrain
-from function_app.requests import Rejection, TriggerRequest
-from function_app.settings import AppSettings
+from function_app.events.blob_created import BLOB_CREATED, parse_blob_created
+from function_app.events.drift_alerts import DRIFT_EVENT_TYPES, parse_drift_alert
+from function_app.events.envelope import Invalid, json_type, load_json
+from function_app.events.http_retrain import HttpRejection, parse_http_retrain
+from function_app.events.triggers import Rejection, TriggerRequest
+from function_app.settings.app import AppSettings
 
 __all__ = [
     "BLOB_CREATED",

@@ -7,7 +7,7 @@ event later. An empty variable counts as unset (an app setting cleared in the po
 
 The storage connection string is for the Azurite emulator only (in Azure the managed identity is used): it
 is kept out of `repr`, and every text that could quote it goes through `mask_secrets`. The storage
-settings' own rules (endpoints, containers, prefixes, the ledger) are in function_app/storage_settings.py,
+settings' own rules (endpoints, containers, prefixes, the ledger) are in function_app/settings/storage.py,
 and the cost settings' (RETRAIN_GPU_HOUR_PRICE and the rest) in components/cost.py, which `retrain submit`
 and `retrain run` read too: each name and its validation exist once.
 """
@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from components.cost import CostSettings, CostSettingsError
-from function_app.storage_settings import (
+from function_app.settings.storage import (
     BLOB_ACCOUNT,
     BLOB_CONTAINER,
     BLOB_ENDPOINT,
@@ -160,7 +160,7 @@ class AppSettings:
         )
         ledger_endpoint = self.ledger_location.endpoint
         if connection and ledger_endpoint and not ledger_endpoint.is_emulator:
-            # function_app/ledger.py refuses a key for a real account too: in Azure the identity is used.
+            # function_app/ledger/ refuses a key for a real account too: in Azure the identity is used.
             raise SettingsError(
                 f"{LEDGER} is in Azure ({ledger_endpoint.url}), where the managed identity is used; expected "
                 f"{STORAGE_CONNECTION_STRING} unset, or an emulator ledger"

@@ -26,7 +26,7 @@ from azure.core.exceptions import (
 )
 from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
 
-from function_app.ledger_records import (
+from function_app.ledger.records import (
     EVENTS,
     MODELS,
     SUBMISSIONS,
@@ -44,7 +44,7 @@ from function_app.ledger_records import (
     stored_state,
     submission_replaceable,
 )
-from function_app.policy_state import ModelState
+from function_app.policy.state import ModelState
 from training.common import BlobLocation, check_prefix, mask_secrets, parse_blob_url
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from function_app.blob_paths import blob_url, check_folder_in_scope, check_name, url_blob
-from function_app.envelope import Invalid, has_unsafe_characters, json_type, load_json, shown
-from function_app.requests import KIND_HTTP, TriggerRequest
-from function_app.settings import BLOB_ACCOUNT, HTTP_MAX_BODY_BYTES, MODEL_NAME, AppSettings
+from function_app.events.blob_paths import blob_url, check_folder_in_scope, check_name, url_blob
+from function_app.events.envelope import Invalid, has_unsafe_characters, json_type, load_json, shown
+from function_app.events.triggers import KIND_HTTP, TriggerRequest
+from function_app.settings.app import BLOB_ACCOUNT, HTTP_MAX_BODY_BYTES, MODEL_NAME, AppSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""The policy's values: its settings, the items waiting for a run, and a model's state (function_app/policy.py
-has the rules). All are frozen and validated at construction; the state round-trips through JSON for the
-ledger, which stores it under compare-and-set.
+"""The policy's values: its settings, the items waiting for a run, and a model's state
+(function_app/policy/rules.py has the rules). All are frozen and validated at construction; the state
+round-trips through JSON for the ledger, which stores it under compare-and-set.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime
 from typing import Any
 
-from function_app.requests import KIND_BLOB, KINDS, TriggerRequest
+from function_app.events.triggers import KIND_BLOB, KINDS, TriggerRequest
 
 STATE_SCHEMA = 1
 _MODEL_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")  # the same rule as components.request.RunRequest

@@ -25,10 +25,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from function_app.blob_events import BLOB_CREATED, BLOCK_BLOB
-from function_app.blob_paths import blob_url
-from function_app.settings import BlobScope
-from training.common import file_sha256, write_atomically
+from function_app.events.blob_created import BLOB_CREATED, BLOCK_BLOB
+from function_app.events.blob_paths import blob_url
+from function_app.pinning import content_etag
+from function_app.settings.app import BlobScope
+from training.common import write_atomically
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
@@ -41,7 +42,6 @@ STATE_SCHEMA = 1
 # watcher, so its events carry this all-zero one (the parser checks only the account at the end).
 WATCH_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
 WATCH_RESOURCE_GROUP = "retrain-watch"
-_ETAG_HEX_DIGITS = 32
 _EVENT_NAMESPACE = uuid.UUID("5d1c8c3e-6f55-4c1e-9a7e-3f1f3c2b9a10")  # event ids: uuid5 of url + eTag
 
 
@@ -97,20 +97,6 @@ class FolderSource:
             name = f"{self.scope.folder}{path.name}"
             blobs.append(LandedBlob(name, etag, stat.st_size, stat.st_mtime_ns, content_type))
         return blobs, memo
-
-
-def content_etag(path: Path) -> str:
-    """The eTag a landing folder's file plays: a hash of its content, which changes exactly with the bytes."""
-    return _etag_of_hex(file_sha256(path))
-
-
-def etag_of_bytes(data: bytes) -> str:
-    """`content_etag` of a file holding `data`."""
-    return _etag_of_hex(hashlib.sha256(data).hexdigest())
-
-
-def _etag_of_hex(sha256_hex: str) -> str:
-    return "0x" + sha256_hex[:_ETAG_HEX_DIGITS].upper()
 
 
 class ContainerSource:

@@ -1,5 +1,5 @@
 """Storage settings: the landing account's endpoint, container, prefix and suffixes, the ledger's location,
-and the emulator's connection string, each validated into a frozen value (function_app/settings.py reads
+and the emulator's connection string, each validated into a frozen value (function_app/settings/app.py reads
 them from the environment).
 
 An endpoint is `https://<account>.blob.<Azure cloud suffix>` or Azurite's path-style
@@ -101,7 +101,7 @@ class LedgerLocation:
 
     @property
     def spec(self) -> str:
-        """The location as function_app/ledger.py's `open_ledger` takes it: the folder, or the URL."""
+        """The location as function_app/ledger/'s `open_ledger` takes it: the folder, or the URL."""
         return self.url or str(self.folder)
 
     @property
