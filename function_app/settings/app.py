@@ -21,6 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from components.cost import CostSettings, CostSettingsError
+from function_app.settings.models import ModelRoute
 from function_app.settings.storage import (
     BLOB_ACCOUNT,
     BLOB_CONTAINER,
@@ -105,6 +106,8 @@ class AppSettings:
     # The embedded default's landing "container": a local folder whose files `retrain watch --folder`
     # announces as blobs of the configured container; the local submitter pins from it.
     landing_folder: Path | None = None
+    # Every model this front door serves; empty: the one model of RETRAIN_MODEL_NAME and RETRAIN_BLOB_*.
+    models: tuple[ModelRoute, ...] = ()
 
     def __post_init__(self) -> None:
         if self.submitter not in SUBMITTERS:
@@ -125,6 +128,8 @@ class AppSettings:
             raise SettingsError(f"cost settings {quoted(self.cost)}: expected a components.cost.CostSettings")
         if self.ledger is None:
             object.__setattr__(self, "ledger", LedgerLocation(folder=self.home / "ledger"))
+        if not self.models:
+            object.__setattr__(self, "models", (ModelRoute(self.model_name, self.blob),))
         if self.blob is None and self.submitter == AZUREML:
             raise SettingsError(
                 f"{BLOB_ACCOUNT} and {BLOB_CONTAINER} are unset; expected the landing account and container "
@@ -185,6 +190,10 @@ class AppSettings:
     def ledger_location(self) -> LedgerLocation:
         """The ledger, never None: `<home>/ledger` unless RETRAIN_LEDGER says otherwise."""
         return self.ledger if self.ledger is not None else LedgerLocation(folder=self.home / "ledger")
+
+    def model(self, name: str) -> ModelRoute | None:
+        """The served model called `name`, or None."""
+        return next((route for route in self.models if route.name == name), None)
 
     @property
     def debounce_quiet(self) -> timedelta:
