@@ -116,7 +116,7 @@ class RunRequest:
 
     def job_name(self, attempt: int = 0) -> str:
         """Azure ML job name: the run key, so Azure ML refuses a duplicate; resubmissions add `-rN`."""
-        return f"retrain-{self.run_key}" if attempt == 0 else f"retrain-{self.run_key}-r{attempt}"
+        return job_name_for(self.model_name, self.data.version, attempt)
 
     @property
     def process_count(self) -> int:
@@ -140,6 +140,13 @@ class RunRequest:
             "retrain.run_key": self.run_key,
             **task,
         }
+
+
+def job_name_for(model_name: str, data_version: str, attempt: int = 0) -> str:
+    """The job name of a run of `model_name` on `data_version`: a submitter finds a job by it, which is how
+    the front door learns whether a submission that stopped half-way reached its submitter."""
+    run_key = f"{model_name}-{data_version}"
+    return f"retrain-{run_key}" if attempt == 0 else f"retrain-{run_key}-r{attempt}"
 
 
 def check_model_name(name: str, what: str = "model name") -> str:

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from components.data_version import MANIFEST_SUFFIX, DataFile, DataManifest
 from components.request import DataRef
@@ -63,12 +63,50 @@ def batch_manifest(blobs: Iterable[PendingBlob], previous: DataManifest | None) 
 class DataPinner(Protocol):
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef: ...
 
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...]) -> DataManifest:
+        """The manifest of the blobs directly in the folder `url` with one of `suffixes`, each at the eTag
+        it has now: what `POST /api/retrain` with `data` trains on, exactly."""
+        ...
+
+
+ASSET_PREFIX = "azureml:"
+
+
+def listed_manifest(container: ContainerClient, url: str, suffixes: tuple[str, ...]) -> DataManifest:
+    """`DataPinner.folder_manifest` for a landing container: one listing of the folder's direct children."""
+    base = container.url.split("?", 1)[0].rstrip("/")
+    if not url.startswith(f"{base}/") and url != base:
+        raise PinError(f"data folder {url}: not in the landing container {base}; expected a folder in it")
+    folder = unquote(url[len(base) + 1 :]).strip("/") if url != base else ""
+    start = f"{folder}/" if folder else ""
+    files = []
+    for blob in container.list_blobs(name_starts_with=start):
+        name = blob.name[len(start) :]
+        if "/" in name or name.startswith(".") or not blob.size or not name.lower().endswith(suffixes):
+            continue  # a data version pins a folder's direct, visible, non-empty raw files
+        etag = str(blob.etag).strip('"')
+        files.append(DataFile(name, blob.size, f"etag:{etag}", f"{base}/{quote(blob.name, safe='/~')}"))
+    if not files:
+        raise PinError(f"data folder {url}: no {' or '.join(suffixes)} files in it; expected the raw files")
+    return DataManifest(tuple(files))
+
 
 class PlannedSnapshot:
-    """Dry run: where the snapshot would be, without copying anything."""
+    """Dry run: where the snapshot would be, without copying anything. A request's own folder is listed in
+    the landing container when there is one."""
 
-    def __init__(self, datastore: str = "workspaceblobstore") -> None:
+    def __init__(
+        self, datastore: str = "workspaceblobstore", container: ContainerClient | None = None
+    ) -> None:
         self._datastore = datastore
+        self._container = container
+
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...]) -> DataManifest:
+        if self._container is None:
+            raise PinError(
+                f"data folder {url}: no landing container is configured to list it; expected RETRAIN_BLOB_*"
+            )
+        return listed_manifest(self._container, url, suffixes)
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         path = f"{SNAPSHOTS_ROOT}/{model_name}/{manifest.version}/"
@@ -108,6 +146,9 @@ class DownloadedFolder:
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         return _write_snapshot(self._root, manifest, model_name, self._download)
 
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...]) -> DataManifest:
+        return listed_manifest(self._container, url, suffixes)
+
     def _download(self, file: DataFile) -> bytes:
         from azure.core import MatchConditions
 
@@ -122,12 +163,38 @@ class LandingFolderCopy:
     copied from the folder only if its content still hashes to the listed eTag, as a blob download is
     conditioned on its eTag; a file replaced since its event fails the pin instead of mixing versions."""
 
-    def __init__(self, folder: Path, state_root: Path) -> None:
+    def __init__(self, folder: Path, state_root: Path, folder_url: str | None = None) -> None:
         self._folder = Path(folder)
         self._root = state_root / "data"
+        self._folder_url = folder_url  # the landing folder plays this blob folder (the scope's prefix)
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         return _write_snapshot(self._root, manifest, model_name, self._copy)
+
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...]) -> DataManifest:
+        if self._folder_url is None or url.rstrip("/") != self._folder_url.rstrip("/"):
+            raise PinError(
+                f"data folder {url}: the landing folder {self._folder} plays {self._folder_url}; "
+                "expected that folder"
+            )
+        files = [
+            DataFile(
+                path.name,
+                path.stat().st_size,
+                f"etag:{content_etag(path)}",
+                f"{url.rstrip('/')}/{quote(path.name)}",
+            )
+            for path in sorted(self._folder.iterdir())
+            if path.is_file()
+            and not path.name.startswith(".")
+            and path.name.lower().endswith(suffixes)
+            and path.stat().st_size
+        ]
+        if not files:
+            raise PinError(
+                f"data folder {self._folder}: no {' or '.join(suffixes)} files in it; expected the raw files"
+            )
+        return DataManifest(tuple(files))
 
     def _copy(self, file: DataFile) -> bytes:
         path = self._folder / file.name
@@ -149,6 +216,9 @@ class RegisteredSnapshot:
         self._container = container
         self._workspace = workspace
         self._datastore = datastore
+
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...]) -> DataManifest:
+        return listed_manifest(self._container, url, suffixes)
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         from components.azureml.data_assets import build_data_asset, data_asset_reference, register_data_asset

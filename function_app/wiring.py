@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from components.request import Submitter
-from function_app.ledger.local import open_ledger
+from function_app.ledger.ledger import open_ledger
 from function_app.pinning import (
     DataPinner,
     DownloadedFolder,
@@ -40,9 +40,12 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
     if settings.submitter == "dry-run":
         from components.dry_run import DryRunSubmitter
 
+        # A request's own folder is listed in the landing container, when there is one; the client
+        # connects only when a listing is asked for.
+        container = landing_container(settings) if settings.blob is not None else None
         return DryRunSubmitter(
             settings.home, datastore=DATASTORE, registered_components=True
-        ), PlannedSnapshot()
+        ), PlannedSnapshot(DATASTORE, container)
     if settings.submitter == "azureml":
         from components.azureml.submitter import AzureMLSubmitter, AzureSettings
         from components.azureml.workspace import MLClientWorkspace, WorkspaceRef
@@ -58,7 +61,9 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
 
     submitter = LocalSubmitter(RunnerOptions(state_root=settings.home), dict(environ))
     if settings.landing_folder is not None:
-        return submitter, LandingFolderCopy(settings.landing_folder, settings.home)
+        scope = settings.blob
+        folder_url = f"{scope.container_url}/{scope.prefix}" if scope and scope.prefix else None
+        return submitter, LandingFolderCopy(settings.landing_folder, settings.home, folder_url)
     return submitter, DownloadedFolder(landing_container(settings), settings.home)
 
 
@@ -67,11 +72,12 @@ def build_front_door(
     environ: Mapping[str, str],
     clock: Callable[[], datetime] | None = None,
     submitter: Submitter | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> FrontDoor:
     _check_pipeline_parameters(settings)
     ledger = open_ledger(settings.ledger_location.spec, settings.storage_connection_string)
     chosen, pinner = _submitter_and_pinner(settings, environ)
-    return FrontDoor(settings, ledger, submitter or chosen, pinner, clock or utc_now)
+    return FrontDoor(settings, ledger, submitter or chosen, pinner, clock or utc_now, on_step)
 
 
 def _check_pipeline_parameters(settings: AppSettings) -> None:

@@ -1,18 +1,20 @@
-"""The ledger in Blob Storage (and Azurite): one small JSON blob per record, written with conditions.
+"""The record store in Blob Storage (and Azurite): one small blob per record, written with conditions.
 
-Create-if-absent is a Put Blob with `If-None-Match: *`; an update reads the record's eTag and replaces it
-with `If-Match: <eTag>`, retrying from the read when another writer got there first. A model's state token
-is its blob's eTag. A Put Blob replaces a blob's content atomically, so readers never see half a record.
+Create-if-absent is a Put Blob with `If-None-Match: *`; a replace is a Put Blob with `If-Match: <eTag>`;
+a record's version is its eTag and its tag is blob metadata, which a listing returns with the names. A Put
+Blob replaces a blob's content atomically, so readers never see half a record. The lease is a blob lease of
+LEASE_SECONDS on `leases/<name>`, renewed every RENEW_SECONDS by a thread while held: a holder that dies
+stops renewing and its lease expires, so the next flush takes over within LEASE_SECONDS.
 Failures the user must fix (no container, no permission) become one-line, secret-free `LedgerError`s;
 transient ones (network, throttling, 5xx) keep their Azure type and propagate, so Event Grid retries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any, TypeVar
+import threading
+from collections.abc import Iterator
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -24,40 +26,52 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
+from azure.storage.blob import BlobLeaseClient, BlobServiceClient, ContainerClient, ContentSettings
 
-from function_app.ledger.records import (
-    EVENTS,
-    MODELS,
-    SUBMISSIONS,
-    EventRecord,
-    LedgerBusyError,
-    LedgerError,
-    SubmissionRecord,
-    build_snapshot,
-    check_claim,
-    check_model,
-    check_record_id,
-    encode,
-    event_replaceable,
-    parse_record,
-    stored_state,
-    submission_replaceable,
-)
-from function_app.policy.state import ModelState
+from function_app.ledger.records import LedgerError
+from function_app.ledger.store import Listed, Stored, check_name, check_tag
 from training.common import BlobLocation, check_prefix, mask_secrets, parse_blob_url
 
 log = logging.getLogger(__name__)
 
-MAX_UPDATE_ATTEMPTS = 16  # compare-and-set rounds before an update gives up as busy (transient)
 LEDGER_URL = "ledger URL"  # how errors name the URL
-_JSON = ContentSettings(content_type="application/json")
+LEASE_SECONDS = 15  # Azure's shortest lease: a dead holder's lease frees soonest
+RENEW_SECONDS = 5.0
+LEASES = "leases"
+_TAG_KEY = "retrain_tag"
+_OCTETS = ContentSettings(content_type="application/octet-stream")
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_Record = TypeVar("_Record")
 
 
-class BlobLedger:
-    """The ledger under `prefix` in a container that exists (the ledger never creates containers)."""
+class _BlobLease:
+    """A held blob lease, renewed by a daemon thread until released; `lost` once a renewal failed."""
+
+    def __init__(self, client: BlobLeaseClient) -> None:
+        self._client = client
+        self._stop = threading.Event()
+        self.lost = False
+        self._thread = threading.Thread(target=self._renew, name="ledger-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(RENEW_SECONDS):
+            try:
+                self._client.renew()
+            except AzureError as err:
+                self.lost = True
+                log.warning("lost the ledger lease %s: %s", self._client.id, _describe(err))
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if not self.lost:
+            with contextlib.suppress(AzureError):  # it expires on its own if this fails
+                self._client.release()
+
+
+class BlobRecordStore:
+    """The records under `prefix` in a container that exists (the ledger never creates containers)."""
 
     def __init__(self, container: ContainerClient, prefix: str = "") -> None:
         self._container = container
@@ -65,71 +79,43 @@ class BlobLedger:
         self._folder = f"{folder}/" if folder else ""
         self.location = mask_secrets(f"{container.url.split('?', 1)[0]}/{self._folder}")
 
-    def claim_event(self, record: EventRecord) -> bool:
-        check_claim(record)
-        return self._create(self._name(EVENTS, record.id), record.to_dict())
-
-    def record_event(self, record: EventRecord) -> None:
-        if not self._create(self._name(EVENTS, record.id), record.to_dict()):
-            raise LedgerError(f"event record {record.id} exists; expected a fresh id from new_delivery_id()")
-
-    def event(self, record_id: str) -> EventRecord | None:
-        found = self._read(self._name(EVENTS, record_id), EventRecord.from_dict)
-        return None if found is None else found[0]
-
-    def update_event(self, record: EventRecord) -> bool:
-        return self._update(EVENTS, record, EventRecord.from_dict, event_replaceable)
-
-    def load_state(self, model_name: str) -> tuple[ModelState, str | None]:
-        found = self._read(self._name(MODELS, model_name), stored_state)
-        if found is None:
-            return ModelState.empty(model_name), None
-        state, etag = found
-        check_model(model_name, state)
-        return state, etag
-
-    def save_state(self, model_name: str, state: ModelState, token: str | None) -> bool:
-        check_model(model_name, state)
-        name, payload = self._name(MODELS, model_name), {"state": state.to_dict()}
-        return self._create(name, payload) if token is None else self._replace(name, payload, token)
-
-    def create_submission(self, record: SubmissionRecord) -> bool:
-        return self._create(self._name(SUBMISSIONS, record.id), record.to_dict())
-
-    def update_submission(self, record: SubmissionRecord) -> bool:
-        return self._update(SUBMISSIONS, record, SubmissionRecord.from_dict, submission_replaceable)
-
-    def submission(self, submission_id: str) -> SubmissionRecord | None:
-        found = self._read(self._name(SUBMISSIONS, submission_id), SubmissionRecord.from_dict)
-        return None if found is None else found[0]
-
-    def snapshot(self) -> dict[str, Any]:
-        events = [record for record, _ in self._read_all(EVENTS, EventRecord.from_dict)]
-        submissions = [record for record, _ in self._read_all(SUBMISSIONS, SubmissionRecord.from_dict)]
-        return build_snapshot(events, submissions)
-
-    def _name(self, area: str, record_id: str) -> str:
-        return f"{self._folder}{area}/{check_record_id(record_id, f'{area} record id')}.json"
-
-    def _create(self, name: str, payload: Mapping[str, Any]) -> bool:
-        with self._storage_errors("create", name):
+    def create(self, name: str, data: bytes, tag: str = "") -> bool:
+        full = self._name(name)
+        with self._storage_errors("create", full):
             try:
-                # One Put Blob (the record is far below the single-put size) with If-None-Match: *.
-                self._container.upload_blob(name, encode(payload), overwrite=False, content_settings=_JSON)
+                # One Put Blob (a record is far below the single-put size) with If-None-Match: *.
+                self._container.upload_blob(
+                    full, data, overwrite=False, metadata=_metadata(tag), content_settings=_OCTETS
+                )
             except ResourceExistsError:
                 return False
         return True
 
-    def _replace(self, name: str, payload: Mapping[str, Any], etag: str) -> bool:
-        with self._storage_errors("update", name):
+    def read(self, name: str) -> Stored | None:
+        full = self._name(name)
+        with self._storage_errors("read", full):
+            try:
+                download = self._container.download_blob(full)
+                data = download.readall()
+            except ResourceNotFoundError as err:
+                if _is_container_missing(err):
+                    raise
+                return None
+        properties = download.properties
+        return Stored(data, properties.etag, (properties.metadata or {}).get(_TAG_KEY, ""))
+
+    def replace(self, name: str, data: bytes, version: str, tag: str = "") -> bool:
+        full = self._name(name)
+        with self._storage_errors("update", full):
             try:
                 self._container.upload_blob(
-                    name,
-                    encode(payload),
+                    full,
+                    data,
                     overwrite=True,
-                    etag=etag,
+                    etag=version,
                     match_condition=MatchConditions.IfNotModified,
-                    content_settings=_JSON,
+                    metadata=_metadata(tag),
+                    content_settings=_OCTETS,
                 )
             except (ResourceModifiedError, ResourceNotFoundError) as err:
                 if isinstance(err, ResourceNotFoundError) and _is_container_missing(err):
@@ -137,50 +123,41 @@ class BlobLedger:
                 return False
         return True
 
-    def _read(self, name: str, parse: Callable[[Any], _Record]) -> tuple[_Record, str] | None:
-        with self._storage_errors("read", name):
+    def list(self, prefix: str) -> Iterator[Listed]:
+        start = f"{self._folder}{prefix}"
+        with self._storage_errors("list", start):
+            blobs = list(self._container.list_blobs(name_starts_with=start, include=["metadata"]))
+        for blob in blobs:
+            yield Listed(
+                blob.name.removeprefix(self._folder), blob.etag, (blob.metadata or {}).get(_TAG_KEY, "")
+            )
+
+    @contextlib.contextmanager
+    def hold(self, name: str) -> Iterator[_BlobLease | None]:
+        full = self._name(f"{LEASES}/{check_name(name).replace('/', '~')}")
+        client = self._container.get_blob_client(full)
+        with self._storage_errors("lease", full):
+            with contextlib.suppress(ResourceExistsError):
+                client.upload_blob(b"", overwrite=False)
+            lease_client = BlobLeaseClient(client)
             try:
-                download = self._container.download_blob(name)
-                data = download.readall()
-            except ResourceNotFoundError as err:
-                if _is_container_missing(err):
+                lease_client.acquire(lease_duration=LEASE_SECONDS)
+            except HttpResponseError as err:
+                if err.status_code != 409:  # 409: LeaseAlreadyPresent, another flush holds it
                     raise
-                return None
-        record = parse_record(f"{self.location}{name.removeprefix(self._folder)}", data, parse)
-        return record, download.properties.etag
+                lease = None
+            else:
+                lease = _BlobLease(lease_client)
+        try:
+            yield lease
+        finally:
+            if lease is not None:
+                lease.release()
 
-    def _read_all(self, area: str, parse: Callable[[Any], _Record]) -> Iterator[tuple[_Record, str]]:
-        with self._storage_errors("list", f"{self._folder}{area}/"):
-            names = [
-                blob.name for blob in self._container.list_blobs(name_starts_with=f"{self._folder}{area}/")
-            ]
-        for name in names:
-            found = self._read(name, parse)
-            if found is not None:  # deleted by someone else since the listing
-                yield found
+    def _name(self, name: str) -> str:
+        return f"{self._folder}{check_name(name)}"
 
-    def _update(
-        self,
-        area: str,
-        record: Any,
-        parse: Callable[[Any], _Record],
-        replaceable: Callable[[_Record, _Record], bool],
-    ) -> bool:
-        name = self._name(area, record.id)
-        for _ in range(MAX_UPDATE_ATTEMPTS):
-            found = self._read(name, parse)
-            if found is None:
-                raise LedgerError(f"{area} record {record.id} does not exist; expected one created before")
-            if not replaceable(found[0], record):
-                return False
-            if self._replace(name, record.to_dict(), found[1]):
-                return True
-            log.debug("ledger record %s changed under an update; reading it again", name)
-        raise LedgerBusyError(
-            f"{area} record {record.id} changed under {MAX_UPDATE_ATTEMPTS} updates in a row; retry later"
-        )
-
-    @contextmanager
+    @contextlib.contextmanager
     def _storage_errors(self, action: str, name: str) -> Iterator[None]:
         try:
             yield
@@ -200,8 +177,12 @@ class BlobLedger:
         return LedgerError(f"cannot {action} ledger record {name} in {self.location}: {_describe(err)}")
 
 
-def open_blob_ledger(url: str, connection_string: str | None = None) -> BlobLedger:
-    """The ledger at `url`: in Azure with `DefaultAzureCredential` (the Function App's managed identity);
+def _metadata(tag: str) -> dict[str, str]:
+    return {_TAG_KEY: check_tag(tag)} if tag else {}
+
+
+def open_blob_store(url: str, connection_string: str | None = None) -> BlobRecordStore:
+    """The store at `url`: in Azure with `DefaultAzureCredential` (the Function App's managed identity);
     on the emulator with `connection_string`, which is refused for a real account (keys stay out of Azure
     app settings)."""
     target = parse_blob_url(url, LEDGER_URL, LedgerError)
@@ -222,7 +203,7 @@ def open_blob_ledger(url: str, connection_string: str | None = None) -> BlobLedg
 
         credential = DefaultAzureCredential()
         container = ContainerClient(target.endpoint.url, target.container, credential=credential)
-    return BlobLedger(container, target.prefix)
+    return BlobRecordStore(container, target.prefix)
 
 
 def _emulator_container(target: BlobLocation, connection_string: str) -> ContainerClient:

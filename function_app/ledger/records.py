@@ -1,5 +1,5 @@
 """The ledger's records: events and their decisions, submissions and the inputs they pin, with the rules
-for replacing them, and the JSON both ledgers store (function_app/ledger/, function_app/ledger/blob.py).
+for replacing them, and the JSON the ledger stores (function_app/ledger/ledger.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from typing import Any, TypeVar
 
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, TERMINAL_STATES
 from function_app.events.triggers import DECISIONS, KINDS, SUBMITTED, TriggerRequest
-from function_app.policy.state import ModelState, PolicyError
+from function_app.policy.state import ModelState, PendingItem, PolicyError
 
 SUBMITTING = "Submitting"  # recorded before the submitter has accepted the job
 SUBMISSION_STATUSES = (SUBMITTING, QUEUED, RUNNING, COMPLETED, FAILED, CANCELED)
-EVENTS, SUBMISSIONS, MODELS = "events", "submissions", "models"
 _RECORD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _DATA_VERSION = re.compile(r"[a-z]{2}-[0-9a-f]{16}")
 _Record = TypeVar("_Record")
@@ -72,7 +71,11 @@ def _details(value: Mapping[str, Any] | None, what: str) -> Mapping[str, Any]:
 @dataclass(frozen=True)
 class EventRecord:
     """One event and what was decided about it. `id` is `event_id_for_key(dedupe_key)` for a claimed event
-    (see `claim`), or a `new_delivery_id()` for a delivery recorded as it is (see `delivery`)."""
+    (see `claim`), or a `new_delivery_id()` for a delivery recorded as it is (see `delivery`).
+
+    A claim carries its `item`, which waits for the next submission until a flush takes it (`submission`);
+    an HTTP request's claim carries its body's `fingerprint`, so that a reused Idempotency-Key with another
+    body is told apart from a retry."""
 
     id: str
     kind: str
@@ -84,12 +87,13 @@ class EventRecord:
     dedupe_key: str | None = None
     submission: str | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
-    applied: bool = True  # False: claimed, but its item may not have reached the model's state yet
+    item: PendingItem | None = None
+    fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         check_record_id(self.id, "event record id")
-        if not isinstance(self.applied, bool):
-            raise LedgerError(f"event {self.id} applied {self.applied!r}: expected true or false")
+        if self.item is not None and not isinstance(self.item, PendingItem):
+            raise LedgerError(f"event {self.id} item: expected a PendingItem")
         if self.kind not in KINDS:
             raise LedgerError(f"event {self.id} kind {self.kind!r}: expected one of {list(KINDS)}")
         if self.decision not in DECISIONS:
@@ -119,12 +123,11 @@ class EventRecord:
         decision: str,
         reason: str,
         *,
-        submission: str | None = None,
+        item: PendingItem,
         details: Mapping[str, Any] | None = None,
-        applied: bool = False,
+        fingerprint: str | None = None,
     ) -> EventRecord:
-        """The record that claims `request`'s dedupe key; written before the item is added to the model's
-        state, so not yet `applied` (see `with_decision`)."""
+        """The record that claims `request`'s dedupe key, with the item it adds to the pending batch."""
         return cls(
             id=event_id_for_key(request.dedupe_key),
             kind=request.kind,
@@ -134,9 +137,9 @@ class EventRecord:
             model_name=request.model_name,
             event_id=request.event_id,
             dedupe_key=request.dedupe_key,
-            submission=submission,
             details=details or {},
-            applied=applied,
+            item=item,
+            fingerprint=fingerprint,
         )
 
     @classmethod
@@ -147,22 +150,9 @@ class EventRecord:
         optional ones (model_name, event_id, dedupe_key, details)."""
         return cls(new_delivery_id(), kind, decision, reason, received_at, **fields)
 
-    def with_decision(
-        self,
-        decision: str,
-        reason: str,
-        submission: str | None = None,
-        details: Mapping[str, Any] | None = None,
-    ) -> EventRecord:
-        """The policy's decision about this event, which says its item reached the model's state."""
-        changes = {"decision": decision, "reason": reason, "submission": submission, "applied": True}
-        return replace(self, **changes, details=details or self.details)
-
-    @property
-    def needs_apply(self) -> bool:
-        """Claimed, but the claimer may have stopped before adding its item to the model's state: a
-        redelivery should apply it (on_arrival's own dedupe makes that safe while the item is held)."""
-        return not self.applied and self.submission is None
+    def with_decision(self, decision: str, reason: str, submission: str | None = None) -> EventRecord:
+        """This event taken into `submission` (or returned to the pending batch: None), and why."""
+        return replace(self, decision=decision, reason=reason, submission=submission)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -176,17 +166,20 @@ class EventRecord:
             "event_id": self.event_id,
             "dedupe_key": self.dedupe_key,
             "details": dict(self.details),
-            "applied": self.applied,
+            "item": None if self.item is None else self.item.to_dict(),
+            "fingerprint": self.fingerprint,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EventRecord:
-        return cls(**{name: data[name] for name in _EVENT_FIELDS})
+        item = data["item"]
+        values = {name: data[name] for name in _EVENT_FIELDS}
+        return cls(**values, item=None if item is None else PendingItem.from_dict(item))
 
 
 _EVENT_FIELDS = (
     *("id", "kind", "decision", "reason", "received_at"),
-    *("model_name", "event_id", "dedupe_key", "submission", "details", "applied"),
+    *("model_name", "event_id", "dedupe_key", "submission", "details", "fingerprint"),
 )
 
 
@@ -307,15 +300,6 @@ def check_claim(record: EventRecord) -> None:
         raise LedgerError(f"event {record.id} is not a claim; expected EventRecord.claim(request, ...)")
 
 
-def event_replaceable(old: EventRecord, new: EventRecord) -> bool:
-    """Whether `new` may replace `old`; raises if they are not the same event."""
-    for name in ("kind", "model_name", "event_id", "dedupe_key", "received_at"):
-        if getattr(old, name) != getattr(new, name):
-            raise LedgerError(f"event {old.id}: an update changes its {name}; expected the same event")
-    taken_back = (old.submission is not None and new.submission is None) or (old.applied and not new.applied)
-    return not taken_back
-
-
 def submission_replaceable(old: SubmissionRecord, new: SubmissionRecord) -> bool:
     """Whether `new` may replace `old`; raises if it rewrites what the submission is or pins."""
     for name in ("model_name", "kind", "created_at", "data_version", "inputs", "estimate"):
@@ -348,19 +332,6 @@ def build_snapshot(events: list[EventRecord], submissions: list[SubmissionRecord
         "events": [e.to_dict() for e in sorted(events, key=lambda e: (e.received_at, e.id))],
         "submissions": [s.to_dict() for s in sorted(submissions, key=lambda s: (s.created_at, s.id))],
     }
-
-
-def stored_state(data: Any) -> ModelState:
-    """A model's state as a ledger stores it: `{"state": ModelState.to_dict(), ...}`."""
-    return ModelState.from_dict(data["state"])
-
-
-def versioned_state(data: Any) -> tuple[int, ModelState]:
-    """The local ledger's state record, which also carries its version (the compare-and-set token)."""
-    version = data["version"]
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise LedgerError(f"state version {version!r}: expected a whole number >= 1")
-    return version, ModelState.from_dict(data["state"])
 
 
 def check_model(model_name: str, state: ModelState) -> None:

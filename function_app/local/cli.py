@@ -39,9 +39,8 @@ from components.errors import PipelineError
 from function_app import runtime
 from function_app.events.parsing import STORAGE_EVENT_PREFIX, PayloadError, load_event_grid_payload
 from function_app.events.triggers import KIND_BLOB, KIND_DRIFT
-from function_app.ledger.local import LedgerError
+from function_app.ledger.records import LedgerError
 from function_app.local.watch import ContainerSource, FolderSource, Watcher, WatchError
-from function_app.policy.rules import PolicySettings, flush_verdict
 from function_app.service import FrontDoor, utc_now
 from function_app.settings.app import LANDING_FOLDER, LOCAL, SUBMITTER, AppSettings, mask_secrets
 
@@ -347,16 +346,10 @@ def _print_flush(front: FrontDoor, submitted: list[Any], ignore_quiet: bool = Fa
         )
     if submitted:
         return
-    settings = front.settings
-    state, _ = front.ledger.load_state(settings.model_name)
-    policy = PolicySettings(
-        settings.debounce_quiet_seconds,
-        settings.debounce_max_wait_seconds,
-        settings.cooldown_seconds,
-        settings.max_runs_per_day,
-    )
-    verdict = flush_verdict(state, utc_now(), policy, ignore_quiet=ignore_quiet)
-    print(f"nothing submitted: {verdict.reason}", flush=True)
+    verdicts = front.verdicts()
+    for model, verdict in verdicts.items():
+        which = f" for {model}" if len(verdicts) > 1 else ""
+        print(f"nothing submitted{which}: {verdict.reason}", flush=True)
 
 
 def ledger_command(args: argparse.Namespace) -> int:

@@ -178,6 +178,9 @@ class ModelState:
     in_flight_id: str | None = None
     in_flight_since: datetime | None = None
     in_flight_items: tuple[PendingItem, ...] = ()
+    # The in-flight batch's kind: what a recovery records when the flush that took it died before its
+    # submission record existed.
+    in_flight_kind: str | None = None
     last_submission_at: datetime | None = None
     runs_day: str | None = None
     runs_today: int = 0
@@ -223,6 +226,10 @@ class ModelState:
             )
         if self.in_flight_since is None:
             raise PolicyError(f"model state: submission {self.in_flight_id!r} in flight without a start time")
+        if self.in_flight_kind is not None and self.in_flight_kind not in KINDS:
+            raise PolicyError(
+                f"model state in_flight_kind {self.in_flight_kind!r}: expected one of {list(KINDS)}"
+            )
 
     @classmethod
     def empty(cls, model_name: str) -> ModelState:
@@ -260,7 +267,13 @@ class ModelState:
                 f"model state schema {found!r}: expected {STATE_SCHEMA}, as ModelState.to_dict writes"
             )
         try:
-            values = {state_field.name: data[state_field.name] for state_field in fields(cls)}
+            # in_flight_kind is newer than the schema: a state saved before it loads without one.
+            values = {
+                state_field.name: data[state_field.name]
+                if state_field.name != "in_flight_kind"
+                else data.get("in_flight_kind")
+                for state_field in fields(cls)
+            }
             values |= {
                 name: tuple(PendingItem.from_dict(item) for item in values[name]) for name in _STATE_ITEMS
             }

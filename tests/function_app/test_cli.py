@@ -172,7 +172,10 @@ def test_trigger_does_what_the_post_does(retrain):
     assert answer["status_url"] == f"http://localhost:7071/api/retrain/{answer['id']}"
 
     code, out, _ = retrain("trigger", "--reason", "new labels", "--idempotency-key", "labels-1")
-    assert code == 0 and json.loads(out[0].split(" ", 1)[1])["decision"] == "duplicate"
+    assert code == 0 and json.loads(out[0].split(" ", 1)[1]) == answer  # the first answer again
+
+    code, out, _ = retrain("trigger", "--reason", "other labels", "--idempotency-key", "labels-1")
+    assert code == 2 and out[0].startswith("422 ") and "another request body" in out[0]
 
     code, out, _ = retrain("trigger", "--data", "file:///etc/passwd")
     assert code == 2 and out[0].startswith("400 ") and "expected a blob folder URL" in out[0]
@@ -214,7 +217,8 @@ def test_ledger_prints_every_decision_and_submission(retrain, tmp_path):
 
     snapshot = _ledger(retrain)
 
-    assert [e["decision"] for e in snapshot["events"]] == ["submitted", "duplicate", "submitted", "rejected"]
+    # The second delivery of the blob lost its claim to the first and wrote nothing.
+    assert [e["decision"] for e in snapshot["events"]] == ["submitted", "submitted", "rejected"]
     for event in snapshot["events"]:
         assert {"id", "kind", "decision", "reason", "submission"} <= set(event)
         assert event["kind"] in ("blob", "drift", "http") and event["decision"] in DECISIONS
@@ -226,11 +230,11 @@ def test_ledger_prints_every_decision_and_submission(retrain, tmp_path):
 
     code, out, _ = retrain("ledger")
     assert code == 0
-    assert out[0] == "events (4):" and out[5] == "submissions (1):"
-    assert submission["id"] in out[6] and "Completed" in out[6] and "1 input(s)" in out[6]
+    assert out[0] == "events (3):" and out[4] == "submissions (1):"
+    assert submission["id"] in out[5] and "Completed" in out[5] and "1 input(s)" in out[5]
     # Under each submission, what it was estimated to spend (no price set: in GPU-hours).
-    assert out[7] == f"    {submission['estimate']['summary']}"
-    assert out[7].startswith("    estimated cost unpriced: 1 GPU(s) x ")
+    assert out[6] == f"    {submission['estimate']['summary']}"
+    assert out[6].startswith("    estimated cost unpriced: 1 GPU(s) x ")
 
 
 # -- watch --------------------------------------------------------------------------------------------------
@@ -339,8 +343,8 @@ def test_watch_delivers_the_azurite_containers_new_blobs(retrain, azurite):
 
     assert _decisions(retrain("watch", "--once", "--container", **on_azurite)[1]) == []
     container.upload_blob(f"{PREFIX}/a.csv", b"x,y\n1,2\n3,4\n", overwrite=True)
-    # The new version joins the next run (the dry run is still in flight until the next flush).
-    assert _decisions(retrain("watch", "--once", "--container", **on_azurite)[1]) == ["coalesced"]
+    # The new version joins the next batch (the dry run finished when it was recorded).
+    assert _decisions(retrain("watch", "--once", "--container", **on_azurite)[1]) == ["debounced"]
     container.delete_container()
 
 

@@ -13,7 +13,7 @@ from corpus import blob_created
 from components.dry_run import DryRunSubmitter
 from components.errors import SpecError
 from components.request import COMPLETED, Submitter
-from function_app.ledger.local import SUBMITTING
+from function_app.ledger.records import SUBMITTING
 from function_app.service import FrontDoor
 from function_app.settings.app import AppSettings
 from function_app.wiring import DATASTORE, build_front_door
@@ -51,7 +51,7 @@ def _front_door(home: Path, app_settings, submitter: Submitter | None = None) ->
 def test_a_submission_records_its_estimate_and_sends_it_in_the_jobs_tags(tmp_path, app_settings, caplog):
     front = _front_door(tmp_path / "home", app_settings)
 
-    with caplog.at_level(logging.INFO, logger="function_app.service"):
+    with caplog.at_level(logging.INFO, logger="function_app.flush"):
         [record] = front.flush(ignore_quiet=True)
 
     assert record.status == COMPLETED

@@ -1,0 +1,314 @@
+"""Flushing one model: recover what a crashed flush left, then submit the pending batch when the policy says.
+
+A flush runs under the model's flush lease (one holder at a time), in this order, each step durable before
+the next, so that a flush killed between any two of them is recovered exactly once by the next holder:
+
+1. reconcile: finish the submission in flight once its job has ended (or never reached the submitter);
+2. assemble the batch from the model's pending claims, and ask the policy whether it goes now;
+3. save the model's state with the submission in flight (this counts it in the day's budget);
+4. create the submission's record, `Submitting`;
+5. tag the batch's claims with the submission's id (they are no longer pending);
+6. pin the data, submit, and record the job.
+
+A crash after 3 leaves a state naming a submission whose record may not exist (recovery writes it, failed:
+nothing reached the submitter), or exists without a job (recovery asks the submitter for the job by its
+name, which a submitter derives from the model and data version: found, it is adopted; not found, the
+record fails). A failed submission returns its claims to pending, once. The record a recovery writes also
+fences a flush that lost its lease while stalled: its own create or retag then fails and it stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from components.cost import CostSettings, with_estimate
+from components.data_version import DataManifest
+from components.errors import SubmissionError
+from components.request import FAILED, TERMINAL_STATES, DataRef, RunRequest, Submitter, job_name_for
+from function_app.events.triggers import COALESCED, KIND_BLOB, SUBMITTED
+from function_app.ledger.ledger import PENDING, Claim, Ledger
+from function_app.ledger.records import SUBMITTING, InputPin, LedgerBusyError, SubmissionRecord
+from function_app.pinning import ASSET_PREFIX, DataPinner, batch_manifest
+from function_app.policy.rules import (
+    FlushVerdict,
+    ModelState,
+    PendingItem,
+    PolicySettings,
+    batch_kind,
+    finish_submission,
+    flush_verdict,
+    latest_blobs,
+    start_submission,
+)
+from function_app.settings.models import ModelRoute
+
+log = logging.getLogger(__name__)
+
+# The durable steps of a flush, in order, as `on_step` hears them (tests stop a flush at each).
+STEPS = ("state-saved", "record-created", "claims-taken", "submitted")
+OUTCOME_KEYS = ("registered_version", "decision", "reasons", "failed_step", "log_tail", "run_id")
+
+
+class Flusher:
+    def __init__(
+        self,
+        ledger: Ledger,
+        submitter: Submitter,
+        pinner: DataPinner,
+        clock: Callable[[], datetime],
+        policy: PolicySettings,
+        run_settings: tuple[Mapping[str, str], int, int, CostSettings],
+        on_step: Callable[[str], None] | None = None,
+    ) -> None:
+        self._ledger = ledger
+        self._submitter = submitter
+        self._pinner = pinner
+        self._clock = clock
+        self._policy = policy
+        self._parameters, self._processes, self._nodes, self._cost = run_settings
+        self._on_step = on_step or (lambda step: None)
+        self.verdicts: dict[str, FlushVerdict] = {}  # each model's last verdict, for `retrain flush` to say
+
+    def flush(self, route: ModelRoute, ignore_quiet: bool = False) -> list[SubmissionRecord]:
+        model = route.name
+        with self._ledger.flush_lease(model) as lease:
+            if lease is None:
+                self.verdicts[model] = FlushVerdict(
+                    False, "another flush of this model is running; it submits"
+                )
+                log.info("flush %s: another flush holds the model's lease", model)
+                return []
+            self._reconcile(model)
+            now = self._clock()
+            state, version = self._ledger.load_state(model)
+            pending = self._batch(self._ledger.claims(model))
+            view = replace(state, pending=tuple(_item(claim) for claim in pending))
+            verdict = flush_verdict(view, now, self._policy, ignore_quiet=ignore_quiet)
+            self.verdicts[model] = verdict
+            if not verdict.submit:
+                log.debug("flush %s: not now (%s)", model, verdict.reason)
+                return []
+            submission_id = f"s-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+            new_state, items = start_submission(view, submission_id, now)
+            manifest, named = self._data(route, state, items)
+            if not self._ledger.save_state(model, new_state, version):
+                raise LedgerBusyError(f"model {model!r}: its state changed under the flush lease; retry")
+            self._on_step("state-saved")
+            record = SubmissionRecord(
+                id=submission_id,
+                model_name=model,
+                kind=batch_kind(items),
+                status=SUBMITTING,
+                created_at=now,
+                updated_at=now,
+                data_version=manifest.version if manifest is not None else named and named.version,
+                inputs=tuple(InputPin(blob.url, f"etag:{blob.etag}") for blob in latest_blobs(items)),
+                events=tuple(claim.record.id for claim in pending),
+            )
+            if not self._ledger.create_submission(record):
+                raise LedgerBusyError(f"submission {submission_id} was recorded by another flush; stopping")
+            self._on_step("record-created")
+            taken = f"in submission {submission_id}"
+            self._ledger.retag(
+                pending, lambda event: event.with_decision(SUBMITTED, taken, submission_id), submission_id
+            )
+            self._on_step("claims-taken")
+            if record.data_version is None:
+                return [self._finish_without_data(record)]
+            if lease.lost:
+                raise LedgerBusyError(
+                    f"flush of {model!r} lost its lease before submitting; the next one recovers"
+                )
+            return [self._submit(route, record, items, manifest, named)]
+
+    # -- the batch --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _batch(pending: list[Claim]) -> list[Claim]:
+        """The pending claims one submission takes: all of them, except that a request naming its own data
+        goes alone (the oldest first), since its run pins exactly that data."""
+        explicit = [claim for claim in pending if _item(claim).data_uri is not None]
+        return explicit[:1] if explicit else pending
+
+    def _data(
+        self, route: ModelRoute, state: ModelState, items: tuple[PendingItem, ...]
+    ) -> tuple[DataManifest | None, DataRef | None]:
+        """What the batch trains on: a manifest to pin, or a registered data asset as named; (None, None)
+        when no data has landed yet. A request's own blob folder is listed now, each blob at its eTag."""
+        named = next((item.data_uri for item in items if item.data_uri), None)
+        if named is not None and named.startswith(ASSET_PREFIX):
+            return None, DataRef(named.rsplit(":", 1)[1], named)
+        if named is not None:
+            suffixes = route.scope.suffixes if route.scope is not None else ()
+            return self._pinner.folder_manifest(named, suffixes), None
+        blobs = latest_blobs(items)
+        previous = self._previous_manifest(state)
+        if not blobs and previous is None:
+            return None, None
+        return batch_manifest(blobs, previous), None
+
+    def _previous_manifest(self, state: ModelState) -> DataManifest | None:
+        if state.last_finished_id is None:
+            return None
+        previous = self._ledger.submission(state.last_finished_id)
+        if previous is None or "manifest" not in previous.details:
+            return None
+        return DataManifest.from_json(previous.details["manifest"])
+
+    # -- submitting -------------------------------------------------------------------------------------
+
+    def _submit(
+        self,
+        route: ModelRoute,
+        record: SubmissionRecord,
+        items: tuple[PendingItem, ...],
+        manifest: DataManifest | None,
+        named: DataRef | None,
+    ) -> SubmissionRecord:
+        data = named if manifest is None else self._pinner.pin(manifest, route.name)
+        assert data is not None  # the record has a data version only when there is data
+        request, estimate = with_estimate(
+            RunRequest(
+                model_name=route.name,
+                data=data,
+                trigger=_trigger_tags(items, record.id),
+                parameters={**route.parameters, **self._parameters},
+                processes_per_instance=self._processes,
+                instance_count=self._nodes,
+                task=route.task,
+                task_options=route.task_options,
+            ),
+            self._cost,
+        )
+        log.info("submission %s of %s: %s", record.id, data.version, estimate.summary())
+        # Recorded before the submitter is called, so the ledger shows what a trigger is about to spend
+        # even when the submission then fails.
+        record = record.with_estimate(estimate.to_dict(), self._clock())
+        self._ledger.update_submission(record)
+        submission = self._submitter.submit(request)
+        self._on_step("submitted")
+        details = {**_outcome(submission.details)}
+        if manifest is not None:
+            details["manifest"] = manifest.to_json()
+        updated = record.with_status(
+            submission.status,
+            self._clock(),
+            job_name=submission.job_name,
+            backend=submission.backend,
+            details=details,
+        )
+        self._ledger.update_submission(updated)
+        log.info(
+            "submitted %s as %s (%s): %s", record.id, submission.job_name, data.version, submission.status
+        )
+        if submission.status in TERMINAL_STATES:
+            self._finish(record.model_name, record.id, submission.status)
+        return updated
+
+    def _finish_without_data(self, record: SubmissionRecord) -> SubmissionRecord:
+        failed = record.with_status(
+            FAILED, self._clock(), details={"reason": "nothing to train on: no data has landed yet"}
+        )
+        self._ledger.update_submission(failed)
+        self._finish(record.model_name, record.id, "Completed")  # nothing to retry: its items are done
+        return failed
+
+    # -- recovery ---------------------------------------------------------------------------------------
+
+    def _reconcile(self, model: str) -> None:
+        """Finish the submission in flight once its job has ended; recover one a crashed flush left."""
+        state, _ = self._ledger.load_state(model)
+        submission_id = state.in_flight_id
+        if submission_id is None:
+            return
+        now = self._clock()
+        record = self._ledger.submission(submission_id)
+        if record is None:
+            # The flush that took this batch stopped before recording it: nothing reached the submitter.
+            # The record written here also fences that flush, should it still be running.
+            self._ledger.create_submission(
+                SubmissionRecord(
+                    id=submission_id,
+                    model_name=model,
+                    kind=state.in_flight_kind or KIND_BLOB,  # a state saved before kinds were kept
+                    status=FAILED,
+                    created_at=state.in_flight_since or now,
+                    updated_at=now,
+                    details={
+                        "reason": "the flush stopped before recording the submission; nothing was submitted"
+                    },
+                )
+            )
+            return self._end(model, submission_id, FAILED)
+        if record.job_name is None and record.status == SUBMITTING:
+            found = self._find_job(model, record.data_version)
+            if found is None:
+                reason = (
+                    "the flush stopped before the submitter accepted the job; its items return to pending"
+                )
+                self._ledger.update_submission(record.with_status(FAILED, now, details={"reason": reason}))
+                return self._end(model, submission_id, FAILED)
+            record = record.with_status(found.status, now, job_name=found.job_name, backend=found.backend)
+            self._ledger.update_submission(record)
+            # The flush may have stopped before taking every claim: take the rest now.
+            still_pending = [
+                claim for claim in self._ledger.claims(model) if claim.record.id in record.events
+            ]
+            taken = f"in submission {submission_id}"
+            self._ledger.retag(
+                still_pending, lambda e: e.with_decision(SUBMITTED, taken, submission_id), submission_id
+            )
+        status = record.status
+        if record.job_name is not None:
+            status = self._submitter.status(record.job_name).status
+            if status not in TERMINAL_STATES:
+                return None
+            self._ledger.update_submission(record.with_status(status, now))
+        elif status not in TERMINAL_STATES:
+            status = FAILED
+        return self._end(model, submission_id, status)
+
+    def _find_job(self, model: str, data_version: str | None) -> Any:
+        if data_version is None:
+            return None
+        try:
+            return self._submitter.status(job_name_for(model, data_version))
+        except SubmissionError:
+            return None
+
+    def _end(self, model: str, submission_id: str, status: str) -> None:
+        """The end of `submission_id`: a failed one's claims return to pending, then the state forgets it."""
+        if status != "Completed":
+            returned = f"submission {submission_id} ended {status}; carried into the next run"
+            self._ledger.retag(
+                self._ledger.claims(model, tag=submission_id),
+                lambda event: event.with_decision(COALESCED, returned, None),
+                PENDING,
+            )
+        self._finish(model, submission_id, status)
+
+    def _finish(self, model: str, submission_id: str, status: str) -> None:
+        state, version = self._ledger.load_state(model)
+        new_state = finish_submission(state, submission_id, self._clock(), status=status)
+        if new_state is not state and not self._ledger.save_state(model, new_state, version):
+            raise LedgerBusyError(f"model {model!r}: its state changed under the flush lease; retry")
+
+
+def _item(claim: Claim) -> PendingItem:
+    assert claim.record.item is not None  # Ledger.claim refuses a claim without one
+    return claim.record.item
+
+
+def _outcome(details: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: details[key] for key in OUTCOME_KEYS if key in details}
+
+
+def _trigger_tags(items: tuple[PendingItem, ...], submission_id: str) -> dict[str, str]:
+    kind = batch_kind(items)
+    first = next(item for item in items if item.kind == kind)
+    return {"kind": kind, "event_id": first.event_id, "submission": submission_id, "events": str(len(items))}

@@ -1,0 +1,84 @@
+"""The record store: the few storage primitives the ledger is built on, with a local and a Blob twin.
+
+    create(name, data, tag)            create if absent; False when the name exists (another writer won)
+    read(name)                         the record's bytes, version and tag; None when absent
+    replace(name, data, version, tag)  replace if still `version`; False when another writer got there first
+    list(prefix)                       every record's name, version and tag under a prefix, without its bytes
+    hold(name)                         the single-writer lease: a file lock locally, a blob lease in Azure
+
+A record is replaced whole and atomically: a reader sees the old one or the new one. The tag is a short
+word stored beside the bytes (blob metadata in Azure) that `list` returns without reading any record: it
+is how a flush finds the claims still pending among every claim ever made, at one listing call per 5,000.
+Transient storage failures raise their own errors, so that Event Grid retries; what the user must fix is
+a one-line `LedgerError`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from function_app.ledger.records import LedgerError
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127}){0,3}")
+_TAG = re.compile(r"[A-Za-z0-9._-]{0,128}")
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One record as read: its bytes, its version (the token `replace` needs) and its tag."""
+
+    data: bytes
+    version: str
+    tag: str = ""
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One record as listed: its name (relative to the store), version and tag, not its bytes."""
+
+    name: str
+    version: str
+    tag: str = ""
+
+
+class Hold(Protocol):
+    """A held lease. `lost` turns true when it could not be kept (renewal failed): stop writing."""
+
+    @property
+    def lost(self) -> bool: ...
+
+
+class RecordStore(Protocol):
+    location: str
+
+    def create(self, name: str, data: bytes, tag: str = "") -> bool: ...
+
+    def read(self, name: str) -> Stored | None: ...
+
+    def replace(self, name: str, data: bytes, version: str, tag: str = "") -> bool: ...
+
+    def list(self, prefix: str) -> Iterator[Listed]: ...
+
+    def hold(self, name: str) -> AbstractContextManager[Hold | None]:
+        """Enter to try to take the lease `name` without waiting: the Hold, or None when another holder
+        has it. A holder that dies loses it (the lock with its process; a blob lease when it expires)."""
+        ...
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise LedgerError(
+            f"ledger record name {name!r}: expected up to 4 '/'-separated parts of letters, digits, '.', '_' "
+            "or '-'"
+        )
+    return name
+
+
+def check_tag(tag: str) -> str:
+    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+        raise LedgerError(f"ledger record tag {tag!r}: expected up to 128 letters, digits, '.', '_' or '-'")
+    return tag
