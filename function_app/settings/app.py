@@ -110,6 +110,7 @@ class AppSettings:
     # Every model this front door serves (RETRAIN_MODELS, function_app/settings/served.py); empty: the one
     # model of RETRAIN_MODEL_NAME and RETRAIN_BLOB_* (`model_name` and `blob`). Served from files,
     # `model_name` is the first served model's and `blob` None: each model's scope is its route's.
+    # (`dataclasses.replace` of `model_name` or `blob` needs `models=()` too, to build the one model again.)
     models: tuple[ModelRoute, ...] = ()
 
     def __post_init__(self) -> None:
