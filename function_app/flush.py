@@ -145,7 +145,7 @@ class Flusher:
             return None, DataRef(named.rsplit(":", 1)[1], named)
         if named is not None:
             suffixes = route.scope.suffixes if route.scope is not None else ()
-            return self._pinner.folder_manifest(named, suffixes), None
+            return self._pinner.folder_manifest(named, suffixes, route.name), None
         blobs = latest_blobs(items)
         previous = self._previous_manifest(state)
         if not blobs and previous is None:

@@ -63,7 +63,7 @@ def batch_manifest(blobs: Iterable[PendingBlob], previous: DataManifest | None) 
 class DataPinner(Protocol):
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef: ...
 
-    def folder_manifest(self, url: str, suffixes: tuple[str, ...]) -> DataManifest:
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         """The manifest of the blobs directly in the folder `url` with one of `suffixes`, each at the eTag
         it has now: what `POST /api/retrain` with `data` trains on, exactly."""
         ...
@@ -101,7 +101,7 @@ class PlannedSnapshot:
         self._datastore = datastore
         self._container = container
 
-    def folder_manifest(self, url: str, suffixes: tuple[str, ...]) -> DataManifest:
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         if self._container is None:
             raise PinError(
                 f"data folder {url}: no landing container is configured to list it; expected RETRAIN_BLOB_*"
@@ -146,7 +146,7 @@ class DownloadedFolder:
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         return _write_snapshot(self._root, manifest, model_name, self._download)
 
-    def folder_manifest(self, url: str, suffixes: tuple[str, ...]) -> DataManifest:
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         return listed_manifest(self._container, url, suffixes)
 
     def _download(self, file: DataFile) -> bytes:
@@ -171,7 +171,7 @@ class LandingFolderCopy:
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         return _write_snapshot(self._root, manifest, model_name, self._copy)
 
-    def folder_manifest(self, url: str, suffixes: tuple[str, ...]) -> DataManifest:
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         if self._folder_url is None or url.rstrip("/") != self._folder_url.rstrip("/"):
             raise PinError(
                 f"data folder {url}: the landing folder {self._folder} plays {self._folder_url}; "
@@ -217,7 +217,7 @@ class RegisteredSnapshot:
         self._workspace = workspace
         self._datastore = datastore
 
-    def folder_manifest(self, url: str, suffixes: tuple[str, ...]) -> DataManifest:
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         return listed_manifest(self._container, url, suffixes)
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:

@@ -1,4 +1,7 @@
-"""Which ledger, submitter and data pinner the app settings ask for. Heavy SDKs load only when chosen."""
+"""Which ledger, submitter and data pinner the app settings ask for. Heavy SDKs load only when chosen.
+
+Each served model pins its batches from its own landing container: one pinner per model, behind
+`ModelPinners`, which the front door calls as one `DataPinner`."""
 
 from __future__ import annotations
 
@@ -6,28 +9,72 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from components.request import Submitter
+from components.data_version import DataManifest
+from components.request import DataRef, Submitter
 from function_app.ledger.ledger import open_ledger
 from function_app.pinning import (
     DataPinner,
     DownloadedFolder,
     LandingFolderCopy,
+    PinError,
     PlannedSnapshot,
     RegisteredSnapshot,
 )
 from function_app.service import FrontDoor, utc_now
-from function_app.settings.app import PIPELINE_PARAMETERS, AppSettings, SettingsError
+from function_app.settings.app import (
+    BLOB_ACCOUNT,
+    BLOB_CONTAINER,
+    PIPELINE_PARAMETERS,
+    AppSettings,
+    BlobScope,
+    SettingsError,
+)
+from function_app.settings.models import ModelRoute
 
 DATASTORE = "workspaceblobstore"
 
 
-def landing_container(settings: AppSettings) -> Any:
-    """The landing container client: the emulator's connection string, else the managed identity."""
+class ModelPinners:
+    """A `DataPinner` that pins each model's batch with that model's own pinner."""
+
+    def __init__(self, pinners: Mapping[str, DataPinner]) -> None:
+        self._pinners = dict(pinners)
+
+    def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
+        return self._pinner(model_name).pin(manifest, model_name)
+
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
+        return self._pinner(model_name).folder_manifest(url, suffixes, model_name)
+
+    def _pinner(self, model_name: str) -> DataPinner:
+        pinner = self._pinners.get(model_name)
+        if pinner is None:
+            served = ", ".join(map(repr, self._pinners))
+            raise PinError(f"model {model_name!r} is not served here; expected one of {served}")
+        return pinner
+
+
+class NoLandingContainer:
+    """The pinner of a model without a landing container: it has no landed blobs to pin."""
+
+    def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
+        raise PinError(
+            f"model {model_name!r} has no landing container to pin {manifest.version} from; expected "
+            f"[trigger] account and container in its file (or {BLOB_ACCOUNT} and {BLOB_CONTAINER})"
+        )
+
+    def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
+        raise PinError(
+            f"model {model_name!r} has no landing container to list {url} in; expected [trigger] account "
+            f"and container in its file (or {BLOB_ACCOUNT} and {BLOB_CONTAINER})"
+        )
+
+
+def landing_container(settings: AppSettings, scope: BlobScope) -> Any:
+    """The client of a model's landing container: the emulator's connection string, else the managed
+    identity."""
     from azure.storage.blob import BlobServiceClient, ContainerClient
 
-    scope = settings.blob
-    if scope is None:
-        raise ValueError("RETRAIN_BLOB_ACCOUNT and RETRAIN_BLOB_CONTAINER must be set to pin blob data")
     if settings.storage_connection_string:
         service = BlobServiceClient.from_connection_string(settings.storage_connection_string)
         return service.get_container_client(scope.container)
@@ -40,12 +87,16 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
     if settings.submitter == "dry-run":
         from components.dry_run import DryRunSubmitter
 
-        # A request's own folder is listed in the landing container, when there is one; the client
+        # Pins nothing; a request's own folder is listed in the model's landing container, whose client
         # connects only when a listing is asked for.
-        container = landing_container(settings) if settings.blob is not None else None
-        return DryRunSubmitter(
-            settings.home, datastore=DATASTORE, registered_components=True
-        ), PlannedSnapshot(DATASTORE, container)
+        return DryRunSubmitter(settings.home, datastore=DATASTORE, registered_components=True), ModelPinners(
+            {
+                route.name: PlannedSnapshot(
+                    DATASTORE, None if route.scope is None else landing_container(settings, route.scope)
+                )
+                for route in settings.models
+            }
+        )
     if settings.submitter == "azureml":
         from components.azureml.submitter import AzureMLSubmitter, AzureSettings
         from components.azureml.workspace import MLClientWorkspace, WorkspaceRef
@@ -55,16 +106,33 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
         submitter = AzureMLSubmitter(
             workspace, AzureSettings(datastore=DATASTORE, registered_components=True)
         )
-        return submitter, RegisteredSnapshot(landing_container(settings), workspace, DATASTORE)
+        # Start-up has checked that every model has a landing container (AppSettings).
+        return submitter, _per_model(
+            settings,
+            lambda scope: RegisteredSnapshot(landing_container(settings, scope), workspace, DATASTORE),
+        )
     from components.local import RunnerOptions
     from components.submitters.local import LocalSubmitter
 
     submitter = LocalSubmitter(RunnerOptions(state_root=settings.home), dict(environ))
     if settings.landing_folder is not None:
-        scope = settings.blob
+        # The folder plays the one served model's prefix (AppSettings refuses it with several models).
+        [route] = settings.models
+        scope = route.scope
         folder_url = f"{scope.container_url}/{scope.prefix}" if scope and scope.prefix else None
-        return submitter, LandingFolderCopy(settings.landing_folder, settings.home, folder_url)
-    return submitter, DownloadedFolder(landing_container(settings), settings.home)
+        folder = LandingFolderCopy(settings.landing_folder, settings.home, folder_url)
+        return submitter, ModelPinners({route.name: folder})
+    return submitter, _per_model(
+        settings, lambda scope: DownloadedFolder(landing_container(settings, scope), settings.home)
+    )
+
+
+def _per_model(settings: AppSettings, pinner_for: Callable[[BlobScope], DataPinner]) -> ModelPinners:
+    return ModelPinners({route.name: _pinner(route, pinner_for) for route in settings.models})
+
+
+def _pinner(route: ModelRoute, pinner_for: Callable[[BlobScope], DataPinner]) -> DataPinner:
+    return NoLandingContainer() if route.scope is None else pinner_for(route.scope)
 
 
 def build_front_door(

@@ -1,7 +1,8 @@
 """`Microsoft.Storage.BlobCreated` events, in the Event Grid or the CloudEvents 1.0 schema, into a trigger.
 
-Only a committed, non-empty block blob in the configured account, container and prefix, with an allowed
-suffix, becomes a `TriggerRequest`; anything else becomes a `Rejection` with its reason. The event itself
+Only a committed, non-empty block blob that one served model's scope holds (account, container, directly
+under the prefix, an allowed suffix: function_app/events/routing.py) becomes a `TriggerRequest` for that
+model; anything else becomes a `Rejection` with its reason. The event itself
 carries what the decision needs (url, eTag, contentLength, api, sequencer): the blob is never read here.
 The dedupe key is the blob's URL and eTag (one version of one blob), never the event id alone: Event Grid
 may deliver one upload several times, under one id or several.
@@ -15,13 +16,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from function_app.events.blob_paths import (
-    blob_url,
-    check_blob_in_scope,
-    displayable_url,
-    subject_blob,
-    url_blob,
-)
+from function_app.events.blob_paths import blob_url, subject_blob
 from function_app.events.envelope import (
     Envelope,
     Invalid,
@@ -32,8 +27,10 @@ from function_app.events.envelope import (
     text,
     whole_number,
 )
+from function_app.events.routing import blob_routes, route_blob
 from function_app.events.triggers import KIND_BLOB, BlobRef, Rejection, TriggerRequest
-from function_app.settings.app import BLOB_ACCOUNT, BLOB_CONTAINER, AppSettings, BlobScope
+from function_app.settings.app import BLOB_ACCOUNT, AppSettings, BlobScope
+from function_app.settings.models import ModelRoute
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +64,8 @@ def _trigger(envelope: Envelope, settings: AppSettings, now: datetime) -> Trigge
         raise Invalid(
             f"event type {shown(envelope.event_type)} is not a blob upload; expected {BLOB_CREATED}"
         )
-    scope = settings.blob
-    if scope is None:
-        raise Invalid(
-            f"blob events are not configured; set {BLOB_ACCOUNT} and {BLOB_CONTAINER} to accept them"
-        )
-    _check_source(envelope.source, scope)
+    scopes = [scope for _, scope in blob_routes(settings.models)]
+    _check_source(envelope.source, scopes)
     data = envelope.data
     api = text(data, "api", WHERE, max_chars=64)
     if api not in COMMIT_APIS:
@@ -83,49 +76,62 @@ def _trigger(envelope: Envelope, settings: AppSettings, now: datetime) -> Trigge
     size = whole_number(data, "contentLength", WHERE)
     if size <= 0:
         raise Invalid(f"contentLength {size}: an empty blob holds no data; expected more than 0 bytes")
-    blob = _blob(envelope, data, scope, api, size)
+    route, blob = _blob(envelope, data, settings.models, api, size)
     return TriggerRequest(
         kind=KIND_BLOB,
         event_id=envelope.event_id,
         dedupe_key=f"{KIND_BLOB}:{blob.identity}",
-        model_name=settings.model_name,
+        model_name=route.name,
         received_at=now,
         blob=blob,
     )
 
 
-def _check_source(source: str | None, scope: BlobScope) -> None:
-    """The topic (source) Event Grid sets names the storage account; when present it must be ours."""
+def _check_source(source: str | None, scopes: list[BlobScope]) -> None:
+    """The topic (source) Event Grid sets names the storage account; when present it must be a served
+    model's (the blob's own model's: `_blob`)."""
+    account = source_account(source, scopes[0].account)
+    accounts = list(dict.fromkeys(scope.account for scope in scopes))
+    if account is not None and account not in accounts:
+        served = " or ".join(repr(name) for name in accounts)
+        raise Invalid(
+            f"the event's topic names storage account {shown(account)}, which is not storage account "
+            f"{served} ({BLOB_ACCOUNT})"
+        )
+
+
+def source_account(source: str | None, example: str) -> str | None:
+    """The storage account an event's topic names (lowercase), or None without a topic."""
     if source is None:
-        return
+        return None
     match = _STORAGE_ACCOUNT_SOURCE.fullmatch(source)
     if match is None:
         raise Invalid(
             f"the event's topic {shown(source, 200)} is not a storage account; expected "
-            f"/subscriptions/<id>/resourceGroups/<group>/providers/Microsoft.Storage/storageAccounts/{scope.account}"
+            f"/subscriptions/<id>/resourceGroups/<group>/providers/Microsoft.Storage/storageAccounts/{example}"
         )
-    if match["account"].lower() != scope.account:
-        raise Invalid(
-            f"the event's topic names storage account {shown(match['account'])}, which is not storage "
-            f"account {scope.account!r} ({BLOB_ACCOUNT})"
-        )
+    return match["account"].lower()
 
 
-def _blob(envelope: Envelope, data: Mapping[str, Any], scope: BlobScope, api: str, size: int) -> BlobRef:
+def _blob(
+    envelope: Envelope, data: Mapping[str, Any], routes: tuple[ModelRoute, ...], api: str, size: int
+) -> tuple[ModelRoute, BlobRef]:
     if envelope.subject is None:
-        raise Invalid(f"the event has no subject; expected {scope.container_url} blob's subject")
+        raise Invalid("the event has no subject; expected a blob's subject (/blobServices/default/...)")
     subject_container, subject_name = subject_blob(envelope.subject)
     url = text(data, "url", WHERE, max_chars=4096)
-    url_container, url_name = url_blob(url, scope, "the event's url", data_lake=api == "FlushWithClose")
-    if (url_container, url_name) != (subject_container, subject_name):
+    route, scope = route_blob(
+        url, envelope.subject, subject_container, subject_name, routes, data_lake=api == "FlushWithClose"
+    )
+    account = source_account(envelope.source, scope.account)
+    if account is not None and account != scope.account:
         raise Invalid(
-            f"the event's url {displayable_url(url)} and subject {shown(envelope.subject)} name different "
-            "blobs; expected the same blob in both"
+            f"the event's topic names storage account {shown(account)}, but the blob is model "
+            f"{route.name!r}'s, in storage account {scope.account!r}; expected the blob's own account"
         )
-    check_blob_in_scope(subject_container, subject_name, scope)
     etag = pattern_text(data, "eTag", WHERE, _ETAG, "an eTag such as 0x8D4BCC2E4835CD0")
     sequencer = pattern_text(data, "sequencer", WHERE, _SEQUENCER, "a hexadecimal sequencer")
-    return BlobRef(
+    return route, BlobRef(
         url=blob_url(scope, subject_name),
         account=scope.account,
         container=subject_container,

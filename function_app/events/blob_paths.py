@@ -10,6 +10,7 @@ traversal when decoded once more is refused too), and empty, '.' or '..' segment
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from urllib.parse import quote, unquote, urlsplit
 
 from function_app.events.envelope import Invalid, has_unsafe_characters, shown
@@ -65,33 +66,47 @@ def displayable_url(url: str) -> str:
 def url_blob(url: str, scope: BlobScope, what: str, *, data_lake: bool = False) -> tuple[str, str]:
     """(container, decoded name) of a URL in the configured account; the name is '' for the container
     itself. `data_lake` also accepts the account's Data Lake host (FlushWithClose events name it)."""
+    _, container, name = url_blob_in(url, (scope,), what, data_lake=data_lake)
+    return container, name
+
+
+def url_blob_in(
+    url: str, scopes: Sequence[BlobScope], what: str, *, data_lake: bool = False
+) -> tuple[list[int], str, str]:
+    """(the positions of the scopes whose account holds the URL, container, decoded name) of a URL in one
+    of the accounts of `scopes` (at least one); raises `Invalid` when it is in none of them."""
     if "?" in url or "#" in url:
         raise Invalid(
             f"{what} {displayable_url(url)} carries a query or fragment; expected a plain blob URL "
             "(credentials do not belong in URLs)"
         )
     check_raw(url, what)
+    expected = " or ".join(dict.fromkeys(f"{scope.container_url}/<name>" for scope in scopes))
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        raise Invalid(
-            f"{what} {displayable_url(url)} cannot be parsed; expected {scope.container_url}/<name>"
-        ) from None
+        raise Invalid(f"{what} {displayable_url(url)} cannot be parsed; expected {expected}") from None
     if "@" in parts.netloc:
         raise Invalid(f"{what} {displayable_url(url)} carries user info; expected a plain blob URL")
-    path = _path_in_account(parts.scheme, parts.hostname or "", port, parts.path, scope, data_lake)
+    held, path = [], None
+    for position, scope in enumerate(scopes):
+        in_account = _path_in_account(parts.scheme, parts.hostname or "", port, parts.path, scope, data_lake)
+        if in_account is not None:
+            held.append(position)
+            path = in_account  # one account's path: the same for every scope in that account
     if path is None:
+        accounts = dict.fromkeys(f"{scope.account!r} at {scope.endpoint.url}" for scope in scopes)
         raise Invalid(
-            f"{what} {displayable_url(url)} is not in storage account {scope.account!r} at "
-            f"{scope.endpoint.url}; expected {scope.container_url}/<name>"
+            f"{what} {displayable_url(url)} is not in storage account {' or '.join(accounts)}; expected "
+            f"{expected}"
         )
     container, _, raw_name = path.partition("/")
     try:
         name = unquote(raw_name, errors="strict")
     except UnicodeDecodeError:
         raise Invalid(f"{what} {displayable_url(url)} has percent-encoding that is not UTF-8") from None
-    return container, name
+    return held, container, name
 
 
 def _path_in_account(

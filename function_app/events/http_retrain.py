@@ -2,11 +2,11 @@
 
 The body is a JSON object with these optional fields (an empty body asks for a run on the current data):
 
-    data        a blob folder URL in the configured container, at or below the prefix, or a pinned data
+    data        a blob folder URL in the model's container, at or below its prefix, or a pinned data
                 asset 'azureml:<asset>:rd-<16 hex>'
     reason      why, at most 500 characters on one line
     force       true to ask for a run even when policy would hold it back (a JSON boolean, nothing else)
-    model_name  this front door's model, or absent
+    model_name  the served model to retrain; required when several are served, optional with one
 
 A bad body is a 400 with the reason; a body over RETRAIN_HTTP_MAX_BODY_BYTES a 413. A request with an
 `Idempotency-Key` (1-128 of [A-Za-z0-9._:-]) is deduplicated on it; one without is never deduplicated:
@@ -25,8 +25,10 @@ from typing import Any
 
 from function_app.events.blob_paths import blob_url, check_folder_in_scope, check_name, url_blob
 from function_app.events.envelope import Invalid, has_unsafe_characters, json_type, load_json, shown
+from function_app.events.routing import route_named
 from function_app.events.triggers import KIND_HTTP, TriggerRequest
-from function_app.settings.app import BLOB_ACCOUNT, HTTP_MAX_BODY_BYTES, MODEL_NAME, AppSettings
+from function_app.settings.app import BLOB_ACCOUNT, HTTP_MAX_BODY_BYTES, AppSettings, BlobScope
+from function_app.settings.models import ModelRoute
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +77,9 @@ def parse_http_retrain(
     try:
         key = _idempotency_key(headers)
         fields = _body_fields(body)
-        _check_model(fields, settings)
+        route = _check_model(fields, settings)
         # An absent field takes its default; a present one, null included, must have the right type.
-        data_uri = _data_uri(fields["data"], settings) if "data" in fields else None
+        data_uri = _data_uri(fields["data"], route.scope) if "data" in fields else None
         reason = _reason(fields["reason"]) if "reason" in fields else None
         force = _force(fields["force"]) if "force" in fields else False
     except Invalid as err:
@@ -87,7 +89,7 @@ def parse_http_retrain(
         kind=KIND_HTTP,
         event_id=request_id,
         dedupe_key=f"{KIND_HTTP}:{key if key is not None else request_id}",
-        model_name=settings.model_name,
+        model_name=route.name,
         received_at=now,
         reason=reason,
         force=force,
@@ -130,15 +132,20 @@ def _body_fields(body: bytes) -> Mapping[str, Any]:
     return document
 
 
-def _check_model(fields: Mapping[str, Any], settings: AppSettings) -> None:
-    if "model_name" in fields and fields["model_name"] != settings.model_name:
-        raise Invalid(
-            f"model_name {shown(fields['model_name'], 40)} is not this front door's model; expected "
-            f"{settings.model_name!r} ({MODEL_NAME}) or no model_name"
-        )
+def _check_model(fields: Mapping[str, Any], settings: AppSettings) -> ModelRoute:
+    """The model the request is for: `model_name`, required when several models are served."""
+    served = ", ".join(repr(route.name) for route in settings.models)
+    if "model_name" not in fields:
+        if len(settings.models) == 1:
+            return settings.models[0]
+        raise Invalid(f"model_name is missing; expected one of this front door's models: {served}")
+    name = fields["model_name"]
+    if not isinstance(name, str):
+        raise Invalid(f"model_name is {shown(name, 40)}; expected one of this front door's models: {served}")
+    return route_named(name, settings.models, "model_name")
 
 
-def _data_uri(value: Any, settings: AppSettings) -> str:
+def _data_uri(value: Any, scope: BlobScope | None) -> str:
     if not isinstance(value, str):
         raise Invalid(f"data is {shown(value)}; expected {_DATA_FORMS}")
     if value.startswith("azureml:"):
@@ -149,10 +156,9 @@ def _data_uri(value: Any, settings: AppSettings) -> str:
         return value
     if not value.startswith(("https://", "http://")):
         raise Invalid(f"data {shown(value)}: expected {_DATA_FORMS}")
-    scope = settings.blob
     if scope is None:
         raise Invalid(
-            f"data is a blob URL, but no blob account is configured ({BLOB_ACCOUNT}); expected "
+            f"data is a blob URL, but the model has no blob account ({BLOB_ACCOUNT}); expected "
             "azureml:<asset>:rd-<16 hex>"
         )
     container, name = url_blob(value, scope, "data")

@@ -1,7 +1,7 @@
 """`retrain event | watch | trigger | flush | ledger`: the front door on one machine, with no Functions host.
 
     retrain event FILE... [--trigger blob|drift]
-    retrain watch [--folder PATH | --container] [--once] [--interval SECONDS] [--flush]
+    retrain watch [--folder PATH | --container] [--model NAME] [--once] [--interval SECONDS] [--flush]
     retrain trigger [--data URI] [--reason TEXT] [--force] [--idempotency-key KEY]
     retrain flush [--now]
     retrain ledger [--json]
@@ -40,7 +40,7 @@ from function_app import runtime
 from function_app.events.parsing import STORAGE_EVENT_PREFIX, PayloadError, load_event_grid_payload
 from function_app.events.triggers import KIND_BLOB, KIND_DRIFT
 from function_app.ledger.records import LedgerError
-from function_app.local.watch import ContainerSource, FolderSource, Watcher, WatchError
+from function_app.local.watch import ContainerSource, FolderSource, Watcher, WatchError, watched_scopes
 from function_app.service import FrontDoor, utc_now
 from function_app.settings.app import LANDING_FOLDER, LOCAL, SUBMITTER, AppSettings, mask_secrets
 
@@ -99,7 +99,12 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     watch = commands.add_parser("watch", help="deliver a Blob-created event per new landing blob version")
     where = watch.add_mutually_exclusive_group()
     where.add_argument("--folder", type=Path, help=f"a local landing folder (default <state>/{LANDING_DIR})")
-    where.add_argument("--container", action="store_true", help="the configured landing container instead")
+    where.add_argument(
+        "--container", action="store_true", help="every served model's landing container instead"
+    )
+    watch.add_argument(
+        "--model", help="watch only this served model's blobs (--folder: whose prefix it plays)"
+    )
     watch.add_argument("--once", action="store_true", help="poll once and exit")
     watch.add_argument(
         "--interval", type=_seconds, default=DEFAULT_WATCH_INTERVAL_S, help="seconds between polls (30)"
@@ -263,29 +268,28 @@ def _watched_folder(args: argparse.Namespace, settings: AppSettings) -> Path:
 
 def watch_command(args: argparse.Namespace) -> int:
     front = start(args.environ)
-    scope = front.settings.blob
-    if scope is None:
-        raise CliError(
-            "retrain watch delivers events for the landing container's blobs; set RETRAIN_BLOB_ACCOUNT and "
-            "RETRAIN_BLOB_CONTAINER (and RETRAIN_BLOB_ENDPOINT for Azurite)"
-        )
-    if args.container:
-        from function_app.wiring import landing_container
-
-        source: ContainerSource | FolderSource = ContainerSource(landing_container(front.settings), scope)
-    else:
-        source = FolderSource(_watched_folder(args, front.settings), scope)
+    scopes = watched_scopes(front.settings, args.model, container=args.container)
 
     def deliver_blob(payload: dict[str, Any]) -> None:
         for line in deliver(payload, KIND_BLOB):
             print(line, flush=True)
 
-    watcher = Watcher(source, scope, Path(args.state_root), deliver_blob, utc_now)
-    shown_as = "" if args.container else f" as {scope.container_url}/{scope.folder}"
-    print(f"watching {source.description}{shown_as}", flush=True)
+    watchers = []
+    for scope in scopes:
+        if args.container:
+            from function_app.wiring import landing_container
+
+            container = landing_container(front.settings, scope)
+            source: ContainerSource | FolderSource = ContainerSource(container, scope)
+        else:
+            source = FolderSource(_watched_folder(args, front.settings), scope)
+        watchers.append(Watcher(source, scope, Path(args.state_root), deliver_blob, utc_now))
+        shown_as = "" if args.container else f" as {scope.container_url}/{scope.folder}"
+        print(f"watching {source.description}{shown_as}", flush=True)
     while True:
         try:
-            watcher.poll()
+            for watcher in watchers:
+                watcher.poll()
             if args.flush:
                 _print_flush(front, front.flush())
         except (LedgerError, AzureError, PipelineError, OSError) as error:

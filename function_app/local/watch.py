@@ -1,5 +1,6 @@
 """`retrain watch`: stand in for Event Grid on one machine. Poll the landing blobs and deliver one
 `Microsoft.Storage.BlobCreated` event (Event Grid schema, as documented) for each new version of each blob.
+It watches every served model's scope (`--model` picks one); a landing folder plays one model's prefix.
 
 Two sources: a local landing folder, whose files play the blobs `<prefix><file name>` of the configured
 container (their URL is `<RETRAIN_BLOB_ENDPOINT or https://<account>.blob.core.windows.net>/<container>/...`
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from function_app.events.blob_created import BLOB_CREATED, BLOCK_BLOB
 from function_app.events.blob_paths import blob_url
 from function_app.pinning import content_etag
-from function_app.settings.app import BlobScope
+from function_app.settings.app import AppSettings, BlobScope
 from training.common import write_atomically
 
 if TYPE_CHECKING:
@@ -47,6 +48,31 @@ _EVENT_NAMESPACE = uuid.UUID("5d1c8c3e-6f55-4c1e-9a7e-3f1f3c2b9a10")  # event id
 
 class WatchError(Exception):
     """The watch cannot run as asked (no such folder, unreadable state); the message is one line."""
+
+
+def watched_scopes(settings: AppSettings, model: str | None, *, container: bool) -> list[BlobScope]:
+    """The scopes to watch: `model`'s, else every served model's; a folder (not `container`) plays one
+    prefix, so it needs a single one."""
+    routes = [route for route in settings.models if route.scope is not None]
+    if model is not None:
+        route = settings.model(model)
+        if route is None:
+            served = ", ".join(route.name for route in settings.models)
+            raise WatchError(f"retrain watch --model {model}: not a served model; expected one of {served}")
+        routes = [route] if route.scope is not None else []
+    if not routes:
+        raise WatchError(
+            "retrain watch delivers events for the landing container's blobs; set RETRAIN_BLOB_ACCOUNT and "
+            "RETRAIN_BLOB_CONTAINER (and RETRAIN_BLOB_ENDPOINT for Azurite), or a model's [trigger] account "
+            "and container"
+        )
+    if len(routes) > 1 and not container:
+        names = ", ".join(route.name for route in routes)
+        raise WatchError(
+            f"retrain watch --folder: a folder plays one model's prefix, and {names} are served; expected "
+            "--model NAME, or --container"
+        )
+    return [route.scope for route in routes if route.scope is not None]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from components.cost import CostSettings, CostSettingsError
-from function_app.settings.models import ModelRoute
+from function_app.settings.models import ModelRoute, check_served_models
+from function_app.settings.served import MODEL_NAME, MODELS, served_models
 from function_app.settings.storage import (
     BLOB_ACCOUNT,
     BLOB_CONTAINER,
@@ -55,7 +56,7 @@ __all__ = [
     "mask_secrets",
 ]
 
-SUBMITTER, HOME, MODEL_NAME = "RETRAIN_SUBMITTER", "RETRAIN_HOME", "RETRAIN_MODEL_NAME"
+SUBMITTER, HOME = "RETRAIN_SUBMITTER", "RETRAIN_HOME"
 DEBOUNCE_QUIET, DEBOUNCE_MAX_WAIT = "RETRAIN_DEBOUNCE_QUIET_SECONDS", "RETRAIN_DEBOUNCE_MAX_WAIT_SECONDS"
 COOLDOWN, MAX_RUNS_PER_DAY = "RETRAIN_COOLDOWN_SECONDS", "RETRAIN_MAX_RUNS_PER_DAY"
 HTTP_MAX_BODY_BYTES = "RETRAIN_HTTP_MAX_BODY_BYTES"
@@ -106,7 +107,10 @@ class AppSettings:
     # The embedded default's landing "container": a local folder whose files `retrain watch --folder`
     # announces as blobs of the configured container; the local submitter pins from it.
     landing_folder: Path | None = None
-    # Every model this front door serves; empty: the one model of RETRAIN_MODEL_NAME and RETRAIN_BLOB_*.
+    # Every model this front door serves (RETRAIN_MODELS, function_app/settings/served.py); empty: the one
+    # model of RETRAIN_MODEL_NAME and RETRAIN_BLOB_* (`model_name` and `blob`). Served from files,
+    # `model_name` is the first served model's and `blob` None: each model's scope is its route's.
+    # (`dataclasses.replace` of `model_name` or `blob` needs `models=()` too, to build the one model again.)
     models: tuple[ModelRoute, ...] = ()
 
     def __post_init__(self) -> None:
@@ -130,16 +134,38 @@ class AppSettings:
             object.__setattr__(self, "ledger", LedgerLocation(folder=self.home / "ledger"))
         if not self.models:
             object.__setattr__(self, "models", (ModelRoute(self.model_name, self.blob),))
-        if self.blob is None and self.submitter == AZUREML:
-            raise SettingsError(
-                f"{BLOB_ACCOUNT} and {BLOB_CONTAINER} are unset; expected the landing account and container "
-                f"when {SUBMITTER}={AZUREML}"
-            )
+        object.__setattr__(self, "models", tuple(self.models))
+        check_served_models(self.models)
+        if self.submitter == AZUREML:
+            self._check_every_model_has_a_scope()
         self._check_emulator_connection()
         if self.landing_folder is not None and self.submitter != LOCAL:
             raise SettingsError(
                 f"{LANDING_FOLDER} is set, but {SUBMITTER}={self.submitter} pins data from the landing "
                 f"container; expected {LANDING_FOLDER} unset, or {SUBMITTER}={LOCAL}"
+            )
+        if self.landing_folder is not None and len(self.models) > 1:
+            # The folder plays one prefix's blobs: several models' files would be one model's data.
+            raise SettingsError(
+                f"{LANDING_FOLDER} is set, but {len(self.models)} models are served "
+                f"({', '.join(route.name for route in self.models)}); expected one model ({MODELS}=NAME), "
+                "or the landing container"
+            )
+
+    def _check_every_model_has_a_scope(self) -> None:
+        """Azure ML pins each batch from the model's landing container: a model without one has no data."""
+        for route in self.models:
+            if route.scope is not None:
+                continue
+            if route.config is None:
+                raise SettingsError(
+                    f"{BLOB_ACCOUNT} and {BLOB_CONTAINER} are unset; expected the landing account and "
+                    f"container when {SUBMITTER}={AZUREML}"
+                )
+            raise SettingsError(
+                f"{route.config}: [trigger] account and container are unset, and so are {BLOB_ACCOUNT} and "
+                f"{BLOB_CONTAINER}; expected the model's landing account and container when "
+                f"{SUBMITTER}={AZUREML}"
             )
 
     def _check_numbers(self) -> None:
@@ -170,8 +196,9 @@ class AppSettings:
                 f"{LEDGER} is in Azure ({ledger_endpoint.url}), where the managed identity is used; expected "
                 f"{STORAGE_CONNECTION_STRING} unset, or an emulator ledger"
             )
-        blob_endpoint = self.blob.endpoint if self.blob else None
-        for setting, endpoint in ((BLOB_ENDPOINT, blob_endpoint), (LEDGER, ledger_endpoint)):
+        # A model's emulator endpoint can only come from RETRAIN_BLOB_ENDPOINT (a file names no endpoint).
+        blob_endpoints = [(BLOB_ENDPOINT, route.scope.endpoint) for route in self.models if route.scope]
+        for setting, endpoint in (*blob_endpoints, (LEDGER, ledger_endpoint)):
             if endpoint is None or not endpoint.is_emulator:
                 continue
             if connection is None:
@@ -209,14 +236,13 @@ class AppSettings:
 
     def describe(self) -> str:
         """One line for the start-up log; the connection string appears only as 'set'."""
-        blob = (
-            f"{self.blob.container_url}/{self.blob.folder}*{{{','.join(self.blob.suffixes)}}}"
-            if self.blob
-            else "none"
+        models = ",".join(
+            f"{route.name}({route.task}:{_scope_text(route.scope) if route.scope else 'no blobs'})"
+            for route in self.models
         )
         ledger = self.ledger_location.spec
         return (
-            f"submitter={self.submitter} model={self.model_name} home={self.home} blobs={blob} "
+            f"submitter={self.submitter} models={models} home={self.home} "
             f"ledger={ledger} debounce={self.debounce_quiet_seconds}s/{self.debounce_max_wait_seconds}s "
             f"cooldown={self.cooldown_seconds}s max_runs_per_day={self.max_runs_per_day} "
             f"http_max_body_bytes={self.http_max_body_bytes} "
@@ -226,16 +252,19 @@ class AppSettings:
         )
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> AppSettings:
-        """The settings named by the RETRAIN_* variables of `environ`; raises `SettingsError`."""
+    def from_environ(cls, environ: Mapping[str, str], cwd: Path | None = None) -> AppSettings:
+        """The settings named by the RETRAIN_* variables of `environ`; raises `SettingsError`. `cwd` is the
+        app root, where RETRAIN_MODELS finds the models' files (default: the working folder)."""
         values = {key: value.strip() for key, value in environ.items() if key.startswith("RETRAIN_")}
         values = {key: value for key, value in values.items() if value}
         home = Path(values.get(HOME, str(DEFAULT_HOME)))
+        routes = served_models(values, Path.cwd() if cwd is None else Path(cwd))
         return cls(
             submitter=values.get(SUBMITTER, LOCAL),
             home=home,
-            model_name=values.get(MODEL_NAME, DEFAULT_MODEL_NAME),
-            blob=blob_scope_from(values),
+            model_name=routes[0].name if routes else values.get(MODEL_NAME, DEFAULT_MODEL_NAME),
+            blob=None if routes else blob_scope_from(values),
+            models=routes or (),
             ledger=LedgerLocation.parse(values[LEDGER]) if LEDGER in values else None,
             debounce_quiet_seconds=_whole(values, DEBOUNCE_QUIET, DEFAULT_QUIET_SECONDS),
             debounce_max_wait_seconds=_whole(values, DEBOUNCE_MAX_WAIT, DEFAULT_MAX_WAIT_SECONDS),
@@ -249,6 +278,10 @@ class AppSettings:
             nodes=_whole(values, NODES, 1),
             landing_folder=Path(values[LANDING_FOLDER]) if LANDING_FOLDER in values else None,
         )
+
+
+def _scope_text(scope: BlobScope) -> str:
+    return f"{scope.container_url}/{scope.folder}*{{{','.join(scope.suffixes)}}}"
 
 
 def _pipeline_parameters(text: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ are training/common.py's, shared with the ledger and the checkpoint store.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,11 @@ BLOB_SUFFIXES, BLOB_ENDPOINT = "RETRAIN_BLOB_SUFFIXES", "RETRAIN_BLOB_ENDPOINT"
 LEDGER = "RETRAIN_LEDGER"
 STORAGE_CONNECTION_STRING = "RETRAIN_STORAGE_CONNECTION_STRING"
 
+# A file suffix a scope may name: any task's raw files (a built-in's, or a user's task's own), not only the
+# tabular task's. The same rule as a model configuration's [trigger] suffixes (components/model_config.py).
+_SUFFIX = re.compile(r"\.[a-z0-9]{1,10}")
+SUFFIX_FORM = "a dot and 1-10 lowercase letters or digits, such as .csv or .png"
+
 # Azurite's well-known development account, what 'UseDevelopmentStorage=true' means.
 DEVELOPMENT_ACCOUNT, DEVELOPMENT_ENDPOINT = "devstoreaccount1", "http://127.0.0.1:10000/devstoreaccount1"
 EXPECTED_CONNECTION_STRING = (
@@ -51,8 +57,8 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class BlobScope:
-    """Which blobs belong to this front door: one container of one account, names directly under a prefix
-    (the data version pins a prefix's direct children only), with one of the suffixes."""
+    """Which blobs belong to one model: one container of one account, names directly under a prefix (the
+    data version pins a prefix's direct children only), with one of the suffixes (its task's raw files)."""
 
     endpoint: AccountEndpoint
     container: str
@@ -62,11 +68,11 @@ class BlobScope:
     def __post_init__(self) -> None:
         check_container_name(self.container, BLOB_CONTAINER, SettingsError)
         object.__setattr__(self, "prefix", check_prefix(self.prefix, BLOB_PREFIX, SettingsError))
-        unknown = [suffix for suffix in self.suffixes if suffix not in RAW_SUFFIXES]
-        if not self.suffixes or unknown:
+        bad = [suffix for suffix in self.suffixes if not _SUFFIX.fullmatch(suffix)]
+        if not self.suffixes or bad:
             raise SettingsError(
-                f"{BLOB_SUFFIXES} {quoted(','.join(self.suffixes))}: expected a comma-separated subset of "
-                f"{','.join(RAW_SUFFIXES)} (the files a data version pins)"
+                f"{BLOB_SUFFIXES} {quoted(','.join(self.suffixes))}: expected comma-separated file suffixes, "
+                f"each {SUFFIX_FORM} (the raw files a data version pins)"
             )
 
     @property
@@ -179,17 +185,43 @@ def blob_scope_from(values: Mapping[str, str]) -> BlobScope | None:
         missing = BLOB_ACCOUNT if account is None else BLOB_CONTAINER
         raise SettingsError(f"{missing} is unset; expected it with {BLOB_ACCOUNT} and {BLOB_CONTAINER}")
     check_account_name(account, BLOB_ACCOUNT, SettingsError)
-    endpoint_text = values.get(BLOB_ENDPOINT, f"https://{account}.blob.core.windows.net")
-    endpoint, rest = parse_account_endpoint(endpoint_text.rstrip("/"), BLOB_ENDPOINT, SettingsError)
-    if rest or endpoint.account != account:
+    configured = configured_endpoint(values)
+    if configured is not None and configured.account != account:
         raise SettingsError(
-            f"{BLOB_ENDPOINT} {quoted(endpoint_text)}: is not the endpoint of account {account!r}; expected "
-            f"https://{account}.blob.core.windows.net or http://127.0.0.1:<port>/{account}"
+            f"{BLOB_ENDPOINT} {quoted(values[BLOB_ENDPOINT])}: is not the endpoint of account {account!r}; "
+            f"expected https://{account}.blob.core.windows.net or http://127.0.0.1:<port>/{account}"
         )
     suffixes = values.get(BLOB_SUFFIXES, ",".join(RAW_SUFFIXES))
     return BlobScope(
-        endpoint=endpoint,
+        endpoint=account_endpoint(account, values),
         container=container,
         prefix=values.get(BLOB_PREFIX, ""),
         suffixes=tuple(suffix.strip() for suffix in suffixes.split(",") if suffix.strip()),
     )
+
+
+def account_endpoint(account: str, values: Mapping[str, str]) -> AccountEndpoint:
+    """The endpoint of storage account `account`: RETRAIN_BLOB_ENDPOINT when that is this account's (Azurite,
+    or another Azure cloud), else `https://<account>.blob.core.windows.net`."""
+    configured = configured_endpoint(values)
+    if configured is not None and configured.account == account:
+        return configured
+    check_account_name(account, BLOB_ACCOUNT, SettingsError)
+    endpoint, _ = parse_account_endpoint(
+        f"https://{account}.blob.core.windows.net", BLOB_ACCOUNT, SettingsError
+    )
+    return endpoint
+
+
+def configured_endpoint(values: Mapping[str, str]) -> AccountEndpoint | None:
+    """RETRAIN_BLOB_ENDPOINT checked (an account's endpoint and nothing after it), or None when unset."""
+    text = values.get(BLOB_ENDPOINT)
+    if text is None:
+        return None
+    endpoint, rest = parse_account_endpoint(text.rstrip("/"), BLOB_ENDPOINT, SettingsError)
+    if rest:
+        raise SettingsError(
+            f"{BLOB_ENDPOINT} {quoted(text)}: has a path after the account; expected "
+            "https://<account>.blob.core.windows.net or http://127.0.0.1:<port>/<account>"
+        )
+    return endpoint

@@ -129,6 +129,7 @@ def test_the_deployment_package_keeps_what_the_entry_needs(shipped):
     # A pattern that matched the entry would deploy an app with no functions, silently.
     kept = {entry, "host.json", "requirements.txt", "function_app/__init__.py", "function_app/service.py"}
     kept |= {"components/cost.py", "components/pipeline.yml", "components/compute/gpu-spot.yml"}
+    kept |= {"models/digits.toml", "models/shapes.toml"}  # the served models' files (RETRAIN_MODELS)
     assert kept <= shipped
     # Of training/, only the shared helpers that components/ and function_app/ import
     # (tests/test_architecture.py).
@@ -138,15 +139,21 @@ def test_the_deployment_package_keeps_what_the_entry_needs(shipped):
         assert not any(path == left_out or path.startswith(f"{left_out}/") for path in shipped), left_out
 
 
-def test_the_deployment_package_starts_on_its_own(shipped, tmp_path, app_settings):
-    # The package as .funcignore leaves it, run from its own root: a module it lacks fails the import.
+@pytest.mark.parametrize("served", ["one model", "models from files"])
+def test_the_deployment_package_starts_on_its_own(shipped, tmp_path, app_settings, served):
+    # The package as .funcignore leaves it, run from its own root: a module it lacks fails the import, and
+    # a file RETRAIN_MODELS reads that it lacks fails the start-up.
     package = tmp_path / "package"
     for path in shipped:
         if (REPO_ROOT / path).is_file():  # the stand-ins for bulky folders have no original
             (package / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(REPO_ROOT / path, package / path)
+    settings = app_settings(tmp_path / "home")
+    if served == "models from files":
+        del settings["RETRAIN_MODEL_NAME"], settings["RETRAIN_BLOB_PREFIX"]
+        settings["RETRAIN_MODELS"] = "digits,shapes"
 
-    result = _import_entry(app_settings(tmp_path / "home"), root=package)
+    result = _import_entry(settings, root=package)
 
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])

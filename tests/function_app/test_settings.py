@@ -174,11 +174,12 @@ def test_use_development_storage_means_azurites_well_known_account():
         ({**LANDING, "RETRAIN_BLOB_PREFIX": "../up"}, "RETRAIN_BLOB_PREFIX", "no '..'"),
         ({**LANDING, "RETRAIN_BLOB_PREFIX": "/abs"}, "RETRAIN_BLOB_PREFIX", "no leading '/'"),
         (
-            {**LANDING, "RETRAIN_BLOB_SUFFIXES": ".csv,.json"},
+            {**LANDING, "RETRAIN_BLOB_SUFFIXES": ".csv,json"},
             "RETRAIN_BLOB_SUFFIXES",
-            "subset of .csv,.parquet",
+            "each a dot and 1-10 lowercase letters or digits",
         ),
-        ({**LANDING, "RETRAIN_BLOB_SUFFIXES": ","}, "RETRAIN_BLOB_SUFFIXES", "subset of"),
+        ({**LANDING, "RETRAIN_BLOB_SUFFIXES": ".CSV"}, "RETRAIN_BLOB_SUFFIXES", "lowercase letters"),
+        ({**LANDING, "RETRAIN_BLOB_SUFFIXES": ","}, "RETRAIN_BLOB_SUFFIXES", "file suffixes"),
         (
             {**LANDING, "RETRAIN_BLOB_ENDPOINT": "https://otherstore.blob.core.windows.net"},
             "RETRAIN_BLOB_ENDPOINT",
