@@ -11,7 +11,8 @@ its task, gate policy and parameters, checks that the task loads and reports the
 preflight, components/preflight.py), pins RAW as a data version (an immutable copy under
 `<state>/data/<model>/`), and runs prep -> train -> evaluate -> register with step reuse, printing each step
 as it starts, is reused, ends or fails. First it prints what the same run would cost on Azure ML
-(components/cost.py, from the RETRAIN_* cost settings).
+(components/cost.py, from the RETRAIN_* cost settings); last, the run's status with the gate's decision
+beside it (registered as vN, or refused and why) or the step that failed and why (components/outcome.py).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from components.errors import SubmissionError
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
 from components.model_init import KINDS, init_model
+from components.outcome import describe_outcome, gate_details
 from components.preflight import SubprocessPreflight
-from components.request import CANCELED, COMPLETED, DataRef, RunRequest
+from components.request import CANCELED, COMPLETED, FAILED, DataRef, RunRequest
 from components.run_settings import DEFAULT_MODEL_NAME, RunSettings, resolve_run_settings
 from components.specs import load_pipeline_spec
 from components.task_ref import raw_depth
@@ -172,9 +174,10 @@ def run_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         record = runner.run(request, force_rerun=args.force_rerun)
     except LocalStepFailed as failure:
-        print(f"run {failure.run_id}: Failed at step '{failure.step}'", file=out)
+        failed = {"failed_step": failure.step, "log_tail": failure.log_tail, "error": failure.headline}
+        print(f"run {failure.run_id}: {describe_outcome(FAILED, failed)}", file=out)
         raise
-    print(f"run {record.run_id}: {record.status}", file=out)
+    print(f"run {record.run_id}: {describe_outcome(record.status, gate_details(record.outputs))}", file=out)
     for name, path in record.outputs.items():
         print(f"{name}: {path}", file=out)
     if record.status == CANCELED:

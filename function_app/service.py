@@ -115,7 +115,8 @@ class FrontDoor:
             rejection.kind, REJECTED, rejection.reason, now, event_id=rejection.event_id
         )
         self.ledger.record_delivery(record)
-        log.info("rejected %s event %s: %s", rejection.kind, rejection.event_id, rejection.reason)
+        # DEBUG: the trigger's handler logs the decision, naming the blob; a second line would repeat it.
+        log.debug("rejected %s event %s: %s", rejection.kind, rejection.event_id, rejection.reason)
         return EventOutcome(record.id, rejection.event_id, rejection.kind, REJECTED, rejection.reason)
 
     def _admit(self, request: TriggerRequest, now: datetime, fingerprint: str | None = None) -> EventOutcome:

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 from components.errors import SubmissionError
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.local.launch import ProcessStarted
+from components.outcome import gate_details
 from components.request import RunRequest, Submission
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ def _details(record: RunRecord) -> dict[str, Any]:
         "steps": {step.name: {"status": step.status, "reused": step.reused} for step in record.steps},
         "failed_step": record.failed_step,
         "error": record.error,
+        # The gate's decision, so that a caller of the submitter learns what the run changed.
+        **gate_details(record.outputs),
     }
 
 

@@ -6,7 +6,7 @@ import logging
 
 import azure.functions as func
 
-from function_app.blueprints.event_payload import event_payload
+from function_app.blueprints.event_payload import blob_name, event_payload
 from function_app.events.triggers import KIND_BLOB
 from function_app.runtime import front_door
 
@@ -19,5 +19,9 @@ blueprint = func.Blueprint()
 # Annotated EventGridEvent (the worker checks it); a CloudEvents delivery arrives as func.CloudEvent.
 def on_blob_created(event: func.EventGridEvent) -> None:
     # A rejection returns normally (acknowledged, recorded); a transient failure raises so Event Grid retries.
-    outcome = front_door().deliver(event_payload(event), family=KIND_BLOB)
-    log.info("blob event %s: %s (%s)", outcome.event_id, outcome.decision, outcome.reason)
+    payload = event_payload(event)
+    outcome = front_door().deliver(payload, family=KIND_BLOB)
+    # One line per invocation, naming the upload; the event id only when the subject names no blob.
+    name = blob_name(payload)
+    shown = f"blob {name}" if name is not None else f"blob event {outcome.event_id}"
+    log.info("%s: %s (%s)", shown, outcome.decision, outcome.reason)

@@ -2,6 +2,7 @@
 
 The worker gives an `EventGridEvent` for the Event Grid schema and a `CloudEvent` for CloudEvents 1.0 (it
 decides by the body's `specversion`, whatever the handler's annotation says); each keeps its own field names.
+A handler's log line names a Blob-created event by its blob (`blob_name`), as a person knows the upload.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from datetime import datetime
 from typing import Any
 
 import azure.functions as func
+
+from function_app.events.blob_paths import subject_blob
+from function_app.events.envelope import Invalid
 
 
 def _time(value: datetime | None) -> str | None:
@@ -36,3 +40,15 @@ def event_payload(event: func.EventGridEvent | func.CloudEvent) -> dict[str, Any
         "data": event.get_json(),
         "dataVersion": event.data_version,
     }
+
+
+def blob_name(payload: dict[str, Any]) -> str | None:
+    """The blob a Blob-created event names in its subject, to say which file a decision is about; None when
+    the subject is missing or not a safe blob name (then the event is named by its id)."""
+    subject = payload.get("subject")
+    if not isinstance(subject, str):
+        return None
+    try:
+        return subject_blob(subject)[1]
+    except Invalid:
+        return None

@@ -8,11 +8,13 @@
 
 These play Event Grid and the host. `event` delivers Event Grid payloads (a JSON object or array, either
 schema) to the very handler functions the Event Grid triggers call, each event as the worker's own converter
-builds it, and prints each handler's decision line; `watch` polls the landing folder or container and
-delivers a Blob-created event per new blob version (function_app/local/watch.py); `trigger` sends the
-handler of `POST /api/retrain` what the HTTP request would carry; `flush` runs the timer's flush (`--now`
-ignores the quiet period); `ledger` prints every event's decision and every submission, with its
-estimated cost.
+builds it, and prints the handler's decision line once, after the file it came from; `watch` polls the
+landing folder or container, delivers a Blob-created event per new blob version (function_app/local/watch.py)
+and prints each decision line, which names the blob; `trigger` sends the handler of `POST /api/retrain`
+what the HTTP request would carry and, once a forced request submitted, what its status URL tells; `flush`
+runs the timer's flush (`--now` ignores the quiet period). A submission is printed with its run's status
+and the gate's decision beside it (components/outcome.py). `ledger` prints every event's decision and every
+submission, with its estimated cost.
 
 Settings come from the environment (`args.environ`), as app settings reach a Function App. Exit codes: 0
 done (rejections are decisions too); 1 a delivery or flush failed (transient: run it again, the ledger
@@ -36,6 +38,7 @@ from typing import Any
 from azure.core.exceptions import AzureError
 
 from components.errors import PipelineError
+from components.outcome import describe_outcome
 from function_app import runtime
 from function_app.events.parsing import STORAGE_EVENT_PREFIX, PayloadError, load_event_grid_payload
 from function_app.events.triggers import KIND_BLOB, KIND_DRIFT
@@ -185,10 +188,12 @@ class _LineCatcher(logging.Handler):
 
 @contextlib.contextmanager
 def handler_log() -> Iterator[list[str]]:
-    """The trigger handlers' own log lines while in the block: what the host shows for each invocation."""
+    """The trigger handlers' own log lines while in the block: what the host shows for each invocation.
+    They are caught, not passed on to the root logger too: the command prints each once, on stdout."""
     logger, catcher = logging.getLogger(_HANDLER_LOGGER), _LineCatcher()
-    level = logger.level
+    level, propagate = logger.level, logger.propagate
     logger.addHandler(catcher)
+    logger.propagate = False
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
     try:
@@ -196,6 +201,7 @@ def handler_log() -> Iterator[list[str]]:
     finally:
         logger.removeHandler(catcher)
         logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def deliver(payload: Mapping[str, Any], family: str, worker_object: Any = None) -> list[str]:
@@ -313,11 +319,9 @@ def trigger_command(args: argparse.Namespace) -> int:
     from function_app.blueprints import http_api
 
     start(args.environ)
-    body: dict[str, Any] = {}
-    if args.data is not None:
-        body["data"] = args.data
-    if args.reason is not None:
-        body["reason"] = args.reason
+    body: dict[str, Any] = {
+        key: getattr(args, key) for key in ("data", "reason") if getattr(args, key) is not None
+    }
     if args.force:
         body["force"] = True
     headers = {"Content-Type": "application/json"}
@@ -329,9 +333,19 @@ def trigger_command(args: argparse.Namespace) -> int:
     retry_after = response.headers.get("Retry-After")
     suffix = f" (Retry-After: {retry_after} s)" if retry_after else ""
     print(f"{response.status_code} {answer}{suffix}")
-    if response.status_code < 300:
-        return EXIT_OK
-    return EXIT_LATER if response.status_code in (409, 429) else EXIT_USAGE
+    if response.status_code >= 300:
+        return EXIT_LATER if response.status_code in (409, 429) else EXIT_USAGE
+    request_id = json.loads(answer)["id"]
+    # A forced request that submitted: what a client then reads at its status URL, the run's status and the
+    # gate's decision (the local submitter has run it by now).
+    status_url = func.HttpRequest(
+        "GET", f"{LOCAL_RETRAIN_URL}/{request_id}", route_params={"id": request_id}, body=b""
+    )
+    report = json.loads(http_api.get_retrain(status_url).get_body())
+    if report.get("submission_status"):
+        outcome = describe_outcome(report["submission_status"], report)
+        print(f"submission {report['submission']}: {outcome}, job {report.get('job_name') or '-'}")
+    return EXIT_OK
 
 
 def flush_command(args: argparse.Namespace) -> int:
@@ -345,7 +359,7 @@ def _print_flush(front: FrontDoor, submitted: list[Any], ignore_quiet: bool = Fa
     for record in submitted:
         print(
             f"submitted {record.id} ({record.kind}): data {record.data_version}, {len(record.inputs)} new "
-            f"input(s), job {record.job_name}, status {record.status}",
+            f"input(s), job {record.job_name}, status {describe_outcome(record.status, record.details)}",
             flush=True,
         )
     if submitted:

@@ -25,6 +25,7 @@ from components.local.cache import STAGING_PREFIX
 from components.model_config import MODELS_DIR_VARIABLE
 from components.request import CANCELED, COMPLETED, FAILED
 from components.specs import REPO_ROOT
+from components.submitters.local import LocalSubmitter
 from training.tasks.tabular.sample_data import write_sample_batches
 
 
@@ -83,7 +84,7 @@ def first_run(state: Path, sample_raw: Path) -> tuple[RunRecord, str]:
     return newest_run(state), output
 
 
-def test_the_first_run_executes_every_components_real_command(first_run):
+def test_the_first_run_executes_every_components_real_command(first_run, state):
     record, output = first_run
     assert record.status == COMPLETED
     assert reused(record) == {"prep": False, "train": False, "evaluate": False, "register": False}
@@ -106,7 +107,14 @@ def test_the_first_run_executes_every_components_real_command(first_run):
         True,
         "1",
     )  # the first model
-    assert output.splitlines()[-2:] == [f"run {record.run_id}: Completed", f"registration: {registration}"]
+    # The gate's decision beside the run's status, as the local submitter reports it to the front door too.
+    assert output.splitlines()[-2:] == [
+        f"run {record.run_id}: Completed, registered as v1",
+        f"registration: {registration}",
+    ]
+    details = LocalSubmitter(RunnerOptions(state_root=state), os.environ).status(record.job_name).details
+    assert (details["registered_version"], details["decision"]) == ("1", "registered")
+    assert details["reasons"] == decision["decision"]["reasons"]
     assert output.startswith("on Azure ML, estimated cost")  # printed before the run starts
     assert [line.split()[:2] for line in output.splitlines()[1:9:2]] == [
         ["prep", "started"], ["train", "started"], ["evaluate", "started"], ["register", "started"]
@@ -163,7 +171,7 @@ def test_new_data_reruns_every_step_and_a_degraded_data_set_is_refused_by_the_ga
     degraded = tmp_path / "degraded"
     write_sample_batches(degraded, batches=4, label_noise=0.5)
 
-    code, _ = retrain(state, "run", "--data", str(degraded), *small_training())
+    code, output = retrain(state, "run", "--data", str(degraded), *small_training())
 
     record = newest_run(state)
     assert code == 0  # a refused candidate is the pipeline working, not failing
@@ -174,6 +182,10 @@ def test_new_data_reruns_every_step_and_a_degraded_data_set_is_refused_by_the_ga
     assert (outcome["decision"]["accepted"], outcome["registered_version"]) == (False, None)
     reasons = " ".join(outcome["decision"]["reasons"])
     assert "accuracy" in reasons and "below the floor" in reasons and "champion v" in reasons, reasons
+    refused = f"run {record.run_id}: Completed, refused: {'; '.join(outcome['decision']['reasons'])}"
+    assert refused in output.splitlines()
+    details = LocalSubmitter(RunnerOptions(state_root=state), os.environ).status(record.job_name).details
+    assert (details["registered_version"], details["decision"]) == (None, "refused")
 
     monkeypatch.setenv("RETRAIN_HOME", str(state))
     capsys.readouterr()  # only what `models` prints, below
@@ -185,7 +197,7 @@ def test_new_data_reruns_every_step_and_a_degraded_data_set_is_refused_by_the_ga
 
 
 def test_a_failing_step_fails_the_run_with_its_log_tail_and_leaves_the_cache_intact(
-    state, sample_raw, first_run, tmp_path
+    state, sample_raw, first_run, tmp_path, capsys
 ):
     bad = copy_raw(sample_raw, tmp_path / "bad")
     header, *rows = (bad / "batch-0001.csv").read_text().splitlines(keepends=True)
@@ -198,6 +210,10 @@ def test_a_failing_step_fails_the_run_with_its_log_tail_and_leaves_the_cache_int
     headline, *tail = str(failed.value).splitlines()
     assert headline.startswith("step 'prep' failed with exit code 2; its log: ")
     assert any("retrain: error:" in line and "batch-0005.csv" in line for line in tail)
+    # The run's line says where and why, in the step's own words (the output, printed by `retrain` above).
+    [said] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("run ")]
+    assert said.startswith(f"run {failed.value.run_id}: Failed at prep: ") and "batch-0005.csv" in said
+    assert "retrain: error:" not in said
     record = newest_run(state)
     assert (record.run_id, record.status, record.failed_step) == (failed.value.run_id, FAILED, "prep")
     assert {step.name: step.status for step in record.steps} == {

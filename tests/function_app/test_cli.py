@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -71,27 +72,43 @@ def _ledger(retrain, **overrides) -> dict:
 # -- event --------------------------------------------------------------------------------------------------
 
 
-def test_event_delivers_every_payload_and_prints_each_decision(retrain, tmp_path):
+def test_event_delivers_every_payload_and_prints_each_decision_once(retrain, tmp_path, caplog):
+    drift, own_drift = dataset_drift_detected(), retrain_drift_detected(CLOUD_EVENTS)
     array = _write(
         tmp_path / "events.json",
         [
             blob_created(),
-            dataset_drift_detected(),
+            drift,
             blob_created(name=f"{PREFIX}/empty.csv", contentLength=0, envelope={"id": "empty"}),
+            blob_created(envelope={"id": "again"}),
         ],
     )
-    single = _write(tmp_path / "drift.json", retrain_drift_detected(CLOUD_EVENTS))
+    single = _write(tmp_path / "drift.json", own_drift)
 
     quiet = {"RETRAIN_DEBOUNCE_QUIET_SECONDS": "60", "RETRAIN_DEBOUNCE_MAX_WAIT_SECONDS": "60"}
-    code, out, err = retrain("event", str(array), str(single), **quiet)
+    with caplog.at_level(logging.DEBUG):
+        code, out, err = retrain("event", str(array), str(single), **quiet)
 
+    claim = next(e["id"] for e in _ledger(retrain)["events"] if e["decision"] == "debounced")
+    # One line per delivery, naming the file it came from and the blob (a drift alert has none: its id).
     assert (code, err) == (0, [])
-    assert len(out) == 4
-    assert out[0].startswith(f"{array}[0]: blob event ") and ": debounced (" in out[0]
-    assert out[1].startswith(f"{array}[1]: drift event ") and ": accepted (" in out[1]
-    assert out[2].startswith(f"{array}[2]: blob event empty: rejected (contentLength 0")
-    assert out[3].startswith(f"{single}: drift event ") and ": accepted (" in out[3]
+    assert out == [
+        f"{array}[0]: blob {PREFIX}/batch-0001.csv: debounced "
+        "(joined the pending batch; it is submitted after the quiet period)",
+        f"{array}[1]: drift event {drift['id']}: accepted (accepted for the next run)",
+        f"{array}[2]: blob {PREFIX}/empty.csv: rejected "
+        "(contentLength 0: an empty blob holds no data; expected more than 0 bytes)",
+        f"{array}[3]: blob {PREFIX}/batch-0001.csv: duplicate "
+        f"(duplicate of an event already debounced as {claim})",
+        f"{single}: drift event {own_drift['id']}: accepted (accepted for the next run)",
+    ]
+    # Not logged a second time: neither the handler's line nor the front door's own (above INFO).
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("function_app.blueprints")] == []
+    assert [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and "empty" in r.getMessage()
+    ] == []
     decisions = [event["decision"] for event in _ledger(retrain)["events"]]
+    # The duplicate lost its claim and wrote nothing: one record per event.
     assert sorted(decisions) == ["accepted", "accepted", "debounced", "rejected"]
 
 
@@ -184,7 +201,11 @@ def test_trigger_does_what_the_post_does(retrain):
 def test_trigger_held_back_says_when_to_retry(retrain, tmp_path):
     waits = {"RETRAIN_COOLDOWN_SECONDS": "3600"}
     retrain("event", str(_write(tmp_path / "blob.json", blob_created())), **waits)
-    assert retrain("trigger", "--force", **waits)[0] == 0
+    code, out, _ = retrain("trigger", "--force", **waits)
+    [submission] = _ledger(retrain, **waits)["submissions"]
+    # Submitted at once: the answer, then what its status URL tells (a dry run: no gate to report).
+    assert code == 0 and json.loads(out[0].split(" ", 1)[1])["decision"] == "submitted"
+    assert out[1:] == [f"submission {submission['id']}: Completed, job {submission['job_name']}"]
     assert retrain("flush", **waits)[0] == 0  # the dry run has ended: the cooldown alone holds back now
 
     code, out, _ = retrain("trigger", "--reason", "more", **waits)
@@ -204,10 +225,16 @@ def test_flush_waits_for_the_quiet_period_unless_now(retrain, tmp_path):
     assert _ledger(retrain)["submissions"] == []
 
     code, out, _ = retrain("flush", "--now", **quiet)
-    assert code == 0
-    assert out[0].startswith("submitted s-") and "(blob): data rd-" in out[0] and "1 new input(s)" in out[0]
     [submission] = _ledger(retrain)["submissions"]
     assert submission["inputs"] == [blob_url(f"{PREFIX}/batch-0001.csv")]
+    # A dry run ends with its job recorded: no gate ran, so nothing stands beside its status.
+    assert (code, out) == (
+        0,
+        [
+            f"submitted {submission['id']} (blob): data {submission['data_version']}, 1 new input(s), "
+            f"job {submission['job_name']}, status Completed"
+        ],
+    )
 
 
 def test_ledger_prints_every_decision_and_submission(retrain, tmp_path):
@@ -241,7 +268,7 @@ def test_ledger_prints_every_decision_and_submission(retrain, tmp_path):
 
 
 def _decisions(lines: list[str]) -> list[str]:
-    return [line.split(": ", 1)[1].split(" (", 1)[0] for line in lines if line.startswith("blob event ")]
+    return [line.split(": ", 1)[1].split(" (", 1)[0] for line in lines if line.startswith("blob ")]
 
 
 def test_watch_delivers_each_new_file_version_once(retrain, tmp_path):
@@ -255,8 +282,14 @@ def test_watch_delivers_each_new_file_version_once(retrain, tmp_path):
     quiet = {"RETRAIN_DEBOUNCE_QUIET_SECONDS": "3600", "RETRAIN_DEBOUNCE_MAX_WAIT_SECONDS": "3600"}
 
     code, out, _ = retrain("watch", "--once", "--folder", str(landing), **quiet)
-    assert out[0] == f"watching folder {landing} as {ENDPOINT}/{CONTAINER}/{PREFIX}/"
-    assert code == 0 and _decisions(out) == ["debounced", "debounced"]
+    assert code == 0
+    # One line per delivery, naming the blob: its decision and why.
+    joined = "debounced (joined the pending batch; it is submitted after the quiet period)"
+    assert out == [
+        f"watching folder {landing} as {ENDPOINT}/{CONTAINER}/{PREFIX}/",
+        f"blob {PREFIX}/a.csv: {joined}",
+        f"blob {PREFIX}/b.csv: {joined}",
+    ]
     assert retrain("watch", "--once", "--folder", str(landing), **quiet)[1][1:] == []  # nothing new
 
     (landing / "a.csv").write_text("x,y\n1,2\n7,8\n")
@@ -360,7 +393,7 @@ def test_watch_needs_its_settings_and_folder(retrain, settings, tmp_path):
     assert f"landing folder {tmp_path / 'no-such-folder'}: not a folder" in err[0]
 
 
-def test_a_local_run_watches_only_the_folder_it_pins_from(retrain, tmp_path):
+def test_a_local_run_watches_only_the_folder_it_pins_from_and_says_where_its_run_failed(retrain, tmp_path):
     landing = tmp_path / "landing"
     landing.mkdir()
     local = {"RETRAIN_SUBMITTER": "local"}
@@ -373,5 +406,19 @@ def test_a_local_run_watches_only_the_folder_it_pins_from(retrain, tmp_path):
     assert retrain("watch", "--once", "--folder", str(landing), **other)[0] == 2
 
     # Set, it is the folder watched by default.
-    code, out, _ = retrain("watch", "--once", **local, RETRAIN_LANDING_FOLDER=str(landing))
+    local["RETRAIN_LANDING_FOLDER"] = str(landing)
+    (landing / "unlabelled.csv").write_text("a,b\n1,2\n")
+    code, out, _ = retrain("watch", "--once", **local)
     assert code == 0 and out[0].startswith(f"watching folder {landing} as ")
+    joined = "debounced (joined the pending batch; it is submitted after the quiet period)"
+    assert out[1:] == [f"blob {PREFIX}/unlabelled.csv: {joined}"]
+
+    # A forced request runs the batch here and now, and says where and why the run failed.
+    code, out, _ = retrain("trigger", "--force", **local)
+    [submission] = _ledger(retrain, **local)["submissions"]
+    assert code == 0 and len(out) == 2
+    assert out[1].startswith(f"submission {submission['id']}: Failed at prep: ")
+    assert out[1].endswith(
+        f"unlabelled.csv: missing columns 'row_key', 'label'; expected the columns row_key, "
+        f"label, a, b (any order), job {submission['job_name']}"
+    )

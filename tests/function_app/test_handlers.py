@@ -162,6 +162,28 @@ def test_a_rejection_is_acknowledged_and_recorded(handler, start_front_door, fun
     assert _pending(front) == []
 
 
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [
+        (blob_created(CLOUD_EVENTS), f"blob {NAME}"),
+        (blob_created(container="other"), f"blob {NAME}"),  # rejected, yet its subject names a blob
+        (blob_created(name=f"{PREFIX}/../x.csv", envelope={"id": "tricky"}), "blob event tricky"),
+        (run_status_changed(envelope={"id": "not-a-blob"}), "blob event not-a-blob"),
+    ],
+    ids=["accepted", "foreign-container", "traversal", "no-blob-subject"],
+)
+def test_the_blob_trigger_logs_one_line_naming_the_blob(handler, start_front_door, caplog, payload, named):
+    front = start_front_door(**WAITING)
+
+    with caplog.at_level(logging.INFO, logger="function_app.blueprints"):
+        handler(BLOB)(worker_event(payload))
+
+    # The blob, as a person knows the upload; its event id only where the subject names no safe blob name.
+    [record] = _events(front)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("function_app.blueprints")]
+    assert lines == [f"{named}: {record['decision']} ({record['reason']})"]
+
+
 def test_a_ledger_failure_raises_so_event_grid_retries(handler, start_front_door, tmp_path):
     front = start_front_door(**WAITING)
     events = tmp_path / "home" / "ledger" / "claims"

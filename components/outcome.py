@@ -1,0 +1,82 @@
+"""What became of a run, in words: the gate's decision beside the run's status.
+
+A run's status says only whether its steps ran. Whether it changed anything is the register step's call,
+which it writes to `registration.json` in the pipeline's `registration` output: a new model version, or a
+refusal and the gate's reasons. `gate_details` reads that into a submission's details (`registered_version`,
+`decision`, `reasons`), next to what a failed run leaves there (`failed_step`, `log_tail`, `error`);
+`describe_outcome` turns such details into the one line that `retrain run`, `retrain flush` and
+`retrain trigger` print:
+
+    Completed, registered as v3
+    Completed, refused: accuracy 0.4100 is below the floor 0.8; ...
+    Failed at prep: batch-0005.csv: missing column 'label'; expected the columns ...
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from components.request import COMPLETED, FAILED
+from training.common import mask_secrets
+
+log = logging.getLogger(__name__)
+
+# The register step's output (components/pipeline.yml) and the file in it (training/gate/register.py).
+REGISTRATION_OUTPUT = "registration"
+REGISTRATION_FILE = "registration.json"
+REGISTERED, REFUSED = "registered", "refused"
+# What every step's command line prints before exiting non-zero (training/cli.py, training/engine/worker.py):
+# in a log tail it is the line that says why, wherever torchrun's own report puts it.
+_STEP_ERROR = "retrain: error: "
+
+
+def gate_details(outputs: Mapping[str, str]) -> dict[str, Any]:
+    """The gate's decision from a completed run's pipeline outputs; empty when the run has none (a pipeline
+    without a register step) or it cannot be read. Reading it never fails the run it describes."""
+    folder = outputs.get(REGISTRATION_OUTPUT)
+    if folder is None:
+        return {}
+    path = Path(folder) / REGISTRATION_FILE
+    try:
+        record = json.loads(path.read_text())
+        accepted = record["decision"]["accepted"]
+        reasons = [str(reason) for reason in record["decision"]["reasons"]]
+        version = record["registered_version"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.warning("the gate's decision is not known: %s is unreadable (%s)", path, error)
+        return {}
+    return {
+        "registered_version": None if version is None else str(version),
+        "decision": REGISTERED if accepted else REFUSED,
+        "reasons": reasons,
+    }
+
+
+def describe_outcome(status: str, details: Mapping[str, Any]) -> str:
+    """`status`, with what happened beside it when the details know: the version the gate registered, its
+    reasons for refusing, or the step that failed and why."""
+    if status == COMPLETED:
+        if details.get("decision") == REFUSED:
+            return f"{status}, refused: {'; '.join(details.get('reasons') or ()) or 'no reason given'}"
+        if details.get("registered_version"):
+            return f"{status}, registered as v{details['registered_version']}"
+    if status == FAILED and details.get("failed_step"):
+        why = _failure(details)  # a step's log may quote a URL with its SAS token: masked, as errors are
+        return f"{status} at {details['failed_step']}" + (f": {mask_secrets(why)}" if why else "")
+    return status
+
+
+def _failure(details: Mapping[str, Any]) -> str | None:
+    """The line that says why a step failed: its own error line, else the runner's headline, else the last
+    line of its log."""
+    tail: Sequence[str] = details.get("log_tail") or ()
+    for line in reversed(tail):
+        if _STEP_ERROR in line:
+            return line.split(_STEP_ERROR, 1)[1].strip()
+    if details.get("error"):
+        return str(details["error"])
+    return next((line.strip() for line in reversed(tail) if line.strip()), None)

@@ -1,0 +1,86 @@
+"""What became of a run, in the one line the commands print beside its status (components/outcome.py).
+
+The gate's decisions themselves come from real runs in test_local_pipeline.py; here, the wording for each
+kind of details a submission can carry, and what a run without a readable decision gives."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from components.outcome import REGISTRATION_FILE, describe_outcome, gate_details
+
+# What torchrun prints after a worker's own error line: the step's reason is the worker's line, not these.
+TORCHRUN_REPORT = [
+    "[rank0]: retrain: error: --data /x: not a prepared data version; expected a prep step's output",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    "  error_file: <N/A>",
+    "============================================================",
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "details", "line"),
+    [
+        ("Completed", {"registered_version": "3", "decision": "registered"}, "Completed, registered as v3"),
+        (
+            "Completed",
+            {
+                "registered_version": None,
+                "decision": "refused",
+                "reasons": ["accuracy 0.41 < 0.8", "f1 worse"],
+            },
+            "Completed, refused: accuracy 0.41 < 0.8; f1 worse",
+        ),
+        (
+            "Failed",
+            {"failed_step": "train", "log_tail": TORCHRUN_REPORT, "error": "step 'train' failed"},
+            "Failed at train: --data /x: not a prepared data version; expected a prep step's output",
+        ),
+        (
+            "Failed",
+            {"failed_step": "prep", "log_tail": ["Killed"], "error": "step 'prep' was killed by SIGKILL"},
+            "Failed at prep: step 'prep' was killed by SIGKILL",
+        ),
+        (
+            "Failed",
+            {"failed_step": "prep", "log_tail": ["out of memory", ""]},
+            "Failed at prep: out of memory",
+        ),
+        (
+            "Failed",
+            {
+                "failed_step": "prep",
+                "log_tail": ["retrain: error: https://a.blob.core.windows.net/c?sig=SECRET"],
+            },
+            "Failed at prep: https://a.blob.core.windows.net/c?sig=***",
+        ),
+        ("Completed", {"recorded": "/dry-runs/x"}, "Completed"),  # a dry run: no gate ran
+        ("Running", {"run_id": "r"}, "Running"),
+        # GET /api/retrain/{id}: the event's own decision beside a submission still under way.
+        ("Queued", {"decision": "submitted"}, "Queued"),
+    ],
+    ids=[
+        "registered",
+        "refused",
+        "step-error-line",
+        "runner-headline",
+        "last-log-line",
+        "secret-masked",
+        "dry-run",
+        "running",
+        "event-decision",
+    ],
+)
+def test_each_outcome_reads_as_one_line_beside_the_status(status, details, line):
+    assert describe_outcome(status, details) == line
+
+
+def test_a_run_without_a_readable_decision_reports_none(tmp_path, caplog):
+    assert gate_details({"result": str(tmp_path)}) == {}  # a pipeline with no register step
+
+    (tmp_path / REGISTRATION_FILE).write_text('{"decision": ')
+    with caplog.at_level(logging.WARNING, logger="components.outcome"):
+        assert gate_details({"registration": str(tmp_path)}) == {}
+    assert f"{tmp_path / REGISTRATION_FILE} is unreadable" in caplog.text
