@@ -23,6 +23,7 @@ from training.common import (
     check_account_name,
     check_container_name,
     check_prefix,
+    displayable_url,
     parse_account_endpoint,
     parse_blob_url,
     quoted,
@@ -117,7 +118,7 @@ class LedgerLocation:
         scheme = text.split("://", 1)[0].lower() if "://" in text else ""
         if scheme not in ("", "http", "https"):
             raise SettingsError(
-                f"{LEDGER} {quoted(text.split('?', 1)[0])}: scheme {quoted(scheme)} is not supported; "
+                f"{LEDGER} {quoted(displayable_url(text), 120)}: scheme {quoted(scheme)} is not supported; "
                 "expected a folder or an https blob container URL"
             )
         if not scheme:
@@ -155,7 +156,8 @@ class EmulatorConnection:
                 f"{STORAGE_CONNECTION_STRING} lacks AccountName, AccountKey or BlobEndpoint; expected "
                 f"{EXPECTED_CONNECTION_STRING}"
             )
-        host = (urlsplit(blob_endpoint).hostname or "") if "://" in blob_endpoint else ""
+        # Parsed without its user info: a key pasted there may hold '/', which would end the host early.
+        host = (urlsplit(displayable_url(blob_endpoint)).hostname or "") if "://" in blob_endpoint else ""
         if host not in EMULATOR_HOSTS:
             raise SettingsError(
                 f"{STORAGE_CONNECTION_STRING} points at {quoted(host or 'no host')}, which is not the "
