@@ -52,6 +52,7 @@ from function_app.settings.app import (
     STORAGE_CONNECTION_STRING,
     SUBMITTER,
     AppSettings,
+    EmulatorConnection,
     LedgerLocation,
     mask_secrets,
 )
@@ -386,7 +387,10 @@ def open_configured_ledger(environ: Mapping[str, str]) -> Ledger:
             if LEDGER in values
             else LedgerLocation(folder=Path(values.get(HOME, str(DEFAULT_HOME))) / "ledger")
         )
-        return open_ledger(location.spec, values.get(STORAGE_CONNECTION_STRING))
+        connection_string = values.get(STORAGE_CONNECTION_STRING)
+        if connection_string:
+            EmulatorConnection.parse(connection_string)  # the front door's rules: Azurite's, a key, no SAS
+        return open_ledger(location.spec, connection_string)
     except (ValueError, LedgerError) as error:  # SettingsError is a ValueError
         raise CliError(f"the ledger cannot be opened: {_one_line(error)}") from None
 

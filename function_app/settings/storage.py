@@ -156,8 +156,13 @@ class EmulatorConnection:
                 f"{STORAGE_CONNECTION_STRING} lacks AccountName, AccountKey or BlobEndpoint; expected "
                 f"{EXPECTED_CONNECTION_STRING}"
             )
-        # Parsed without its user info: a key pasted there may hold '/', which would end the host early.
-        host = (urlsplit(displayable_url(blob_endpoint)).hostname or "") if "://" in blob_endpoint else ""
+        if any(mark in blob_endpoint for mark in "@?#"):
+            # Not quoted: the user info, SAS or fragment is a credential (and may hold '/' or '?').
+            raise SettingsError(
+                f"{STORAGE_CONNECTION_STRING} BlobEndpoint carries credentials (user info, a query or a "
+                "fragment); expected the emulator's plain endpoint, the key in AccountKey"
+            )
+        host = (urlsplit(blob_endpoint).hostname or "") if "://" in blob_endpoint else ""
         if host not in EMULATOR_HOSTS:
             raise SettingsError(
                 f"{STORAGE_CONNECTION_STRING} points at {quoted(host or 'no host')}, which is not the "
