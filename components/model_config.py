@@ -253,44 +253,8 @@ def _gate(reader: _Reader, document: Mapping[str, Any]) -> GateConfig:
     return GateConfig(**values)
 
 
-def _parameter_types(spec: PipelineSpec) -> dict[str, str]:
-    """Each settable parameter's input type: a pipeline input's by the step input it feeds, else the
-    component input's own (an input no step binds)."""
-    from components.specs import ParentInput
-
-    types: dict[str, str] = {}
-    for step in spec.steps.values():
-        for name, port in step.component.inputs.items():
-            binding = step.inputs.get(name)
-            if isinstance(binding, ParentInput):
-                types.setdefault(binding.name, port.type)
-            elif name not in step.inputs:
-                types.setdefault(name, port.type)
-    return types
-
-
-_TYPE_FORMS = {
-    "integer": "a whole number",
-    "number": "a number",
-    "boolean": "true or false",
-    "string": "text (or a number)",
-}
-
-
-def _value_fits(value: Any, kind: str) -> bool:
-    if isinstance(value, bool):
-        return kind == "boolean"
-    if kind == "integer":
-        return isinstance(value, int)
-    if kind == "number":
-        return isinstance(value, int | float) and math.isfinite(value)
-    if kind == "boolean":
-        return False
-    return isinstance(value, str | int | float)  # text, and paths for a folder input
-
-
 def _pipeline(reader: _Reader, document: Mapping[str, Any], spec: PipelineSpec) -> dict[str, Any]:
-    from components.local.plan import check_parameters
+    from components.local.plan import check_parameters, expected_form, parameter_ports, value_fits
 
     table = reader.table(document, "pipeline", "[pipeline]")
     for name in table:
@@ -304,11 +268,11 @@ def _pipeline(reader: _Reader, document: Mapping[str, Any], spec: PipelineSpec) 
         check_parameters(spec, table)
     except PipelineError as error:
         raise ConfigError(f"{reader.path}: [pipeline] {error}") from None
-    types = _parameter_types(spec)
+    ports = parameter_ports(spec)
     for name, value in table.items():
-        kind = types.get(name, "string")
-        if not _value_fits(value, kind):
-            raise reader.fail(f"[pipeline] {name}", f"is {_shown(value)}", _TYPE_FORMS.get(kind, "text"))
+        port = ports.get(name)
+        if port is not None and not value_fits(value, port):
+            raise reader.fail(f"[pipeline] {name}", f"is {_shown(value)}", expected_form(port))
     return table
 
 

@@ -44,6 +44,9 @@ class Port:
     optional: bool = False
     default: Any = None
     mode: str | None = None
+    # An integer or number input's inclusive bounds (`min`, `max`), which Azure ML enforces too.
+    minimum: float | None = None
+    maximum: float | None = None
 
     @property
     def is_path(self) -> bool:
@@ -167,7 +170,24 @@ def _port(name: str, declared: Any, path: Path) -> Port:
         optional=bool(declared.get("optional", False)),
         default=declared.get("default"),
         mode=declared.get("mode"),
+        minimum=_bound(declared, "min", name, path),
+        maximum=_bound(declared, "max", name, path),
     )
+
+
+def _bound(declared: Mapping[str, Any], key: str, name: str, path: Path) -> float | None:
+    value = declared.get(key)
+    if value is None:
+        return None
+    if (
+        declared["type"] not in ("integer", "number")
+        or isinstance(value, bool)
+        or not isinstance(value, int | float)
+    ):
+        raise SpecError(
+            f"{path}: port '{name}' {key} {value!r}; expected a number, on an integer or number input"
+        )
+    return value
 
 
 def _distribution(declared: Any) -> Distribution | None:

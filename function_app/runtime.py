@@ -19,7 +19,7 @@ _started: list[FrontDoor] = []
 
 def start(environ: Mapping[str, str]) -> FrontDoor:
     settings = AppSettings.from_environ(environ)
-    log.info("front door settings: %s", settings.describe())
+    log.debug("front door settings: %s", settings.describe())
     _started[:] = [build_front_door(settings, environ)]
     return _started[0]
 

@@ -149,14 +149,15 @@ def build_front_door(
 
 
 def _check_pipeline_parameters(settings: AppSettings) -> None:
-    """Refuse at start-up, not at the first submission, a parameter the pipeline has no input for."""
+    """Refuse at start-up, not at every submission, a parameter the pipeline has no input for or whose
+    value its input refuses (its type, its `min`/`max` in the component YAML)."""
     if not settings.pipeline_parameters:
         return  # nothing to check: no cold start pays for reading the pipeline's YAMLs
     from components.errors import SubmissionError
-    from components.local.plan import check_parameters
+    from components.local.plan import check_parameter_texts
     from components.specs import load_pipeline_spec
 
     try:
-        check_parameters(load_pipeline_spec(), settings.pipeline_parameters)
+        check_parameter_texts(load_pipeline_spec(), settings.pipeline_parameters)
     except SubmissionError as error:
         raise SettingsError(f"{PIPELINE_PARAMETERS}: {error}") from None

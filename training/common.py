@@ -43,11 +43,21 @@ def mask_secrets(text: str) -> str:
 
 
 def displayable_url(url: str) -> str:
-    """`url` for a message: without user info, query or fragment (the places a secret hides), then masked."""
+    """`url` for a message: without user info, query or fragment (the places a secret hides), then masked.
+
+    A pasted key or signature may hold '/', '?', '#' or '@', so no URL parser can be trusted to find where
+    the user info or the query ends: the user info is everything up to the last '@', and the query starts
+    at the first '?' or '#' after it. When a '?' or '#' comes before that '@' it is unknowable which part is
+    the host, and none of the URL after the scheme is shown."""
     scheme, separator, rest = url.partition("://")
-    if separator and "@" in rest:
-        rest = rest.rsplit("@", 1)[1]  # the last '@': a key pasted as a password may contain '/' or '@'
-    return mask_secrets(f"{scheme}{separator}{rest}".split("?", 1)[0].split("#", 1)[0])
+    if not separator:
+        return mask_secrets(re.split(r"[?#]", url, maxsplit=1)[0])
+    user_info_end = rest.rfind("@")
+    if user_info_end >= 0:
+        if re.search(r"[?#]", rest[:user_info_end]):
+            return f"{scheme}{separator}***"
+        rest = rest[user_info_end + 1 :]
+    return mask_secrets(f"{scheme}{separator}{re.split(r'[?#]', rest, maxsplit=1)[0]}")
 
 
 def quoted(value: object, limit: int = 80) -> str:

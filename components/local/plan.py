@@ -11,6 +11,8 @@ The same functions serve the runner and the benchmark's direct baseline, so both
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,8 @@ from components.local.commands import render_command
 from components.local.launch import TorchrunReports, launch_argv
 from components.request import RunRequest
 from components.run_inputs import DATA_INPUT, RESERVED_INPUTS, reserved_values
-from components.specs import ParentInput, PipelineSpec, StepOutput, StepSpec
+from components.specs import ParentInput, PipelineSpec, Port, StepOutput, StepSpec
+from training.common import quoted
 
 # The tabular model's sizes were train inputs before tasks existed; a parameter naming one gets a hint.
 TASK_MODEL_OPTIONS = ("hidden_width", "hidden_layers", "dropout")
@@ -56,6 +59,94 @@ def check_parameters(pipeline: PipelineSpec, parameters: Mapping[str, Any]) -> N
             f"parameters {unknown}: not inputs of the pipeline; expected some of "
             f"{sorted(_overridable_inputs(pipeline))}"
         )
+
+
+def parameter_ports(pipeline: PipelineSpec) -> dict[str, Port]:
+    """Each settable parameter's input port: a pipeline input's is the step input it feeds (the first
+    step's, in the pipeline's order), else the component input's own (an input no step binds)."""
+    ports: dict[str, Port] = {}
+    for step in pipeline.steps.values():
+        for name, port in step.component.inputs.items():
+            binding = step.inputs.get(name)
+            if isinstance(binding, ParentInput):
+                ports.setdefault(binding.name, port)
+            elif name not in step.inputs:
+                ports.setdefault(name, port)
+    return ports
+
+
+_TYPE_FORMS = {
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+}
+_WHOLE = re.compile(r"^[+-]?[0-9]+$")
+
+
+def expected_form(port: Port) -> str:
+    """What `port` accepts, for an error message: 'a whole number >= 1', 'a finite number from 0 to 1'."""
+    form = _TYPE_FORMS.get(port.type, "text (or a number)")
+    low, high = port.minimum, port.maximum
+    if low is not None and high is not None:
+        return f"{form} from {low:g} to {high:g}"
+    if low is not None:
+        return f"{form} >= {low:g}"
+    if high is not None:
+        return f"{form} <= {high:g}"
+    return form
+
+
+def value_fits(value: Any, port: Port) -> bool:
+    """Whether a typed value (TOML's, a request's) suits `port`'s type and bounds."""
+    if isinstance(value, bool):
+        return port.type == "boolean"
+    if port.type == "integer":
+        fits = isinstance(value, int)
+    elif port.type == "number":
+        fits = isinstance(value, int | float) and math.isfinite(value)
+    elif port.type == "boolean":
+        return False
+    else:
+        return isinstance(value, str | int | float)  # text, and paths for a folder input
+    return (
+        fits
+        and (port.minimum is None or value >= port.minimum)
+        and (port.maximum is None or value <= port.maximum)
+    )
+
+
+def parse_text_value(text: str, port: Port) -> Any:
+    """A value given as text (an app setting, `--param`) read by `port`'s type; ValueError if it cannot be
+    (the bounds are `value_fits`'s to check)."""
+    if port.type == "integer":
+        if not _WHOLE.match(text.strip()):
+            raise ValueError(text)
+        return int(text)
+    if port.type == "number":
+        return float(text)  # 'nan' and 'inf' parse; value_fits refuses them
+    if port.type == "boolean":
+        lowered = text.strip().lower()
+        if lowered not in ("true", "false"):
+            raise ValueError(text)
+        return lowered == "true"
+    return text
+
+
+def check_parameter_texts(pipeline: PipelineSpec, parameters: Mapping[str, str]) -> None:
+    """Parameters given as text (RETRAIN_PIPELINE_PARAMETERS): each names an input (`check_parameters`)
+    and its text reads as a value of that input's type, within its bounds. Raises one-line errors."""
+    check_parameters(pipeline, parameters)
+    ports = parameter_ports(pipeline)
+    for name, text in parameters.items():
+        port = ports.get(name)
+        if port is None:
+            continue  # a pipeline input no step reads: nothing says what it must be
+        try:
+            fits = value_fits(parse_text_value(text, port), port)
+        except ValueError:
+            fits = False
+        if not fits:
+            raise SubmissionError(f"parameter {name} is {quoted(text, 60)}; expected {expected_form(port)}")
 
 
 def pipeline_values(pipeline: PipelineSpec, request: RunRequest) -> dict[str, Any]:

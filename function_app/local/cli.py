@@ -42,10 +42,23 @@ from components.outcome import describe_outcome
 from function_app import runtime
 from function_app.events.parsing import STORAGE_EVENT_PREFIX, PayloadError, load_event_grid_payload
 from function_app.events.triggers import KIND_BLOB, KIND_DRIFT
+from function_app.ledger.ledger import Ledger, open_ledger
 from function_app.ledger.records import LedgerError
 from function_app.local.watch import ContainerSource, FolderSource, Watcher, WatchError, watched_scopes
 from function_app.service import FrontDoor, utc_now
-from function_app.settings.app import LANDING_FOLDER, LOCAL, SUBMITTER, AppSettings, mask_secrets
+from function_app.settings.app import (
+    DEFAULT_HOME,
+    HOME,
+    LANDING_FOLDER,
+    LEDGER,
+    LOCAL,
+    STORAGE_CONNECTION_STRING,
+    SUBMITTER,
+    AppSettings,
+    EmulatorConnection,
+    LedgerLocation,
+    mask_secrets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -370,8 +383,32 @@ def _print_flush(front: FrontDoor, submitted: list[Any], ignore_quiet: bool = Fa
         print(f"nothing submitted{which}: {verdict.reason}", flush=True)
 
 
+def open_configured_ledger(environ: Mapping[str, str]) -> Ledger:
+    """The ledger the settings name, and nothing else: a read-only command needs only its location
+    (RETRAIN_LEDGER, else RETRAIN_HOME/ledger; RETRAIN_STORAGE_CONNECTION_STRING for Azurite), not the
+    front door's blob scope or submitter."""
+    values = {
+        key: value.strip()
+        for key, value in environ.items()
+        if key in (LEDGER, HOME, STORAGE_CONNECTION_STRING)
+    }
+    values = {key: value for key, value in values.items() if value}
+    try:
+        location = (
+            LedgerLocation.parse(values[LEDGER])
+            if LEDGER in values
+            else LedgerLocation(folder=Path(values.get(HOME, str(DEFAULT_HOME))) / "ledger")
+        )
+        connection_string = values.get(STORAGE_CONNECTION_STRING)
+        if connection_string:
+            EmulatorConnection.parse(connection_string)  # the front door's rules: Azurite's, a key, no SAS
+        return open_ledger(location.spec, connection_string)
+    except (ValueError, LedgerError) as error:  # SettingsError is a ValueError
+        raise CliError(f"the ledger cannot be opened: {_one_line(error)}") from None
+
+
 def ledger_command(args: argparse.Namespace) -> int:
-    snapshot = start(args.environ).ledger_snapshot()
+    snapshot = open_configured_ledger(args.environ).snapshot()
     if args.json:
         print(json.dumps(snapshot, indent=2))
         return EXIT_OK

@@ -24,6 +24,7 @@ from training.common import (
     check_account_name,
     check_container_name,
     check_prefix,
+    displayable_url,
     parse_account_endpoint,
     parse_blob_url,
     quoted,
@@ -123,7 +124,7 @@ class LedgerLocation:
         scheme = text.split("://", 1)[0].lower() if "://" in text else ""
         if scheme not in ("", "http", "https"):
             raise SettingsError(
-                f"{LEDGER} {quoted(text.split('?', 1)[0])}: scheme {quoted(scheme)} is not supported; "
+                f"{LEDGER} {quoted(displayable_url(text), 120)}: scheme {quoted(scheme)} is not supported; "
                 "expected a folder or an https blob container URL"
             )
         if not scheme:
@@ -160,6 +161,12 @@ class EmulatorConnection:
             raise SettingsError(
                 f"{STORAGE_CONNECTION_STRING} lacks AccountName, AccountKey or BlobEndpoint; expected "
                 f"{EXPECTED_CONNECTION_STRING}"
+            )
+        if any(mark in blob_endpoint for mark in "@?#"):
+            # Not quoted: the user info, SAS or fragment is a credential (and may hold '/' or '?').
+            raise SettingsError(
+                f"{STORAGE_CONNECTION_STRING} BlobEndpoint carries credentials (user info, a query or a "
+                "fragment); expected the emulator's plain endpoint, the key in AccountKey"
             )
         host = (urlsplit(blob_endpoint).hostname or "") if "://" in blob_endpoint else ""
         if host not in EMULATOR_HOSTS:

@@ -33,7 +33,7 @@ def make_request(**changes) -> RunRequest:
         "processes_per_instance": 4,
         "instance_count": 2,
         "compute": {"prep": "cpu-big"},
-        "component_versions": {"evaluate": "4", "train": "3"},
+        "component_versions": {"evaluate": "4", "train": "4"},
         "task_options": {"hidden_width": 64},
     }
     return RunRequest(**{**fields, **changes})
@@ -97,9 +97,9 @@ def test_registered_components_reference_the_published_versions():
     components = {name: step["component"] for name, step in job._to_dict()["jobs"].items()}
     assert components == {
         "prep": "azureml:retrain_prep:3",
-        "train": "azureml:retrain_train:3",
+        "train": "azureml:retrain_train:4",
         "evaluate": "azureml:retrain_evaluate:4",
-        "register": "azureml:retrain_register:3",
+        "register": "azureml:retrain_register:4",
     }
 
 

@@ -283,7 +283,7 @@ def test_a_component_version_other_than_the_yamls_is_refused(quick_request, stat
     request = RunRequest(model_name="digits", data=quick_request().data, component_versions={"train": "2"})
     with pytest.raises(
         SubmissionError,
-        match=r"step 'train': the request pins retrain_train version 2, but .*train.yml is version 3",
+        match=r"step 'train': the request pins retrain_train version 2, but .*train.yml is version 4",
     ):
         runner.run(request)
     assert not (state / "runs").exists()

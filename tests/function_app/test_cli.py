@@ -164,7 +164,7 @@ def test_event_reports_a_failed_delivery_in_one_line(retrain, tmp_path, azurite)
 
 
 def test_a_bad_setting_is_one_line_naming_it(retrain):
-    code, out, err = retrain("ledger", RETRAIN_MAX_RUNS_PER_DAY="many")
+    code, out, err = retrain("flush", RETRAIN_MAX_RUNS_PER_DAY="many")
     assert (code, out, len(err)) == (2, [], 1)
     assert "RETRAIN_MAX_RUNS_PER_DAY 'many': expected a whole number" in err[0]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
 from training.checkpoint.store import CheckpointStore
+from training.common import displayable_url, quoted
 from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,8 @@ def open_checkpoint_store(spec: str, environ: Mapping[str, str]) -> CheckpointSt
         return open_blob_store(spec, environ.get(CONNECTION_STRING_VARIABLE) or None)
     if not spec.strip() or _ANY_SCHEME.match(spec):
         raise CheckpointError(
-            f"checkpoint store {spec!r} is not supported; expected a local folder path or "
-            "https://<account>.blob.core.windows.net/<container>/<prefix>"
+            f"checkpoint store {quoted(displayable_url(spec), 120)} is not supported; expected a local "
+            "folder path or https://<account>.blob.core.windows.net/<container>/<prefix>"
         )
     return LocalCheckpointStore(Path(spec))
 

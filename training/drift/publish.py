@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from training.common import displayable_url, mask_secrets
 from training.drift.check import DriftReport
 from training.errors import InputError, RetrainError
 
@@ -43,8 +44,6 @@ METRIC = "psi"
 _CHECK_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # what the drift trigger accepts as a check id
 _RAW_VERSION = re.compile(r"rd-[0-9a-f]{16}")
 _ERROR_CHARS = 300
-# A shared access signature, should an endpoint or an error quote one: everything after sig= is the secret.
-_SIGNATURE = re.compile(r"(?i)(\bsig=)[^&;\s'\"]+")
 
 
 class PublishError(RetrainError):
@@ -65,7 +64,8 @@ class TopicSettings:
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.endpoint)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        # Any '@' is user info: a key pasted there may hold '/', which hides it from urlsplit's netloc.
+        if parts.scheme not in ("http", "https") or not parts.hostname or "@" in self.endpoint:
             raise InputError(
                 f"{TOPIC_ENDPOINT} {self.shown_endpoint!r}: expected the topic's URL, "
                 "https://<topic>.<region>-1.eventgrid.azure.net/api/events"
@@ -90,23 +90,13 @@ class TopicSettings:
     @property
     def shown_endpoint(self) -> str:
         """The endpoint without user info, query or fragment: where a secret could hide."""
-        parts = urlsplit(self.endpoint)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if _has_port(parts) else ""
-        return _SIGNATURE.sub(r"\1***", f"{parts.scheme}://{host}{port}{parts.path}")
+        return displayable_url(self.endpoint)
 
     def mask(self, text: str) -> str:
-        """`text` with the key, and any shared access signature, replaced by '***'."""
+        """`text` with the key, and any signature, account key or URL user info, replaced by '***'."""
         if self.key:
             text = text.replace(self.key, "***")
-        return _SIGNATURE.sub(r"\1***", text)
-
-
-def _has_port(parts: Any) -> bool:
-    try:
-        return parts.port is not None
-    except ValueError:
-        return False
+        return mask_secrets(text)
 
 
 def event_data(report: DriftReport, model_name: str, check_id: str) -> dict[str, Any]:
