@@ -30,10 +30,10 @@ from components.cost import CostSettings, with_estimate
 from components.data_version import DataManifest
 from components.errors import SubmissionError
 from components.request import FAILED, TERMINAL_STATES, DataRef, RunRequest, Submitter, job_name_for
-from function_app.events.triggers import COALESCED, KIND_BLOB, SUBMITTED
+from function_app.events.triggers import COALESCED, KIND_BLOB, REJECTED, SUBMITTED
 from function_app.ledger.ledger import PENDING, Claim, Ledger
 from function_app.ledger.records import SUBMITTING, InputPin, LedgerBusyError, SubmissionRecord
-from function_app.pinning import ASSET_PREFIX, DataPinner, batch_manifest
+from function_app.pinning import ASSET_PREFIX, DataPinner, PinError, batch_manifest
 from function_app.policy.rules import (
     FlushVerdict,
     ModelState,
@@ -95,7 +95,10 @@ class Flusher:
                 return []
             submission_id = f"s-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
             new_state, items = start_submission(view, submission_id, now)
-            manifest, named = self._data(route, state, items)
+            try:
+                manifest, named = self._data(route, state, items)
+            except PinError as error:
+                return [self._refuse(model, submission_id, pending, items, str(error), now)]
             if not self._ledger.save_state(model, new_state, version):
                 raise LedgerBusyError(f"model {model!r}: its state changed under the flush lease; retry")
             self._on_step("state-saved")
@@ -107,7 +110,7 @@ class Flusher:
                 created_at=now,
                 updated_at=now,
                 data_version=manifest.version if manifest is not None else named and named.version,
-                inputs=tuple(InputPin(blob.url, f"etag:{blob.etag}") for blob in latest_blobs(items)),
+                inputs=_inputs(manifest, items),
                 events=tuple(claim.record.id for claim in pending),
             )
             if not self._ledger.create_submission(record):
@@ -210,6 +213,34 @@ class Flusher:
             self._finish(record.model_name, record.id, submission.status)
         return updated
 
+    def _refuse(
+        self,
+        model: str,
+        submission_id: str,
+        pending: list[Claim],
+        items: tuple[PendingItem, ...],
+        reason: str,
+        now: datetime,
+    ) -> SubmissionRecord:
+        """A request whose own data cannot be pinned (an empty folder, one gone): recorded as a failed
+        submission that started no run, so it neither blocks the model's later batches nor costs budget."""
+        record = SubmissionRecord(
+            id=submission_id,
+            model_name=model,
+            kind=batch_kind(items),
+            status=FAILED,
+            created_at=now,
+            updated_at=now,
+            events=tuple(claim.record.id for claim in pending),
+            details={"reason": reason},
+        )
+        self._ledger.create_submission(record)
+        self._ledger.retag(
+            pending, lambda event: event.with_decision(REJECTED, reason, submission_id), submission_id
+        )
+        log.warning("submission %s of %s not started: %s", submission_id, model, reason)
+        return record
+
     def _finish_without_data(self, record: SubmissionRecord) -> SubmissionRecord:
         failed = record.with_status(
             FAILED, self._clock(), details={"reason": "nothing to train on: no data has landed yet"}
@@ -302,6 +333,13 @@ class Flusher:
 def _item(claim: Claim) -> PendingItem:
     assert claim.record.item is not None  # Ledger.claim refuses a claim without one
     return claim.record.item
+
+
+def _inputs(manifest: DataManifest | None, items: tuple[PendingItem, ...]) -> tuple[InputPin, ...]:
+    """What the submission brings: the batch's new blobs; a request's own folder: every file it pins."""
+    if manifest is not None and any(item.data_uri for item in items):
+        return tuple(InputPin(file.source, file.fingerprint) for file in manifest.files)
+    return tuple(InputPin(blob.url, f"etag:{blob.etag}") for blob in latest_blobs(items))
 
 
 def _outcome(details: Mapping[str, Any]) -> dict[str, Any]:

@@ -168,6 +168,8 @@ class FrontDoor:
             if route is not None:
                 self._flusher.flush(route, ignore_quiet=True)
         record = self.ledger.event(outcome.record_id, [parsed.model_name])
+        if record is not None and record.decision == REJECTED:  # its own data could not be pinned
+            return HttpOutcome(UNPROCESSABLE, {"id": outcome.record_id, "error": record.reason})
         answer = {
             "id": outcome.record_id,
             "decision": record.decision if record else outcome.decision,

@@ -27,7 +27,14 @@ from function_app.events.blob_paths import blob_url, check_folder_in_scope, chec
 from function_app.events.envelope import Invalid, has_unsafe_characters, json_type, load_json, shown
 from function_app.events.routing import route_named
 from function_app.events.triggers import KIND_HTTP, TriggerRequest
-from function_app.settings.app import BLOB_ACCOUNT, HTTP_MAX_BODY_BYTES, AppSettings, BlobScope
+from function_app.settings.app import (
+    BLOB_ACCOUNT,
+    HTTP_MAX_BODY_BYTES,
+    LOCAL,
+    SUBMITTER,
+    AppSettings,
+    BlobScope,
+)
 from function_app.settings.models import ModelRoute
 
 log = logging.getLogger(__name__)
@@ -79,7 +86,7 @@ def parse_http_retrain(
         fields = _body_fields(body)
         route = _check_model(fields, settings)
         # An absent field takes its default; a present one, null included, must have the right type.
-        data_uri = _data_uri(fields["data"], route.scope) if "data" in fields else None
+        data_uri = _data_uri(fields["data"], route.scope, settings.submitter) if "data" in fields else None
         reason = _reason(fields["reason"]) if "reason" in fields else None
         force = _force(fields["force"]) if "force" in fields else False
     except Invalid as err:
@@ -145,13 +152,18 @@ def _check_model(fields: Mapping[str, Any], settings: AppSettings) -> ModelRoute
     return route_named(name, settings.models, "model_name")
 
 
-def _data_uri(value: Any, scope: BlobScope | None) -> str:
+def _data_uri(value: Any, scope: BlobScope | None, submitter: str) -> str:
     if not isinstance(value, str):
         raise Invalid(f"data is {shown(value)}; expected {_DATA_FORMS}")
     if value.startswith("azureml:"):
         if not _PINNED_ASSET.fullmatch(value):
             raise Invalid(
                 f"data {shown(value)} is not a pinned data asset; expected azureml:<asset>:rd-<16 hex>"
+            )
+        if submitter == LOCAL:
+            raise Invalid(
+                f"data {shown(value)} is an Azure ML data asset, which runs on this machine cannot read; "
+                f"expected a blob folder URL ({SUBMITTER}={LOCAL})"
             )
         return value
     if not value.startswith(("https://", "http://")):
