@@ -129,7 +129,9 @@ class BlobRecordStore:
             blobs = list(self._container.list_blobs(name_starts_with=start, include=["metadata"]))
         for blob in blobs:
             yield Listed(
-                blob.name.removeprefix(self._folder), blob.etag, (blob.metadata or {}).get(_TAG_KEY, "")
+                blob.name.removeprefix(self._folder),
+                _quoted(blob.etag),
+                (blob.metadata or {}).get(_TAG_KEY, ""),
             )
 
     @contextlib.contextmanager
@@ -175,6 +177,12 @@ class BlobRecordStore:
 
     def _failure(self, action: str, name: str, err: AzureError) -> LedgerError:
         return LedgerError(f"cannot {action} ledger record {name} in {self.location}: {_describe(err)}")
+
+
+def _quoted(etag: str) -> str:
+    """A listing gives eTags bare (0x8DC...), a read quoted ("0x8DC..."): one form, so a listed version
+    equals the read one and is a valid If-Match (which HTTP wants quoted)."""
+    return etag if etag.startswith('"') else f'"{etag}"'
 
 
 def _metadata(tag: str) -> dict[str, str]:

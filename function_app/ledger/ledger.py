@@ -84,10 +84,11 @@ class Ledger:
             raise LedgerError(f"event record {record.id} exists; expected a fresh id from new_delivery_id()")
 
     def claim_of(self, model_name: str, record_id: str) -> Claim | None:
-        stored = self.store.read(self._claim_name(model_name, record_id))
+        name = self._claim_name(model_name, record_id)
+        stored = self.store.read(name)
         if stored is None:
             return None
-        return Claim(self._parse(record_id, stored.data, EventRecord.from_dict), stored.version, stored.tag)
+        return Claim(self._parse(name, stored.data, EventRecord.from_dict), stored.version, stored.tag)
 
     def event(self, record_id: str, model_names: Iterable[str]) -> EventRecord | None:
         """The event recorded under `record_id`: a claim of one of `model_names`, or a delivery."""
@@ -96,8 +97,9 @@ class Ledger:
             claim = self.claim_of(model_name, record_id)
             if claim is not None:
                 return claim.record
-        stored = self.store.read(f"{DELIVERIES}/{record_id}.json")
-        return None if stored is None else self._parse(record_id, stored.data, EventRecord.from_dict)
+        name = f"{DELIVERIES}/{record_id}.json"
+        stored = self.store.read(name)
+        return None if stored is None else self._parse(name, stored.data, EventRecord.from_dict)
 
     def claims(self, model_name: str, tag: str = PENDING) -> list[Claim]:
         """The model's claims with `tag` (PENDING: the batch waiting for a flush), oldest first."""
@@ -121,10 +123,11 @@ class Ledger:
 
     def load_state(self, model_name: str) -> tuple[ModelState, str | None]:
         """The model's state and its version; (an empty state, None) if it has never been saved."""
-        stored = self.store.read(f"{MODELS}/{model_name}.json")
+        name = f"{MODELS}/{model_name}.json"
+        stored = self.store.read(name)
         if stored is None:
             return ModelState.empty(model_name), None
-        state = self._parse(model_name, stored.data, lambda data: ModelState.from_dict(data["state"]))
+        state = self._parse(name, stored.data, lambda data: ModelState.from_dict(data["state"]))
         check_model(model_name, state)
         return state, stored.version
 
@@ -182,10 +185,11 @@ class Ledger:
     # -- helpers --------------------------------------------------------------------------------------
 
     def _submission(self, submission_id: str) -> tuple[SubmissionRecord, str] | None:
-        stored = self.store.read(self._submission_name(submission_id))
+        name = self._submission_name(submission_id)
+        stored = self.store.read(name)
         if stored is None:
             return None
-        return self._parse(submission_id, stored.data, SubmissionRecord.from_dict), stored.version
+        return self._parse(name, stored.data, SubmissionRecord.from_dict), stored.version
 
     def _read(self, name: str) -> bytes:
         stored = self.store.read(name)

@@ -1,17 +1,18 @@
-"""Helpers for the policy and ledger tests: trigger requests as the parsers build them, the service's
-load -> on_arrival -> save retry loop, and entry points for the multi-process races (run under `spawn`,
-so they live in an importable module, not in a test file)."""
+"""Helpers for the policy and ledger tests: trigger requests as the parsers build them, and entry points for
+the multi-process tests of the local record store (run under `spawn`, so they live in an importable module,
+not in a test file)."""
 
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from function_app.events.triggers import ACCEPTED, KIND_BLOB, KIND_DRIFT, KIND_HTTP, BlobRef, TriggerRequest
-from function_app.ledger.local import EventRecord, Ledger, LocalLedger
-from function_app.policy.rules import PolicySettings, on_arrival
+from function_app.events.triggers import KIND_BLOB, KIND_DRIFT, KIND_HTTP, BlobRef, TriggerRequest
+from function_app.ledger.local import LocalRecordStore
+from function_app.policy.rules import PolicySettings
 
 MODEL = "digits"
 ACCOUNT = "retrainlanding"
@@ -19,7 +20,8 @@ CONTAINER = "landing"
 T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 SETTINGS = PolicySettings(quiet_seconds=60, max_wait_seconds=300, cooldown_seconds=600, max_runs_per_day=3)
 BARRIER_TIMEOUT_S = 30.0
-CLAIM_ROUNDS = 20
+RESULT_TIMEOUT_S = 60.0
+CREATE_ROUNDS = 20
 
 
 def blob_url(name: str) -> str:
@@ -48,12 +50,12 @@ def blob_request(
     )
 
 
-def drift_request(run_id: str, now: datetime = T0) -> TriggerRequest:
+def drift_request(run_id: str, now: datetime = T0, model_name: str = MODEL) -> TriggerRequest:
     return TriggerRequest(
         kind=KIND_DRIFT,
         event_id=f"evt-{run_id}",
         dedupe_key=f"drift:{run_id}",
-        model_name=MODEL,
+        model_name=model_name,
         received_at=now,
         reason="feature drift above threshold",
     )
@@ -71,33 +73,21 @@ def http_request(key: str, now: datetime = T0, force: bool = False) -> TriggerRe
     )
 
 
-def add_with_retries(ledger: Ledger, request: TriggerRequest, now: datetime = T0) -> int:
-    """The service's compare-and-set loop: load, apply, save; again on a lost race. Returns the attempts."""
-    attempts = 0
-    while True:
-        attempts += 1
-        state, token = ledger.load_state(request.model_name)
-        _, new_state = on_arrival(state, request, now, SETTINGS)
-        if ledger.save_state(request.model_name, new_state, token):
-            return attempts
-
-
-def claim_in_process(folder: str, worker: int, barrier: Any, results: Any) -> None:
-    """One process's claims of the shared events 'drift:shared-<n>' (n < CLAIM_ROUNDS), in a row, started
-    together with the other processes."""
-    ledger = LocalLedger(Path(folder))
-    reason = f"claimed by process {worker}"
-    records = [EventRecord.claim(drift_request(f"shared-{n}"), ACCEPTED, reason) for n in range(CLAIM_ROUNDS)]
+def create_in_process(folder: str, worker: int, barrier: Any, results: Any) -> None:
+    """One process's creates of the shared records 'race/r-<n>.json' (n < CREATE_ROUNDS), in a row, started
+    together with the other processes; each writes its own worker number, so the winner can be checked."""
+    store = LocalRecordStore(Path(folder))
     barrier.wait(BARRIER_TIMEOUT_S)
-    results.put((worker, [ledger.claim_event(record) for record in records]))
+    won = [store.create(f"race/r-{n}.json", str(worker).encode(), f"w{worker}") for n in range(CREATE_ROUNDS)]
+    results.put((worker, won))
 
 
-def add_in_process(folder: str, worker: int, count: int, barrier: Any, results: Any) -> None:
-    """One process's `count` additions to the shared model state, each through the retry loop."""
-    ledger = LocalLedger(Path(folder))
-    barrier.wait(BARRIER_TIMEOUT_S)
-    attempts = sum(add_with_retries(ledger, drift_request(f"p{worker}-{i}")) for i in range(count))
-    results.put((worker, attempts))
+def hold_in_process(folder: str, name: str, results: Any) -> None:
+    """Take the hold `name`, report whether it was had, and keep it until this process is killed."""
+    store = LocalRecordStore(Path(folder))
+    with store.hold(name) as held:
+        results.put(held is not None)
+        threading.Event().wait()  # never set: the test kills this process while it holds
 
 
 def run_processes(target: Any, arguments: list[tuple[Any, ...]]) -> list[Any]:
@@ -108,7 +98,7 @@ def run_processes(target: Any, arguments: list[tuple[Any, ...]]) -> list[Any]:
     processes = [context.Process(target=target, args=(*args, barrier, results)) for args in arguments]
     for process in processes:
         process.start()
-    outcomes = [results.get(timeout=60) for _ in processes]
+    outcomes = [results.get(timeout=RESULT_TIMEOUT_S) for _ in processes]
     for process in processes:
         process.join(timeout=30)
         if process.exitcode != 0:
