@@ -57,9 +57,10 @@ class _BlobLease:
         while not self._stop.wait(RENEW_SECONDS):
             try:
                 self._client.renew()
-            except AzureError as err:
+            except Exception as err:  # whatever stops the renewal loses the lease: the holder must know
                 self.lost = True
-                log.warning("lost the ledger lease %s: %s", self._client.id, _describe(err))
+                reason = _describe(err) if isinstance(err, AzureError) else type(err).__name__
+                log.warning("lost the ledger lease %s: %s", self._client.id, reason)
                 return
 
     def release(self) -> None:

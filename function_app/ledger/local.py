@@ -68,13 +68,16 @@ class LocalRecordStore:
         return True
 
     def list(self, prefix: str) -> Iterator[Listed]:
-        folder = self._folder / prefix.rstrip("/") if prefix.strip("/") else self._folder
+        # A prefix of names, as Blob Storage matches it: 'claims/a' lists 'claims/a1/...' and 'claims/ab'.
+        parent = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        folder = self._folder / parent if parent else self._folder
         if not folder.is_dir():
             return
         for path in sorted(folder.rglob("*")):
             relative = path.relative_to(self._folder).as_posix()
-            if any(part.startswith(".") for part in path.relative_to(self._folder).parts) or path.is_dir():
-                continue  # temporary files and the locks
+            hidden = any(part.startswith(".") for part in path.relative_to(self._folder).parts)
+            if hidden or not relative.startswith(prefix) or path.is_dir():
+                continue  # temporary files, the locks, and names beside the prefix
             try:
                 raw = path.read_bytes()
             except FileNotFoundError:

@@ -125,6 +125,12 @@ def test_a_listing_gives_names_versions_and_tags_of_exactly_its_prefix(store):
     ]
     assert [entry.version for entry in listed] == [store.read(entry.name).version for entry in listed]
     assert list(store.list("claims/none/")) == []
+    # A prefix is a prefix of names, in both twins, not only a folder.
+    assert {entry.name for entry in store.list("claims/a")} == {
+        "claims/a/k-1.json",
+        "claims/a/k-2.json",
+        "claims/ab/k-3.json",
+    }
     with store.hold("flush-a"):  # the lease's own record is not a record of any area
         assert {entry.name for entry in store.list("claims/")} == {
             "claims/a/k-1.json",
