@@ -131,7 +131,7 @@ def resolve_run_settings(
     pipeline: PipelineSpec,
 ) -> RunSettings:
     """The run's settings from the configuration file (if any) with the command line over it."""
-    from components.local.plan import check_parameters
+    from components.local.plan import check_parameter_texts, check_parameters
 
     config = _config(model_name, config_file, cwd, environ, pipeline)
     chosen = config.task.text if config is not None else DEFAULT_TASK
@@ -144,6 +144,9 @@ def resolve_run_settings(
     options.update(option_pairs(task_option))
     merged = {**(config.parameters() if config is not None else {}), **parameters}
     check_parameters(pipeline, merged)
+    # The command line's values are text: each must read as its input's type, within its bounds, before
+    # any step runs (the file's were checked when it was read).
+    check_parameter_texts(pipeline, {name: str(value) for name, value in parameters.items()})
     given = [f"--param {name}" for name in GATE_INPUTS if name in parameters]
     where = f"{config.path} [gate]" if config is not None else "the gate policy"
     return RunSettings(

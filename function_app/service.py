@@ -202,7 +202,11 @@ class FrontDoor:
             report.update(decision=event.decision, reason=event.reason, submission=event.submission)
         if submission is not None:
             report.update(submission_status=submission.status, job_name=submission.job_name)
-            report.update({key: value for key, value in submission.details.items() if key in OUTCOME_KEYS})
+            # The run's outcome (the gate's decision, a failed step) in its own object: the event's
+            # `decision` above is the front door's, a different thing.
+            outcome = {key: value for key, value in submission.details.items() if key in OUTCOME_KEYS}
+            if outcome:
+                report["outcome"] = outcome
             if submission.estimate is not None:
                 report.update(estimate=dict(submission.estimate))
         return report

@@ -356,7 +356,7 @@ def trigger_command(args: argparse.Namespace) -> int:
     )
     report = json.loads(http_api.get_retrain(status_url).get_body())
     if report.get("submission_status"):
-        outcome = describe_outcome(report["submission_status"], report)
+        outcome = describe_outcome(report["submission_status"], report.get("outcome", {}))
         print(f"submission {report['submission']}: {outcome}, job {report.get('job_name') or '-'}")
     return EXIT_OK
 
