@@ -19,7 +19,7 @@ from components.model_config import load_model_config
 from function_app.events.parsing import parse_blob_created
 from function_app.events.triggers import REJECTED, Rejection, TriggerRequest
 from function_app.local.watch import FolderSource, Watcher
-from function_app.pinning import LandingFolderCopy, PinError, batch_manifest
+from function_app.pinning import DownloadedFolder, LandingFolderCopy, PinError, batch_manifest
 from function_app.policy.state import PendingBlob
 from function_app.settings.app import AppSettings
 from function_app.settings.storage import SettingsError
@@ -207,3 +207,30 @@ def test_a_batch_blob_outside_the_models_scope_fails_the_pin_instead_of_naming_i
         batch_manifest([stray], None, scope)
     with pytest.raises(PinError, match="not under the model's prefix"):
         batch_manifest([other], None, scope)
+
+
+# -- a landing container (Azurite): listed, downloaded ----------------------------------------------------
+
+
+def test_a_landing_container_lists_class_folders_and_downloads_them_in_the_class_layout(
+    blob_container, tmp_path
+):
+    for name, content in {
+        "shapes/circle/a.png": b"circle a",
+        "shapes/square/a.png": b"square a",
+        "shapes/circle/small/c.png": b"too deep",
+        "shapes/.cache/b.png": b"hidden folder",
+        "shapes/square/notes.txt": b"not an image",
+    }.items():
+        blob_container.upload_blob(name, content)
+    pinner = DownloadedFolder(blob_container, tmp_path / "home", depth=2)
+
+    manifest = pinner.folder_manifest(f"{blob_container.url}/shapes/", (".png",), "shapes")
+    pinned = Path(pinner.pin(manifest, "shapes").uri)
+
+    assert [file.name for file in manifest.files] == ["circle/a.png", "square/a.png"]
+    assert sorted(path.relative_to(pinned).as_posix() for path in pinned.rglob("*") if path.is_file()) == [
+        "circle/a.png",
+        "square/a.png",
+    ]
+    assert (pinned / "circle" / "a.png").read_bytes() == b"circle a"
