@@ -21,6 +21,9 @@ from components.errors import PipelineError
 from training.common import file_sha256, write_atomically
 
 RAW_SUFFIXES = (".csv", ".parquet")  # the tabular task's; a run pins its own task's (raw_suffixes)
+# The most folder levels a task's raw files may span below their data folder or blob prefix (is_raw_name's
+# depth): bounds a model's [trigger] depth, and the front door's blob scopes.
+MAX_RAW_DEPTH = 8
 MANIFEST_SUFFIX = ".manifest.json"
 VERSION_PREFIX = "rd-"
 

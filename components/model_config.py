@@ -6,7 +6,8 @@
     [gate]                      # primary_metric, min_improvement, floors, max_regression,
                                 # first_model_floors, bootstrap_unloadable_champion; unset: the task's
     [pipeline]                  # pipeline parameters, as `retrain run --param NAME=VALUE` sets them
-    [trigger]                   # account, container, prefix, suffixes (default: the task's raw suffixes)
+    [trigger]                   # account, container, prefix, suffixes (default: the task's raw suffixes),
+                                # depth (folder levels below the prefix holding data; default: the task's)
 
 `retrain init` writes one with every key explained (components/templates/, models/digits.toml).
 Files live in `models/<name>.toml` under the working folder; RETRAIN_MODELS_DIR moves that folder. They
@@ -28,12 +29,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from components.data_version import MAX_RAW_DEPTH
 from components.errors import ConfigError, PipelineError
 from components.request import check_model_name
 from components.run_inputs import GATE_INPUTS, RESERVED_INPUTS
 from components.task_ref import (
     BUILTIN_RAW_SUFFIXES,
     DEFAULT_TASK,
+    RAW_DEPTHS,
     TaskReference,
     check_task_options,
     parse_task_reference,
@@ -48,7 +51,7 @@ CONFIG_SUFFIX = ".toml"
 
 _TOP_KEYS = ("name", "task", "gate", "pipeline", "trigger")
 _TASK_KEYS = ("ref", "options")
-_TRIGGER_KEYS = ("account", "container", "prefix", "suffixes")
+_TRIGGER_KEYS = ("account", "container", "prefix", "suffixes", "depth")
 _METRIC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 _FAMILY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*\*$")
 _ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
@@ -116,12 +119,14 @@ def bounds_text(bounds: Mapping[str, float]) -> str:
 
 @dataclass(frozen=True)
 class TriggerScope:
-    """`[trigger]`: which landing blobs are this model's data. `suffixes` None: the task's raw suffixes."""
+    """`[trigger]`: which landing blobs are this model's data. `suffixes` None: the task's raw suffixes;
+    `depth` None: the task's (how many folder levels below the prefix hold its raw files)."""
 
     account: str | None = None
     container: str | None = None
     prefix: str = ""
     suffixes: tuple[str, ...] | None = None
+    depth: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,15 @@ class ModelConfig:
         if self.trigger.suffixes is not None:
             return self.trigger.suffixes
         return BUILTIN_RAW_SUFFIXES.get(self.task.text)
+
+    def trigger_depth(self) -> int:
+        """How many folder levels below the prefix the trigger accepts: configured, else a built-in task's
+        (tabular 1, image 2: its class folders), else 1. A user's task says `depth = 2` for class folders:
+        a blob deeper than its data is rejected by the front door rather than pinned where the task may not
+        look for it."""
+        if self.trigger.depth is not None:
+            return self.trigger.depth
+        return RAW_DEPTHS.get(self.task.text, 1)  # only built-ins are listed
 
 
 # -- reading --------------------------------------------------------------------------------------------
@@ -292,7 +306,7 @@ def _prefix(reader: _Reader, value: Any) -> str:
 def _trigger(reader: _Reader, document: Mapping[str, Any]) -> TriggerScope:
     table = reader.table(document, "trigger", "[trigger]")
     reader.known(table, _TRIGGER_KEYS, "[trigger]")
-    account = container = suffixes = None
+    account = container = suffixes = depth = None
     if "account" in table:
         account = reader.text(table, "account", "[trigger]", _ACCOUNT, "a storage account name of 3-24 "
                               "lowercase letters or digits")  # fmt: skip
@@ -310,7 +324,17 @@ def _trigger(reader: _Reader, document: Mapping[str, Any]) -> TriggerScope:
         if bad or len(set(value)) != len(value):
             raise reader.fail("[trigger] suffixes", f"has {bad[0] if bad else 'a repeated suffix'!r}", form)
         suffixes = tuple(value)
-    return TriggerScope(account, container, prefix, suffixes)
+    if "depth" in table:
+        value = table["depth"]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RAW_DEPTH:
+            raise reader.fail(
+                "[trigger] depth",
+                f"is {_shown(value)}",
+                f"a whole number from 1 (files directly under the prefix) to {MAX_RAW_DEPTH}; 2 also takes "
+                "one level of sub-folders (class folders)",
+            )
+        depth = value
+    return TriggerScope(account, container, prefix, suffixes, depth)
 
 
 def load_model_config(path: Path, pipeline: PipelineSpec | None = None) -> ModelConfig:

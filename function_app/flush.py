@@ -153,7 +153,7 @@ class Flusher:
         previous = self._previous_manifest(state)
         if not blobs and previous is None:
             return None, None
-        return batch_manifest(blobs, previous), None
+        return batch_manifest(blobs, previous, route.scope), None
 
     def _previous_manifest(self, state: ModelState) -> DataManifest | None:
         if state.last_finished_id is None:

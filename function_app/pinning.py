@@ -19,9 +19,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote, unquote
 
-from components.data_version import MANIFEST_SUFFIX, DataFile, DataManifest
+from components.data_version import (
+    MANIFEST_SUFFIX,
+    DataError,
+    DataFile,
+    DataManifest,
+    is_raw_name,
+    manifest_of_folder,
+)
 from components.request import DataRef
 from function_app.policy.rules import PendingBlob
+from function_app.settings.storage import BlobScope
 from training.common import file_sha256
 
 if TYPE_CHECKING:
@@ -50,30 +58,56 @@ class PinError(Exception):
     """The data a batch lists cannot be pinned as listed; the message is one line."""
 
 
-def batch_manifest(blobs: Iterable[PendingBlob], previous: DataManifest | None) -> DataManifest:
+def batch_manifest(
+    blobs: Iterable[PendingBlob], previous: DataManifest | None, scope: BlobScope | None
+) -> DataManifest:
     """`previous`'s files, with the batch's blobs added or replacing the same names. A blob's name is its
-    file name: the parser accepts only blobs directly under the landing prefix."""
+    path below the model's prefix (`batch-1.csv`; `circle/a.png` for a class folder), so the pinned folder
+    has the layout the task reads and two classes' `a.png` stay two files. `scope` is the model's (None
+    for a model without one: it has no blobs, only `previous`)."""
     files = {file.name: file for file in (previous.files if previous else ())}
     for blob in blobs:
-        name = blob.url.rsplit("/", 1)[-1]
+        name = _name_below(blob.url, scope)
         files[name] = DataFile(name, blob.size, f"etag:{blob.etag}", blob.url)
     return DataManifest(tuple(files.values()))
+
+
+def _name_below(url: str, scope: BlobScope | None) -> str:
+    """A routed blob's name below its scope's prefix; the router let in only blobs in place (at most the
+    scope's depth down), so anything else is a ledger that does not match the settings."""
+    base = f"{scope.container_url}/{scope.folder}" if scope is not None else None
+    if base is None or not url.startswith(base):
+        raise PinError(
+            f"blob {url}: not under the model's prefix {base or '(the model has no blob scope)'}; expected "
+            "the blobs its events were routed by (were the settings changed since then?)"
+        )
+    name = unquote(url[len(base) :])
+    if len(name.split("/")) > scope.depth:
+        raise PinError(
+            f"blob {url}: {name!r} lies deeper than {scope.depth} level(s) below the model's prefix; "
+            "expected the blobs its events were routed by (were the settings changed since then?)"
+        )
+    return name
 
 
 class DataPinner(Protocol):
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef: ...
 
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
-        """The manifest of the blobs directly in the folder `url` with one of `suffixes`, each at the eTag
-        it has now: what `POST /api/retrain` with `data` trains on, exactly."""
+        """The manifest of the blobs in the folder `url` with one of `suffixes` (directly in it, or down to
+        the model's depth: an image model's class folders), each at the eTag it has now: what
+        `POST /api/retrain` with `data` trains on, exactly."""
         ...
 
 
 ASSET_PREFIX = "azureml:"
 
 
-def listed_manifest(container: ContainerClient, url: str, suffixes: tuple[str, ...]) -> DataManifest:
-    """`DataPinner.folder_manifest` for a landing container: one listing of the folder's direct children."""
+def listed_manifest(
+    container: ContainerClient, url: str, suffixes: tuple[str, ...], depth: int = 1
+) -> DataManifest:
+    """`DataPinner.folder_manifest` for a landing container: one listing of the folder, its raw files
+    `depth` levels down at most (components/data_version.is_raw_name), each named by its path below it."""
     base = container.url.split("?", 1)[0].rstrip("/")
     if not url.startswith(f"{base}/") and url != base:
         raise PinError(f"data folder {url}: not in the landing container {base}; expected a folder in it")
@@ -82,8 +116,8 @@ def listed_manifest(container: ContainerClient, url: str, suffixes: tuple[str, .
     files = []
     for blob in container.list_blobs(name_starts_with=start):
         name = blob.name[len(start) :]
-        if "/" in name or name.startswith(".") or not blob.size or not name.lower().endswith(suffixes):
-            continue  # a data version pins a folder's direct, visible, non-empty raw files
+        if not blob.size or not is_raw_name(name, suffixes, depth):
+            continue  # a data version pins a folder's visible, non-empty raw files, down to the task's depth
         etag = str(blob.etag).strip('"')
         files.append(DataFile(name, blob.size, f"etag:{etag}", f"{base}/{quote(blob.name, safe='/~')}"))
     if not files:
@@ -96,17 +130,18 @@ class PlannedSnapshot:
     the landing container when there is one."""
 
     def __init__(
-        self, datastore: str = "workspaceblobstore", container: ContainerClient | None = None
+        self, datastore: str = "workspaceblobstore", container: ContainerClient | None = None, depth: int = 1
     ) -> None:
         self._datastore = datastore
         self._container = container
+        self._depth = depth
 
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         if self._container is None:
             raise PinError(
                 f"data folder {url}: no landing container is configured to list it; expected RETRAIN_BLOB_*"
             )
-        return listed_manifest(self._container, url, suffixes)
+        return listed_manifest(self._container, url, suffixes, self._depth)
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         path = f"{SNAPSHOTS_ROOT}/{model_name}/{manifest.version}/"
@@ -126,7 +161,9 @@ def _write_snapshot(
     staging = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=target.parent))
     try:
         for file in manifest.files:
-            (staging / file.name).write_bytes(fetch(file))
+            path = staging / file.name  # 'circle/a.png': the class folder is made first
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(fetch(file))
         shutil.rmtree(target, ignore_errors=True)
         os.replace(staging, target)
     except BaseException:
@@ -139,15 +176,16 @@ def _write_snapshot(
 class DownloadedFolder:
     """Local runs: the pinned blobs downloaded, each only at its listed eTag, into an immutable folder."""
 
-    def __init__(self, container: ContainerClient, state_root: Path) -> None:
+    def __init__(self, container: ContainerClient, state_root: Path, depth: int = 1) -> None:
         self._container = container
         self._root = state_root / "data"
+        self._depth = depth
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         return _write_snapshot(self._root, manifest, model_name, self._download)
 
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
-        return listed_manifest(self._container, url, suffixes)
+        return listed_manifest(self._container, url, suffixes, self._depth)
 
     def _download(self, file: DataFile) -> bytes:
         from azure.core import MatchConditions
@@ -163,10 +201,11 @@ class LandingFolderCopy:
     copied from the folder only if its content still hashes to the listed eTag, as a blob download is
     conditioned on its eTag; a file replaced since its event fails the pin instead of mixing versions."""
 
-    def __init__(self, folder: Path, state_root: Path, folder_url: str | None = None) -> None:
+    def __init__(self, folder: Path, state_root: Path, folder_url: str | None = None, depth: int = 1) -> None:
         self._folder = Path(folder)
         self._root = state_root / "data"
         self._folder_url = folder_url  # the landing folder plays this blob folder (the scope's prefix)
+        self._depth = depth  # and its class folders, for a task whose data has them
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         return _write_snapshot(self._root, manifest, model_name, self._copy)
@@ -177,18 +216,21 @@ class LandingFolderCopy:
                 f"data folder {url}: the landing folder {self._folder} plays {self._folder_url}; "
                 "expected that folder"
             )
+        if not self._folder.is_dir():
+            raise PinError(f"landing folder {self._folder}: not a folder; expected the folder to list")
+        try:
+            listed = manifest_of_folder(self._folder, suffixes, self._depth).files
+        except DataError:
+            listed = ()  # no raw files at all: said below, as for a folder of empty ones
         files = [
             DataFile(
-                path.name,
-                path.stat().st_size,
-                f"etag:{content_etag(path)}",
-                f"{url.rstrip('/')}/{quote(path.name)}",
+                file.name,
+                file.size,
+                f"etag:{_etag_of_hex(file.fingerprint.removeprefix('sha256:'))}",
+                f"{url.rstrip('/')}/{quote(file.name)}",
             )
-            for path in sorted(self._folder.iterdir())
-            if path.is_file()
-            and not path.name.startswith(".")
-            and path.name.lower().endswith(suffixes)
-            and path.stat().st_size
+            for file in listed
+            if file.size
         ]
         if not files:
             raise PinError(
@@ -212,13 +254,14 @@ class LandingFolderCopy:
 class RegisteredSnapshot:
     """Azure ML: a server-side snapshot of the pinned blobs, registered as a data asset version."""
 
-    def __init__(self, container: ContainerClient, workspace: object, datastore: str) -> None:
+    def __init__(self, container: ContainerClient, workspace: object, datastore: str, depth: int = 1) -> None:
         self._container = container
         self._workspace = workspace
         self._datastore = datastore
+        self._depth = depth
 
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
-        return listed_manifest(self._container, url, suffixes)
+        return listed_manifest(self._container, url, suffixes, self._depth)
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         from components.azureml.data_assets import build_data_asset, data_asset_reference, register_data_asset

@@ -92,7 +92,9 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
         return DryRunSubmitter(settings.home, datastore=DATASTORE, registered_components=True), ModelPinners(
             {
                 route.name: PlannedSnapshot(
-                    DATASTORE, None if route.scope is None else landing_container(settings, route.scope)
+                    DATASTORE,
+                    None if route.scope is None else landing_container(settings, route.scope),
+                    1 if route.scope is None else route.scope.depth,
                 )
                 for route in settings.models
             }
@@ -109,7 +111,9 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
         # Start-up has checked that every model has a landing container (AppSettings).
         return submitter, _per_model(
             settings,
-            lambda scope: RegisteredSnapshot(landing_container(settings, scope), workspace, DATASTORE),
+            lambda scope: RegisteredSnapshot(
+                landing_container(settings, scope), workspace, DATASTORE, scope.depth
+            ),
         )
     from components.local import RunnerOptions
     from components.submitters.local import LocalSubmitter
@@ -120,10 +124,12 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
         [route] = settings.models
         scope = route.scope
         folder_url = f"{scope.container_url}/{scope.prefix}" if scope and scope.prefix else None
-        folder = LandingFolderCopy(settings.landing_folder, settings.home, folder_url)
+        depth = scope.depth if scope else 1
+        folder = LandingFolderCopy(settings.landing_folder, settings.home, folder_url, depth)
         return submitter, ModelPinners({route.name: folder})
     return submitter, _per_model(
-        settings, lambda scope: DownloadedFolder(landing_container(settings, scope), settings.home)
+        settings,
+        lambda scope: DownloadedFolder(landing_container(settings, scope), settings.home, scope.depth),
     )
 
 

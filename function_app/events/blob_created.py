@@ -1,8 +1,9 @@
 """`Microsoft.Storage.BlobCreated` events, in the Event Grid or the CloudEvents 1.0 schema, into a trigger.
 
-Only a committed, non-empty block blob that one served model's scope holds (account, container, directly
-under the prefix, an allowed suffix: function_app/events/routing.py) becomes a `TriggerRequest` for that
-model; anything else becomes a `Rejection` with its reason. The event itself
+Only a committed, non-empty block blob that one served model's scope holds (account, container, under the
+prefix at most the scope's depth down, so an image model's `shapes/circle/a.png` is its own, and an allowed
+suffix: function_app/events/routing.py) becomes a `TriggerRequest` for that model; anything else becomes a
+`Rejection` with its reason. The event itself
 carries what the decision needs (url, eTag, contentLength, api, sequencer): the blob is never read here.
 The dedupe key is the blob's URL and eTag (one version of one blob), never the event id alone: Event Grid
 may deliver one upload several times, under one id or several.

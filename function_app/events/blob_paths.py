@@ -1,5 +1,5 @@
-"""Blob names and URLs the front door may act on: inside the configured account, container and prefix, and
-free of path tricks.
+"""Blob names and URLs the front door may act on: inside the configured account, container and prefix (at
+most the scope's depth of folder levels below it), and free of path tricks.
 
 An event's subject (`/blobServices/default/containers/<c>/blobs/<name>`) and its `data.url` must name the
 same blob, and both are checked before either is trusted. Refused everywhere: backslashes, control and
@@ -127,16 +127,43 @@ def _path_in_account(
     return path.removeprefix("/")
 
 
-def check_blob_in_scope(container: str, name: str, scope: BlobScope) -> None:
-    """A data file of this front door: the configured container, directly under the prefix, a known suffix."""
-    check_container(container, scope)
+def misplacement(name: str, scope: BlobScope, whose: str = "") -> str | None:
+    """Why blob `name` (already free of path tricks: check_name) is not where the scope's data lies, as the
+    rest of a sentence that starts with the blob; None when it is in place: under the prefix, in at most
+    `depth - 1` levels of sub-folders (the image task's class folders), none of them hidden (a task skips
+    those, as a data version does: components/data_version.is_raw_name). `whose` follows the prefix in the
+    text (" of model 'shapes'")."""
+    prefix = f"{scope.folder or '/'!r}{whose}"
     if not name.startswith(scope.folder):
-        raise Invalid(f"blob {shown(name)} is outside the prefix {scope.folder!r} ({BLOB_PREFIX})")
-    if "/" in name[len(scope.folder) :]:
-        raise Invalid(
-            f"blob {shown(name)} is in a sub-folder of the prefix {scope.folder!r}; expected a file directly "
-            "under it (a data version pins only those)"
+        return f"is outside the prefix {prefix}"
+    folders = name[len(scope.folder) :].split("/")[:-1]
+    if len(folders) >= scope.depth and scope.depth == 1:
+        return (
+            f"is in a sub-folder of the prefix {prefix}; expected a file directly under it (a data version "
+            "pins only those)"
         )
+    if len(folders) >= scope.depth:
+        return (
+            f"lies {len(folders)} folder levels below the prefix {prefix}; expected at most "
+            f"{scope.depth - 1} (class folders: <prefix>/<class>/<file>; a data version pins only those)"
+        )
+    hidden = next((folder for folder in folders if folder.startswith(".")), None)
+    if hidden is not None:
+        return (
+            f"is in the hidden folder {shown(hidden)} below the prefix {prefix}; expected a visible folder "
+            "(a hidden one is not data)"
+        )
+    return None
+
+
+def check_blob_in_scope(container: str, name: str, scope: BlobScope) -> None:
+    """A data file of this front door: the configured container, in place under the prefix (misplacement),
+    a known suffix."""
+    check_container(container, scope)
+    problem = misplacement(name, scope)
+    if problem is not None:
+        setting = f" ({BLOB_PREFIX})" if not name.startswith(scope.folder) else ""
+        raise Invalid(f"blob {shown(name)} {problem}{setting}")
     if not name.endswith(scope.suffixes):
         raise Invalid(
             f"blob {shown(name)} has none of the suffixes {', '.join(scope.suffixes)} ({BLOB_SUFFIXES})"

@@ -1,9 +1,10 @@
 """Which served model an event or request is for. Pure: the served models (`AppSettings.models`) in, one
 `ModelRoute` out, or `Invalid` with the reason there is none.
 
-- A blob belongs to the one model whose scope holds it: the scope's account and container, the blob
-  directly under the scope's prefix (its direct parent folder is the prefix), one of the scope's suffixes.
-  Start-up refuses overlapping scopes (function_app/settings/models.py), so at most one model holds a blob.
+- A blob belongs to the one model whose scope holds it: the scope's account and container, the blob under
+  the scope's prefix at most `depth` levels down (1: directly under it; 2: also in a class folder, as the
+  image task's data lies), in no hidden folder, with one of the scope's suffixes. Start-up refuses
+  overlapping scopes (function_app/settings/models.py), so at most one model holds a blob.
 - A drift alert names its model; an alert that cannot (Azure ML's data drift v1) goes to the only served
   model, and is refused when there are several.
 - An HTTP request names its model in `model_name`; with one served model it may leave it out.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from function_app.events.blob_paths import check_blob_in_scope, displayable_url, url_blob_in
+from function_app.events.blob_paths import check_blob_in_scope, displayable_url, misplacement, url_blob_in
 from function_app.events.envelope import Invalid, shown
 from function_app.settings.models import ModelRoute
 from function_app.settings.storage import BLOB_ACCOUNT, BLOB_CONTAINER, BlobScope
@@ -64,10 +65,11 @@ def route_blob(
 
 
 def holds(scope: BlobScope, container: str, name: str) -> bool:
-    """Whether a blob of the scope's account is the scope's: its container, directly under its prefix, with
-    one of its suffixes."""
-    parent = name.rpartition("/")[0]
-    return container == scope.container and parent == scope.prefix and name.endswith(scope.suffixes)
+    """Whether a blob of the scope's account is the scope's: its container, in place under its prefix
+    (blob_paths.misplacement), with one of its suffixes."""
+    return (
+        container == scope.container and misplacement(name, scope) is None and name.endswith(scope.suffixes)
+    )
 
 
 def _why_no_model(candidates: Sequence[tuple[ModelRoute, BlobScope]], container: str, name: str) -> str:
@@ -76,14 +78,17 @@ def _why_no_model(candidates: Sequence[tuple[ModelRoute, BlobScope]], container:
     if not in_container:
         expected = ", ".join(f"{scope.container!r} ({route.name})" for route, scope in candidates)
         return f"container {shown(container)} is not a served model's; expected one of {expected}"
-    parent = name.rpartition("/")[0]
-    at_prefix = [(route, scope) for route, scope in in_container if scope.prefix == parent]
-    if not at_prefix:
+    under = [(route, scope) for route, scope in in_container if name.startswith(scope.folder)]
+    if not under:
         expected = ", ".join(f"{scope.folder or '/'!r} ({route.name})" for route, scope in in_container)
         return (
-            f"blob {shown(name)} is not directly under a served model's prefix; expected a file directly "
-            f"under one of {expected} (a data version pins only those)"
+            f"blob {shown(name)} is not under a served model's prefix; expected a file under one of "
+            f"{expected} (a data version pins only those)"
         )
+    at_prefix = [(route, scope) for route, scope in under if misplacement(name, scope) is None]
+    if not at_prefix:
+        route, scope = max(under, key=lambda held: len(held[1].folder))  # the nearest prefix above it
+        return f"blob {shown(name)} {misplacement(name, scope, f' of model {route.name!r}')}"
     suffixes = "; ".join(
         f"{', '.join(scope.suffixes)} for model {route.name!r} ({route.source})" for route, scope in at_prefix
     )

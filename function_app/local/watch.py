@@ -5,8 +5,10 @@ It watches every served model's scope (`--model` picks one); a landing folder pl
 Two sources: a local landing folder, whose files play the blobs `<prefix><file name>` of the configured
 container (their URL is `<RETRAIN_BLOB_ENDPOINT or https://<account>.blob.core.windows.net>/<container>/...`
 and their eTag a hash of their content), or the configured container itself (Azurite, or Azure with the
-managed identity), listed under the prefix. Only a folder's direct, non-hidden files are blobs: a sub-folder
-or a dot-file (an editor's or a copy's temporary) is not part of the landing data.
+managed identity), listed under the prefix. A folder's non-hidden files are blobs, directly in it or, for a
+scope of depth 2 (the image task's class folders), in a non-hidden sub-folder (`circle/a.png` is the blob
+`<prefix>/circle/a.png`); a deeper file or a dot-file (an editor's or a copy's temporary) is not part of
+the landing data.
 
 What was delivered is remembered in `<state>/watch/<source>.json`, written atomically after each poll, so a
 restart does not deliver the same versions again; were it lost, the ledger would still dedupe them (its key
@@ -97,7 +99,8 @@ class BlobSource(Protocol):
 
 
 class FolderSource:
-    """A local landing folder: each direct, non-hidden file is the blob `<prefix>/<file name>`."""
+    """A local landing folder: each non-hidden file at most the scope's depth down is the blob
+    `<prefix>/<path in the folder>`."""
 
     def __init__(self, folder: Path, scope: BlobScope) -> None:
         self.folder = Path(folder)
@@ -108,26 +111,40 @@ class FolderSource:
         if not self.folder.is_dir():
             raise WatchError(f"landing folder {self.folder}: not a folder; expected the folder to watch")
         blobs, memo = [], {}
-        for path in sorted(self.folder.iterdir()):
-            if path.name.startswith(".") or not path.is_file():
-                continue
+        for relative, path in _visible_files(self.folder, self.scope.depth):
             stat = path.stat()
-            known = cache.get(path.name)
+            known = cache.get(relative)
             # The hash is what identifies the version; re-hash only what changed since the last poll.
             if isinstance(known, list) and known[:2] == [stat.st_size, stat.st_mtime_ns]:
                 etag = str(known[2])
             else:
                 etag = content_etag(path)
-            memo[path.name] = [stat.st_size, stat.st_mtime_ns, etag]
+            memo[relative] = [stat.st_size, stat.st_mtime_ns, etag]
             content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-            name = f"{self.scope.folder}{path.name}"
+            name = f"{self.scope.folder}{relative}"
             blobs.append(LandedBlob(name, etag, stat.st_size, stat.st_mtime_ns, content_type))
         return blobs, memo
 
 
+def _visible_files(folder: Path, depth: int) -> list[tuple[str, Path]]:
+    """(path relative to `folder`, path) of its non-hidden files, in non-hidden sub-folders down to `depth`
+    levels (1: its direct files), sorted. Every suffix is announced: the front door rejects what is not
+    data, saying why, as Event Grid would report any blob."""
+    found = []
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith("."):
+            continue
+        if path.is_file():
+            found.append((path.name, path))
+        elif path.is_dir() and depth > 1:
+            inside = _visible_files(path, depth - 1)
+            found += [(f"{path.name}/{relative}", inner) for relative, inner in inside]
+    return found
+
+
 class ContainerSource:
-    """The configured landing container, listed under the prefix (sub-folders included: Event Grid would
-    report those too, and the front door rejects them)."""
+    """The configured landing container, listed under the prefix (every sub-folder included: Event Grid
+    would report those too; the front door takes a depth-2 scope's class folders and rejects the rest)."""
 
     def __init__(self, container: ContainerClient, scope: BlobScope) -> None:
         self.container = container

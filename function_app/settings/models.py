@@ -3,11 +3,11 @@ runs ask of the pipeline (task, task options, parameters).
 
 Every Blob-created event must belong to at most one model, so two served models' scopes may not overlap.
 Two scopes overlap when they are in the same account (endpoint) and container, share a suffix, and one
-prefix is the other's or a folder above it (the container's root is above every folder). A blob is a
-model's only when it lies directly under the prefix, so a parent and a child prefix never claim the same
-blob today; they are refused all the same, because the parent's data folder holds the child's files: a
-POST /api/retrain `data` folder, a task whose raw files lie in sub-folders (the image task's class
-folders), or an Event Grid subscription filtered on the parent's prefix would all mix the two models' data.
+prefix is the other's or a folder above it (the container's root is above every folder), whatever their
+depths: a model whose raw files lie in sub-folders (the image task's class folders, depth 2) would take the
+child's blobs as its own, and even at depth 1 the parent's data folder holds the child's files, so a
+POST /api/retrain `data` folder or an Event Grid subscription filtered on the parent's prefix would mix the
+two models' data.
 """
 
 from __future__ import annotations
@@ -75,12 +75,8 @@ def check_served_models(models: Iterable[ModelRoute]) -> None:
         if first.scope is not None and second.scope is not None and scopes_overlap(first.scope, second.scope):
             shared = ",".join(suffix for suffix in first.scope.suffixes if suffix in second.scope.suffixes)
             raise SettingsError(
-                f"the blob scopes of models {first.name!r} ({first.source}: {_shown(first.scope)}) and "
-                f"{second.name!r} ({second.source}: {_shown(second.scope)}) overlap on {shared}; expected "
+                f"the blob scopes of models {first.name!r} ({first.source}: {first.scope.pattern}) and "
+                f"{second.name!r} ({second.source}: {second.scope.pattern}) overlap on {shared}; expected "
                 "disjoint scopes: another container, no shared suffix, or prefixes neither of which is the "
                 "other or a folder above it"
             )
-
-
-def _shown(scope: BlobScope) -> str:
-    return f"{scope.container_url}/{scope.folder}*{{{','.join(scope.suffixes)}}}"

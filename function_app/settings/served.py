@@ -14,7 +14,8 @@ them. RETRAIN_BLOB_ACCOUNT and RETRAIN_BLOB_CONTAINER are the default account an
 names none, and RETRAIN_BLOB_ENDPOINT the endpoint of its account (Azurite, another cloud); any other
 account is at https://<account>.blob.core.windows.net. A model with no account and container takes no blob
 events (drift alerts and HTTP requests still reach it). Its suffixes are [trigger] suffixes, else its
-built-in task's raw files; a user's task must name them.
+built-in task's raw files; a user's task must name them. Its depth (how many folder levels below the prefix
+its blobs may lie) is [trigger] depth, else its built-in task's (the image task's class folders: 2), else 1.
 """
 
 from __future__ import annotations
@@ -143,4 +144,6 @@ def _scope(config: ModelConfig, values: Mapping[str, str]) -> BlobScope | None:
             f"{config.path}: [trigger] suffixes is unset, and task {config.task.ref!r} is not a built-in "
             'whose raw files are known; expected [trigger] suffixes = [".csv"], the files its task reads'
         )
-    return BlobScope(account_endpoint(account, values), container, trigger.prefix, suffixes)
+    return BlobScope(
+        account_endpoint(account, values), container, trigger.prefix, suffixes, config.trigger_depth()
+    )

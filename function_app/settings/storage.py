@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from components.data_version import RAW_SUFFIXES
+from components.data_version import MAX_RAW_DEPTH, RAW_SUFFIXES
 from training.common import (
     EMULATOR_HOSTS,
     AccountEndpoint,
@@ -58,13 +58,16 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class BlobScope:
-    """Which blobs belong to one model: one container of one account, names directly under a prefix (the
-    data version pins a prefix's direct children only), with one of the suffixes (its task's raw files)."""
+    """Which blobs belong to one model: one container of one account, names at most `depth` levels below a
+    prefix (1: directly under it, a tabular task's batches; 2: also in one level of sub-folders, the image
+    task's class folders), with one of the suffixes (its task's raw files). A data version pins exactly
+    those, each named by its path below the prefix (`circle/a.png`)."""
 
     endpoint: AccountEndpoint
     container: str
     prefix: str = ""
     suffixes: tuple[str, ...] = RAW_SUFFIXES
+    depth: int = 1
 
     def __post_init__(self) -> None:
         check_container_name(self.container, BLOB_CONTAINER, SettingsError)
@@ -74,6 +77,12 @@ class BlobScope:
             raise SettingsError(
                 f"{BLOB_SUFFIXES} {quoted(','.join(self.suffixes))}: expected comma-separated file suffixes, "
                 f"each {SUFFIX_FORM} (the raw files a data version pins)"
+            )
+        depth = self.depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_RAW_DEPTH:
+            raise SettingsError(
+                f"blob scope depth {self.depth!r}: expected a whole number from 1 (files directly under the "
+                f"prefix) to {MAX_RAW_DEPTH} (folder levels below it)"
             )
 
     @property
@@ -88,6 +97,11 @@ class BlobScope:
     @property
     def container_url(self) -> str:
         return f"{self.endpoint.url}/{self.container}"
+
+    @property
+    def pattern(self) -> str:
+        """The scope for messages: 'https://.../landing/shapes/*/*{.png,.jpg}' (one '*/' per class level)."""
+        return f"{self.container_url}/{self.folder}{'*/' * (self.depth - 1)}*{{{','.join(self.suffixes)}}}"
 
 
 @dataclass(frozen=True)

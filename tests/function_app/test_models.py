@@ -91,8 +91,22 @@ def test_each_blob_event_is_routed_to_the_model_whose_scope_holds_it(two_models)
     [
         ("beta/table.csv", corpus.CONTAINER, "none of the suffixes .png, .jpg, .jpeg for model 'beta'"),
         ("alpha/cat.png", corpus.CONTAINER, "none of the suffixes .csv, .parquet for model 'alpha'"),
-        ("gamma/part-1.csv", corpus.CONTAINER, "not directly under a served model's prefix"),
-        ("beta/circle/cat.png", corpus.CONTAINER, "'alpha/' (alpha), 'beta/' (beta)"),
+        (
+            "gamma/part-1.csv",
+            corpus.CONTAINER,
+            "not under a served model's prefix; expected a file under one of "
+            "'alpha/' (alpha), 'beta/' (beta)",
+        ),
+        (
+            "alpha/nested/part-1.csv",
+            corpus.CONTAINER,
+            "in a sub-folder of the prefix 'alpha/' of model 'alpha'",
+        ),
+        (
+            "beta/circle/small/cat.png",
+            corpus.CONTAINER,
+            "lies 2 folder levels below the prefix 'beta/' of model",
+        ),
         ("alpha/part-1.csv", "archive", "container 'archive' is not a served model's"),
     ],
 )
