@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from function_app.ledger.blob import open_blob_store
+from function_app.ledger.blob import open_blob_store as open_ledger_store
 from function_app.ledger.records import LedgerError
 from function_app.settings.storage import LedgerLocation, SettingsError
 from training.checkpoint.blob_store import open_blob_store
@@ -86,7 +86,7 @@ def test_the_three_blob_url_readers_refuse_a_user_info_key_alike_without_echoing
     refusals = []
     for error_type, read in (
         (SettingsError, lambda: LedgerLocation.parse(ledger_url)),
-        (LedgerError, lambda: open_blob_store(ledger_url)),
+        (LedgerError, lambda: open_ledger_store(ledger_url)),
         (CheckpointError, lambda: open_blob_store(USER_INFO_URL)),
     ):
         with pytest.raises(error_type) as raised:
