@@ -10,6 +10,7 @@ import os
 import queue
 import random
 import statistics
+import threading
 import time
 import traceback
 from collections import Counter
@@ -33,7 +34,10 @@ def _take(cursor: Any) -> int:
 def _drain(calls: list[Callable[[], None]], cursor: Any, barrier: Any) -> dict:
     """Wait for every process to be ready, then call what the shared cursor hands out until none is left."""
     seconds, errors, first_error = [], Counter(), None
-    barrier.wait(SETUP_TIMEOUT_S)
+    try:
+        barrier.wait(SETUP_TIMEOUT_S)
+    except threading.BrokenBarrierError:  # another process failed to start: report, so nobody waits on us
+        return {"setup_error": f"another process failed to start, or set-up took over {SETUP_TIMEOUT_S} s"}
     started = time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process on the machine
     cpu = time.process_time()
     while (index := _take(cursor)) < len(calls):
