@@ -127,10 +127,14 @@ def listed_manifest(
 
 class PlannedSnapshot:
     """Dry run: where the snapshot would be, without copying anything. A request's own folder is listed in
-    the landing container when there is one."""
+    the landing container when there is one; its client is made only then (`container` makes it), so that
+    the Blob SDK stays out of a dry-run front door's cold start."""
 
     def __init__(
-        self, datastore: str = "workspaceblobstore", container: ContainerClient | None = None, depth: int = 1
+        self,
+        datastore: str = "workspaceblobstore",
+        container: Callable[[], ContainerClient] | None = None,
+        depth: int = 1,
     ) -> None:
         self._datastore = datastore
         self._container = container
@@ -141,7 +145,7 @@ class PlannedSnapshot:
             raise PinError(
                 f"data folder {url}: no landing container is configured to list it; expected RETRAIN_BLOB_*"
             )
-        return listed_manifest(self._container, url, suffixes, self._depth)
+        return listed_manifest(self._container(), url, suffixes, self._depth)
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         path = f"{SNAPSHOTS_ROOT}/{model_name}/{manifest.version}/"

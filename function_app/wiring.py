@@ -5,6 +5,7 @@ Each served model pins its batches from its own landing container: one pinner pe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
@@ -93,7 +94,9 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
             {
                 route.name: PlannedSnapshot(
                     DATASTORE,
-                    None if route.scope is None else landing_container(settings, route.scope),
+                    None
+                    if route.scope is None
+                    else functools.partial(landing_container, settings, route.scope),
                     1 if route.scope is None else route.scope.depth,
                 )
                 for route in settings.models
