@@ -116,7 +116,7 @@ def handler() -> Callable[[dict], Callable[[], None]]:
     """Turns an event into the call the Functions worker makes: the worker's own conversion happens here,
     before the call, because it is not ours to time."""
     from function_app.blueprints.blob_events import on_blob_created
-    from function_app.local.cli import worker_event
+    from function_app.local.worker import worker_event
 
     def prepare(payload: dict) -> Callable[[], None]:
         event = worker_event(payload)

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 # The durable steps of a flush, in order, as `on_step` hears them (tests stop a flush at each).
 STEPS = ("state-saved", "record-created", "claims-taken", "submitted")
+BASIS = "basis"  # a submission on a request's own data: the submission whose manifest is the landing data
 OUTCOME_KEYS = ("registered_version", "decision", "reasons", "failed_step", "log_tail", "run_id")
 
 
@@ -112,6 +113,8 @@ class Flusher:
                 data_version=manifest.version if manifest is not None else named and named.version,
                 inputs=_inputs(manifest, items),
                 events=tuple(claim.record.id for claim in pending),
+                # A request's own data is not the landing data: the next batch builds on this one's basis.
+                details={BASIS: self._basis_id(state)} if any(item.data_uri for item in items) else {},
             )
             if not self._ledger.create_submission(record):
                 raise LedgerBusyError(f"submission {submission_id} was recorded by another flush; stopping")
@@ -156,12 +159,21 @@ class Flusher:
         return batch_manifest(blobs, previous, route.scope), None
 
     def _previous_manifest(self, state: ModelState) -> DataManifest | None:
+        """The manifest of every blob landed so far: the last finished submission's, or, when that one
+        trained on a request's own data, the one it names as its basis."""
+        basis_id = self._basis_id(state)
+        basis = self._ledger.submission(basis_id) if basis_id is not None else None
+        if basis is None or "manifest" not in basis.details:
+            return None
+        return DataManifest.from_json(basis.details["manifest"])
+
+    def _basis_id(self, state: ModelState) -> str | None:
         if state.last_finished_id is None:
             return None
         previous = self._ledger.submission(state.last_finished_id)
-        if previous is None or "manifest" not in previous.details:
+        if previous is None:
             return None
-        return DataManifest.from_json(previous.details["manifest"])
+        return previous.details.get(BASIS, previous.id)
 
     # -- submitting -------------------------------------------------------------------------------------
 
@@ -195,7 +207,7 @@ class Flusher:
         self._ledger.update_submission(record)
         submission = self._submitter.submit(request)
         self._on_step("submitted")
-        details = {**_outcome(submission.details)}
+        details = {**record.details, **_outcome(submission.details)}
         if manifest is not None:
             details["manifest"] = manifest.to_json()
         updated = record.with_status(

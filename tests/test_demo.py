@@ -2,7 +2,8 @@
 
 One run of the story (module fixture) is asserted stage by stage. Its first pipeline run is also where an
 evicted train step is tested end to end: the local runner restarts it, it resumes from its checkpoint, and
-its MLflow run stays one complete run.
+its MLflow run stays one complete run. Its image chapter is the image task's end-to-end test: `retrain run
+--model-name shapes` (models/shapes.toml) registers a champion that `mlflow.pyfunc` serves on uint8 images.
 """
 
 from __future__ import annotations

@@ -25,13 +25,12 @@ cooldown or the daily budget, with the seconds to wait.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +39,12 @@ from azure.core.exceptions import AzureError
 from components.errors import PipelineError
 from components.outcome import describe_outcome
 from function_app import runtime
-from function_app.events.parsing import STORAGE_EVENT_PREFIX, PayloadError, load_event_grid_payload
+from function_app.events.parsing import PayloadError, load_event_grid_payload
 from function_app.events.triggers import KIND_BLOB, KIND_DRIFT
 from function_app.ledger.ledger import Ledger, open_ledger
 from function_app.ledger.records import LedgerError
 from function_app.local.watch import ContainerSource, FolderSource, Watcher, WatchError, watched_scopes
+from function_app.local.worker import deliver, event_family, worker_event
 from function_app.service import FrontDoor, utc_now
 from function_app.settings.app import (
     DEFAULT_HOME,
@@ -67,7 +67,6 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LATER = 0, 1, 2, 75
 LOCAL_RETRAIN_URL = "http://localhost:7071/api/retrain"
 DEFAULT_WATCH_INTERVAL_S = 30.0  # the timer trigger's period: an upload is seen within one flush period
 LANDING_DIR = "landing"
-_HANDLER_LOGGER = "function_app.blueprints"
 
 
 class CliError(Exception):
@@ -160,70 +159,6 @@ def start(environ: Mapping[str, str]) -> FrontDoor:
         return runtime.start(environ)
     except (ValueError, LedgerError, PipelineError) as error:  # SettingsError is a ValueError
         raise CliError(f"the front door cannot start: {_one_line(error)}") from None
-
-
-# -- the Functions worker's part ------------------------------------------------------------------------
-
-
-def worker_event(payload: Mapping[str, Any]) -> Any:
-    """What the Functions worker hands an Event Grid trigger for `payload`, built by the worker's own
-    converter: a `func.EventGridEvent` for the Event Grid schema, a `func.CloudEvent` for CloudEvents 1.0.
-    Raises ValueError for what the worker cannot decode (an event time in no format it knows)."""
-    from azure.functions.eventgrid import EventGridEventInConverter
-    from azure.functions.meta import Datum
-
-    return EventGridEventInConverter.decode(Datum(json.dumps(payload), "json"), trigger_metadata={})
-
-
-def event_family(payload: Mapping[str, Any]) -> str:
-    """The trigger an event reaches: storage events go to the blob trigger's subscription, the rest to the
-    drift trigger's (which rejects what is not a drift alert)."""
-    event_type = payload.get("type") if "specversion" in payload else payload.get("eventType")
-    is_storage = isinstance(event_type, str) and event_type.startswith(STORAGE_EVENT_PREFIX)
-    return KIND_BLOB if is_storage else KIND_DRIFT
-
-
-def trigger_handler(family: str) -> Callable[[Any], None]:
-    """The Event Grid handler function of a trigger family, as the blueprint registered it."""
-    from function_app.blueprints import blob_events, drift_events
-
-    return blob_events.on_blob_created if family == KIND_BLOB else drift_events.on_drift_alert
-
-
-class _LineCatcher(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@contextlib.contextmanager
-def handler_log() -> Iterator[list[str]]:
-    """The trigger handlers' own log lines while in the block: what the host shows for each invocation.
-    They are caught, not passed on to the root logger too: the command prints each once, on stdout."""
-    logger, catcher = logging.getLogger(_HANDLER_LOGGER), _LineCatcher()
-    level, propagate = logger.level, logger.propagate
-    logger.addHandler(catcher)
-    logger.propagate = False
-    if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)
-    try:
-        yield catcher.lines
-    finally:
-        logger.removeHandler(catcher)
-        logger.setLevel(level)
-        logger.propagate = propagate
-
-
-def deliver(payload: Mapping[str, Any], family: str, worker_object: Any = None) -> list[str]:
-    """Invoke the trigger's handler with `payload` as the worker would; returns the handler's log lines.
-    A transient failure raises out of the handler, as it would for Event Grid to retry."""
-    handler = trigger_handler(family)
-    with handler_log() as lines:
-        handler(worker_object if worker_object is not None else worker_event(payload))
-    return lines
 
 
 # -- event ------------------------------------------------------------------------------------------------

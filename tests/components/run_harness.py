@@ -1,5 +1,5 @@
 """`retrain run` as the root command line runs it, for the end-to-end tests of tasks other than the
-digits (test_task_runs.py, test_readme_task.py)."""
+digits (test_readme_task.py; the image task's end-to-end run is the demo's image chapter)."""
 
 from __future__ import annotations
 

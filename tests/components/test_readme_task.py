@@ -1,7 +1,7 @@
 """The README's "Bring your own model" section, as a user copies it: its minimal task file and its
-configuration run through three `retrain run`s. The first model becomes champion, and the gate reads the
-direction of the task's own metric (mse, lower is better): a worse candidate is refused, a better one
-promoted.
+configuration run through two `retrain run`s. The first model becomes champion, and the gate reads the
+direction of the task's own metric (mse, lower is better): a candidate with a lower mse is promoted.
+(That a worse one is refused by the same direction is tests/training/test_user_task_gate.py's.)
 """
 
 from __future__ import annotations
@@ -53,16 +53,8 @@ def test_the_readme_s_minimal_task_runs_to_a_champion_and_is_gated_by_mse(tmp_pa
     train = commands["train"]
     assert train[train.index("--task") + 1] == f"{models / 'houses_task.py'}:HousePrices"
 
-    _, worse = retrain_run(
-        state, models, "--model-name", "houses", "--data", str(batches(3)),
-        "--epochs", "1", "--param", "learning_rate=0.0001", *QUICK,
-    )  # fmt: skip
-    decision = worse["decision"]
-    assert (decision["accepted"], worse["registered_version"]) == (False, None)
-    assert decision["candidate_value"] > decision["champion_value"]
-
     _, better = retrain_run(
-        state, models, "--model-name", "houses", "--data", str(batches(4)), "--epochs", "60", *QUICK
+        state, models, "--model-name", "houses", "--data", str(batches(3)), "--epochs", "60", *QUICK
     )
     decision = better["decision"]
     assert (decision["accepted"], better["registered_version"]) == (True, "2")

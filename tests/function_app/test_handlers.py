@@ -30,7 +30,7 @@ from corpus import (
     run_status_changed,
 )
 
-from function_app.local.cli import worker_event
+from function_app.local.worker import worker_event
 
 BLOB, DRIFT = "on_blob_created", "on_drift_alert"
 POST, GET, TIMER = "post_retrain", "get_retrain", "flush_batches"

@@ -160,3 +160,28 @@ def test_the_status_url_is_the_requests_own_without_its_key(tmp_path):
 
     assert answer.body["status_url"] == f"{FUNCTION_URL}/{answer.body['id']}"
     assert secret not in json.dumps(answer.body) and "pw@" not in json.dumps(answer.body)
+
+
+def test_a_run_on_a_requests_own_data_does_not_drop_the_landed_data_from_the_next_batch(landing):
+    _, environ, container_url = landing
+    door = _door(environ)
+    name = container_url.rsplit("/", 1)[-1]
+    account = container_url.rsplit("/", 2)[-2]
+    topic = STORAGE_TOPIC.rsplit("/", 1)[0] + f"/{account}"
+
+    def land(blob: str) -> None:
+        url = f"{container_url}/{PREFIX}/{blob}"
+        event = blob_created(
+            EVENT_GRID, f"{PREFIX}/{blob}", container=name, url=url, envelope={"topic": topic}
+        )
+        assert door.deliver(event, "blob").decision == "debounced"
+
+    land("z.csv")
+    [first] = door.flush(ignore_quiet=True)
+    door.retrain(b'{"data": "azureml:digits-raw:rd-0123456789abcdef", "force": true}', {}, FUNCTION_URL)
+    land("y.csv")
+    [third] = door.flush(ignore_quiet=True)
+
+    files = json.loads(third.details["manifest"])["files"]
+    assert sorted(file["name"] for file in files) == ["y.csv", "z.csv"]  # z.csv from the first batch's basis
+    assert first.status == third.status == "Completed"
