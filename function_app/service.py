@@ -137,7 +137,11 @@ class FrontDoor:
         subject = request.blob.name if request.blob is not None else None
         if self.ledger.claim(claim):
             return EventOutcome(claim.id, request.event_id, request.kind, decision, reason, subject=subject)
-        earlier = self.ledger.claim_of(request.model_name, claim.id)
+        if fingerprint is None:
+            # An Event Grid redelivery: its lost claim says all there is to say, in no more requests.
+            reason = f"duplicate of an event already claimed as {claim.id}"
+            return EventOutcome(claim.id, request.event_id, request.kind, DUPLICATE, reason, subject=subject)
+        earlier = self.ledger.claim_of(request.model_name, claim.id)  # an HTTP retry: which body was it?
         what = f"{earlier.record.decision} as {claim.id}" if earlier else "claimed by another delivery"
         return EventOutcome(
             claim.id,

@@ -99,7 +99,7 @@ def test_event_delivers_every_payload_and_prints_each_decision_once(retrain, tmp
         f"{array}[2]: blob {PREFIX}/empty.csv: rejected "
         "(contentLength 0: an empty blob holds no data; expected more than 0 bytes)",
         f"{array}[3]: blob {PREFIX}/batch-0001.csv: duplicate "
-        f"(duplicate of an event already debounced as {claim})",
+        f"(duplicate of an event already claimed as {claim})",
         f"{single}: drift event {own_drift['id']}: accepted (accepted for the next run)",
     ]
     # Not logged a second time: neither the handler's line nor the front door's own (above INFO).
