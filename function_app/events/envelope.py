@@ -12,19 +12,18 @@ from __future__ import annotations
 import json
 import math
 import re
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from function_app.settings.app import mask_secrets
+from training.common import has_unsafe_characters  # one definition of unsafe, shared with training
 
 EVENT_GRID, CLOUD_EVENTS = "eventgrid", "cloudevents"
 CLOUD_EVENTS_VERSION = "1.0"
 MAX_EVENT_ID_CHARS = 256
 MAX_SHOWN_CHARS = 80
-_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})  # control, invisible format, line/paragraph breaks
 
 
 class Invalid(Exception):
@@ -44,11 +43,6 @@ class Envelope:
     subject: str | None
     time: datetime | None
     data: Mapping[str, Any]
-
-
-def has_unsafe_characters(text: str) -> bool:
-    """Control characters (NUL, newline, ...), invisible format characters or line separators."""
-    return any(unicodedata.category(char) in _UNSAFE_CATEGORIES for char in text)
 
 
 def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:

@@ -320,6 +320,8 @@ def _header(header: list[str]) -> Callable[[Path], None]:
     return lambda raw: write_csv(raw / "batch-0001.csv", [], header=header)
 
 
+FINITE = "a finite number within float32's range (|x| <= 3.4e38)"
+
 # fmt: off
 BAD_INPUTS = {
     "missing folder": (lambda raw: None, "raw: the raw data folder does not exist"),
@@ -339,15 +341,15 @@ BAD_INPUTS = {
     ),
     "unexpected column": (_header([*HEADER, "colour"]), "batch-0001.csv: unexpected column 'colour'"),
     "non-numeric": (
-        _bad_value, "batch-0002.csv: row 17, column 'pixel_5': expected a finite number, got 'abc'",
+        _bad_value, f"batch-0002.csv: data row 17, column 'pixel_5': expected {FINITE}, got 'abc'",
     ),
     "infinite": (
         _cells((2, "pixel_0", "inf")),
-        "row 2, column 'pixel_0': expected a finite number, got 'inf'",
+        f"row 2, column 'pixel_0': expected {FINITE}, got 'inf'",
     ),
     "first bad row wins": (
         _cells((4, "pixel_9", "x"), (2, "pixel_60", "y")),
-        "batch-0001.csv: row 2, column 'pixel_60': expected a finite number, got 'y'",
+        f"batch-0001.csv: data row 2, column 'pixel_60': expected {FINITE}, got 'y'",
     ),
     "label range": (
         _cells((3, "label", "10")),
@@ -360,7 +362,7 @@ BAD_INPUTS = {
     ),
     "null in parquet": (
         _parquet_with_null,
-        "batch-0001.parquet: row 2, column 'pixel_3': expected a finite number, got an empty value",
+        f"batch-0001.parquet: data row 2, column 'pixel_3': expected {FINITE}, got an empty value",
     ),
     "no rows": (_header(HEADER), "raw: its 1 raw file(s) hold no data rows"),
     "too few rows": (_cells(rows=3), "raw: too few rows: 3 unique rows leave the"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from training.common import escaped
 from training.data.publish import publish
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
 from training.data.versions import existing_manifest, same_version_or_refuse
@@ -120,7 +121,9 @@ def _reusable(
     """The previous version's manifest and {key: (raw sha256, pixels)}, or nothing to reuse, with a warning
     that says why."""
     if not previous.is_dir():
-        raise InputError(f"--previous {previous}: no such folder; expected an earlier prepared data version")
+        raise InputError(
+            f"--previous {escaped(previous)}: no such folder; expected an earlier prepared data version"
+        )
     try:
         manifest = read_manifest(previous)
     except InputError as error:
@@ -158,8 +161,8 @@ def _split(
         if rows.size == 0:
             shown = ", ".join(f"{key}={value:g}" for key, value in fractions.as_dict().items())
             raise InputError(
-                f"{raw}: too few images: {len(keys)} images leave the {name} split empty with fractions "
-                f"{shown}; expected more images (a few dozen at least) or other --split fractions"
+                f"{escaped(raw)}: too few images: {len(keys)} images leave the {name} split empty with "
+                f"fractions {shown}; expected more images (a few dozen at least) or other --split fractions"
             )
         arrays[name] = SplitArrays(
             keys=tuple(keys[row] for row in rows), labels=labels[rows], pixels=pixels[rows]

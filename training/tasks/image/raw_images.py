@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.common import file_sha256
+from training.common import escaped, file_sha256
 from training.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -51,21 +51,24 @@ def list_labelled_images(raw: Path) -> tuple[list[str], list[Path]]:
     folders, loose = _scan(raw)
     if loose:
         raise InputError(
-            f"{loose[0]}: an image directly in the raw folder has no class; expected the layout {LAYOUT}, "
-            f"e.g. move it into {raw}/<class name>/"
+            f"{escaped(loose[0])}: an image directly in the raw folder has no class; expected the layout "
+            f"{LAYOUT}, e.g. move it into {escaped(raw)}/<class name>/"
         )
     classes: list[str] = []
     images: list[Path] = []
     for folder in folders:
         found = _images_in(folder)
         if not found:
-            log.warning("class folder %s holds no .png/.jpg/.jpeg images; it is not a class yet", folder)
+            log.warning(
+                "class folder %s holds no .png/.jpg/.jpeg images; it is not a class yet", escaped(folder)
+            )
             continue
         classes.append(folder.name)
         images += found
     if len(classes) < 2:
         raise InputError(
-            f"{raw}: found {len(classes)} class folder(s) with images ({', '.join(classes) or 'none'}); "
+            f"{escaped(raw)}: found {len(classes)} class folder(s) with images "
+            f"({escaped(', '.join(classes)) or 'none'}); "
             f"expected at least 2 classes in the layout {LAYOUT}"
         )
     return classes, images
@@ -79,16 +82,16 @@ def list_any_images(raw: Path) -> list[Path]:
     for folder in folders:
         images += _images_in(folder)
     if not images:
-        raise InputError(f"{raw}: holds no .png/.jpg/.jpeg images; expected the layout {LAYOUT}")
+        raise InputError(f"{escaped(raw)}: holds no .png/.jpg/.jpeg images; expected the layout {LAYOUT}")
     return images
 
 
 def _scan(raw: Path) -> tuple[list[Path], list[Path]]:
     """(class folders sorted by name, images directly in `raw`), after checking `raw` and the names."""
     if not raw.exists():
-        raise InputError(f"{raw}: the raw data folder does not exist; expected the layout {LAYOUT}")
+        raise InputError(f"{escaped(raw)}: the raw data folder does not exist; expected the layout {LAYOUT}")
     if not raw.is_dir():
-        raise InputError(f"{raw}: is not a folder; expected the layout {LAYOUT}")
+        raise InputError(f"{escaped(raw)}: is not a folder; expected the layout {LAYOUT}")
     entries = [path for path in raw.iterdir() if not path.name.startswith(".")]
     for path in entries:
         _check_name(path)
@@ -123,8 +126,8 @@ def _check_name(path: Path) -> None:
     except UnicodeEncodeError:
         shown = os.fsencode(path.name)
         raise InputError(
-            f"{path.parent}/{shown!r}: the name is not valid UTF-8; expected UTF-8 file and folder names "
-            f"in the layout {LAYOUT}"
+            f"{escaped(path.parent)}/{shown!r}: the name is not valid UTF-8; expected UTF-8 file and folder "
+            f"names in the layout {LAYOUT}"
         ) from None
 
 
@@ -138,7 +141,7 @@ def decode_image(path: Path, size: tuple[int, int]) -> np.ndarray:
     from PIL import Image, ImageOps, UnidentifiedImageError  # Pillow is needed only where images are read
 
     if path.stat().st_size == 0:
-        raise InputError(f"{path}: the file is empty (0 bytes); expected {EXPECTED_IMAGE}")
+        raise InputError(f"{escaped(path)}: the file is empty (0 bytes); expected {EXPECTED_IMAGE}")
     height, width = size
     try:
         with Image.open(path) as image:
@@ -152,5 +155,7 @@ def decode_image(path: Path, size: tuple[int, int]) -> np.ndarray:
             reason = "its bytes are in no image format Pillow reads"
         else:
             reason = " ".join(str(error).split())[:_REASON_LIMIT] or type(error).__name__
-        raise InputError(f"{path}: not a readable image ({reason}); expected {EXPECTED_IMAGE}") from error
+        raise InputError(
+            f"{escaped(path)}: not a readable image ({escaped(reason)}); expected {EXPECTED_IMAGE}"
+        ) from error
     return np.asarray(resized, dtype=np.uint8).reshape(height, width, 3)

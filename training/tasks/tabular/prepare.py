@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from training.common import escaped
 from training.data.publish import publish
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
 from training.data.versions import existing_manifest, same_version_or_refuse
@@ -98,8 +99,8 @@ def prepare(
     gathered = _gather(fingerprints, schema, earlier)
     if gathered.table.num_rows == 0:
         raise InputError(
-            f"{raw}: its {len(fingerprints)} raw file(s) hold no data rows; expected rows under a header "
-            f"of {schema.describe_columns()}"
+            f"{escaped(raw)}: its {len(fingerprints)} raw file(s) hold no data rows; expected rows under a "
+            f"header of {schema.describe_columns()}"
         )
     deduplicated = deduplicate(gathered.table, schema)
     schema = with_class_count(schema, deduplicated.table, raw)
@@ -214,8 +215,8 @@ def with_class_count(schema: TableSchema, table: pa.Table, raw: Path) -> TableSc
     largest = pc.max(table.column(schema.label_column)).as_py()
     if largest is None or largest < 1:
         raise InputError(
-            f"{raw}: the label column {schema.label_column!r} holds only class {largest}; expected at least "
-            "two classes (or set the task option n_classes)"
+            f"{escaped(raw)}: the label column {schema.label_column!r} holds only class {largest}; expected "
+            "at least two classes (or set the task option n_classes)"
         )
     return dataclasses.replace(schema, n_classes=int(largest) + 1)
 
@@ -259,8 +260,8 @@ def _split_tables(
     for name, split_table in zip(SPLIT_NAMES, tables, strict=True):
         if split_table.num_rows == 0:
             raise InputError(
-                f"{raw}: too few rows: {table.num_rows} unique rows leave the {name} split empty with "
-                f"fractions {_show_fractions(fractions)}; expected more rows (a few dozen at least) "
+                f"{escaped(raw)}: too few rows: {table.num_rows} unique rows leave the {name} split empty "
+                f"with fractions {_show_fractions(fractions)}; expected more rows (a few dozen at least) "
                 "or other --split fractions"
             )
     return tables

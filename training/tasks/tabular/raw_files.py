@@ -3,7 +3,10 @@
 A validated table has the schema's columns with fixed types (key string, label int64, features float64)
 plus provenance: `source_file` (the file name) and `source_row` (the 1-based data row in that file).
 Reading is vectorized with pyarrow; only when a value does not convert do we search for the first bad
-row, so that the error can name it.
+row, so that the error can name it. Features must be finite in float32, the precision training uses: a
+value such as 1e308 is finite in float64 but overflows there and would turn the loss into NaN. Everything
+a message quotes from the data (file names, column names, cells, pyarrow's reasons) goes through
+`escaped` or `repr`, so a control character in a file cannot rewrite the user's terminal.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from training.common import file_sha256
+from training.common import escaped, file_sha256
 from training.errors import InputError
 from training.tasks.tabular.schema import (
     DERIVED_KEY_COLUMN,
@@ -36,6 +39,10 @@ RAW_SUFFIXES = (".csv", ".parquet")
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 _MESSAGE_LIMIT = 200
 _DERIVED_KEY_TAG = b"retrain-row/1\n"
+# float32's largest value is 3.4028235e38; anything past it becomes inf once training casts it.
+FINITE_FEATURE = "a finite number within float32's range (|x| <= 3.4e38)"
+EXPECTED_UTF8 = "UTF-8 text (save the CSV file as UTF-8)"
+_UTF8_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -67,16 +74,16 @@ def list_raw_files(raw_dir: Path) -> list[Path]:
     """
     expected = "a folder of .csv or .parquet raw batch files"
     if not raw_dir.exists():
-        raise InputError(f"{raw_dir}: the raw data folder does not exist; expected {expected}")
+        raise InputError(f"{escaped(raw_dir)}: the raw data folder does not exist; expected {expected}")
     if not raw_dir.is_dir():
-        raise InputError(f"{raw_dir}: is not a folder; expected {expected}")
+        raise InputError(f"{escaped(raw_dir)}: is not a folder; expected {expected}")
     candidates = [path for path in raw_dir.iterdir() if path.is_file() and not path.name.startswith(".")]
     files = sorted((path for path in candidates if path.suffix.lower() in RAW_SUFFIXES), key=lambda p: p.name)
     ignored = sorted(path.name for path in candidates if path.suffix.lower() not in RAW_SUFFIXES)
     if ignored:
         log.info("ignoring %d files in %s that are not .csv or .parquet: %s", len(ignored), raw_dir, ignored)
     if not files:
-        raise InputError(f"{raw_dir}: holds no raw files; expected {expected} (e.g. batch-0001.csv)")
+        raise InputError(f"{escaped(raw_dir)}: holds no raw files; expected {expected} (e.g. batch-0001.csv)")
     return files
 
 
@@ -91,10 +98,10 @@ def header_columns(path: Path) -> list[str]:
             return list(pq.read_schema(path).names)
         with path.open(newline="", encoding="utf-8") as stream:
             return next(csv.reader(stream), [])
-    except (*_CONVERSION_ERRORS, OSError, UnicodeDecodeError, csv.Error) as error:
-        kind = "Parquet" if path.suffix.lower() == ".parquet" else "CSV"
-        reason = str(error).splitlines()[0][:_MESSAGE_LIMIT] if str(error) else type(error).__name__
-        raise InputError(f"{path}: not a readable {kind} file ({reason}); expected a {kind} table") from error
+    except UnicodeDecodeError as error:
+        raise _not_utf8(path, _first_non_utf8(path)) from error
+    except (*_CONVERSION_ERRORS, OSError, csv.Error) as error:
+        raise _unreadable(path, error) from error
 
 
 def with_features(schema: TableSchema, paths: list[Path]) -> TableSchema:
@@ -103,7 +110,8 @@ def with_features(schema: TableSchema, paths: list[Path]) -> TableSchema:
         return schema
     if paths[0].stat().st_size == 0:
         raise InputError(
-            f"{paths[0]}: the file is empty (0 bytes); expected a header row with {schema.describe_columns()}"
+            f"{escaped(paths[0])}: the file is empty (0 bytes); expected a header row with "
+            f"{schema.describe_columns()}"
         )
     return schema.with_features_from(header_columns(paths[0]))
 
@@ -114,7 +122,8 @@ def read_raw_file(path: Path, schema: TableSchema) -> pa.Table:
     `schema` must know its feature columns (`with_features`); its class count may still be open."""
     if path.stat().st_size == 0:
         raise InputError(
-            f"{path}: the file is empty (0 bytes); expected a header row with {schema.describe_columns()}"
+            f"{escaped(path)}: the file is empty (0 bytes); expected a header row with "
+            f"{schema.describe_columns()}"
         )
     table = _parse(path, schema)
     _check_columns(path, table.column_names, schema)
@@ -127,11 +136,50 @@ def _parse(path: Path, schema: TableSchema) -> pa.Table:
             return pq.read_table(path)
         # Read every expected column as text; converting afterwards lets a failure be traced to its row.
         text_columns = {name: pa.string() for name in schema.columns}
-        return pa_csv.read_csv(path, convert_options=pa_csv.ConvertOptions(column_types=text_columns))
-    except (*_CONVERSION_ERRORS, OSError) as error:
-        kind = "Parquet" if path.suffix.lower() == ".parquet" else "CSV"
-        reason = str(error).splitlines()[0][:_MESSAGE_LIMIT] if str(error) else type(error).__name__
-        raise InputError(f"{path}: not a readable {kind} file ({reason}); expected a {kind} table") from error
+        table = pa_csv.read_csv(path, convert_options=pa_csv.ConvertOptions(column_types=text_columns))
+        table.column_names  # noqa: B018 - pyarrow decodes a header that is not UTF-8 only when asked
+        return table
+    except (*_CONVERSION_ERRORS, OSError, UnicodeDecodeError) as error:
+        # pyarrow reports bytes that are not UTF-8 as a conversion error, or a UnicodeDecodeError when
+        # they are in the header; scanning only once parsing failed keeps the common path at one read.
+        found = (
+            None if path.suffix.lower() == ".parquet" or isinstance(error, OSError) else _first_non_utf8(path)
+        )
+        if found is not None:
+            raise _not_utf8(path, found) from error
+        raise _unreadable(path, error) from error
+
+
+def _unreadable(path: Path, error: Exception) -> InputError:
+    kind = "Parquet" if path.suffix.lower() == ".parquet" else "CSV"
+    reason = str(error).splitlines()[0][:_MESSAGE_LIMIT] if str(error) else type(error).__name__
+    return InputError(
+        f"{escaped(path)}: not a readable {kind} file ({escaped(reason)}); expected a {kind} table"
+    )
+
+
+def _not_utf8(path: Path, found: tuple[int, int] | None) -> InputError:
+    where = f"line {found[0]} (byte offset {found[1]})" if found else "a line"
+    return InputError(f"{escaped(path)}: {where} is not UTF-8; expected {EXPECTED_UTF8}")
+
+
+def _first_non_utf8(path: Path) -> tuple[int, int] | None:
+    """(1-based line, byte offset) of the first byte that is not UTF-8, or None; read in chunks, so that
+    a large file is never held whole."""
+    offset, lines, carry = 0, 0, b""
+    with path.open("rb") as stream:
+        while chunk := stream.read(_UTF8_CHUNK):
+            data = carry + chunk
+            try:
+                data.decode("utf-8")
+                good, carry = data, b""
+            except UnicodeDecodeError as error:
+                if error.end != len(data) or error.reason != "unexpected end of data":
+                    return lines + data.count(b"\n", 0, error.start) + 1, offset + error.start
+                good, carry = data[: error.start], data[error.start :]  # a character split by the chunk
+            lines += good.count(b"\n")
+            offset += len(good)
+    return (lines + 1, offset) if carry else None
 
 
 def _check_columns(path: Path, names: list[str], schema: TableSchema) -> None:
@@ -145,7 +193,7 @@ def _check_columns(path: Path, names: list[str], schema: TableSchema) -> None:
             shown = ", ".join(repr(name) for name in found[:5]) + (
                 f" and {len(found) - 5} more" if len(found) > 5 else ""
             )
-            raise InputError(f"{path}: {problem} {label} {shown}; {expected}")
+            raise InputError(f"{escaped(path)}: {problem} {label} {shown}; {expected}")
 
 
 def _validated(path: Path, table: pa.Table, schema: TableSchema) -> pa.Table:
@@ -167,8 +215,8 @@ def _validated(path: Path, table: pa.Table, schema: TableSchema) -> pa.Table:
     if problems:
         first = min(problems, key=lambda problem: (problem.row_index, problem.column_position))
         raise InputError(
-            f"{path}: row {first.row_index + 1}, column {first.column!r}: expected {first.expected}, "
-            f"got {_show(first.value)}"
+            f"{escaped(path)}: data row {first.row_index + 1}, column {first.column!r}: expected "
+            f"{first.expected}, got {_show(first.value)}"
         )
     if not schema.key_column:
         converted[DERIVED_KEY_COLUMN] = derived_keys(converted, schema)
@@ -183,7 +231,7 @@ def _target(name: str, schema: TableSchema) -> tuple[pa.DataType, str]:
         return pa.string(), "a non-empty string"
     if name == schema.label_column:
         return pa.int64(), schema.describe_labels()
-    return pa.float64(), "a finite number"
+    return pa.float64(), FINITE_FEATURE
 
 
 def derived_keys(converted: dict[str, pa.ChunkedArray], schema: TableSchema) -> pa.ChunkedArray:
@@ -264,7 +312,9 @@ def _first_invalid(values: pa.ChunkedArray, name: str, schema: TableSchema) -> i
         if schema.n_classes is not None:
             bad |= labels >= schema.n_classes
     else:
-        bad |= ~np.isfinite(values.fill_null(0.0).to_numpy())
+        numbers = values.fill_null(0.0).to_numpy()
+        with np.errstate(over="ignore"):  # overflowing float32 is what is being looked for
+            bad |= ~np.isfinite(numbers.astype(np.float32))
     indices = np.flatnonzero(bad)
     return int(indices[0]) if indices.size else None
 

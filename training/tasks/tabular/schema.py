@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from training.common import escaped
 from training.data.splits import SPLIT_NAMES, SplitFractions, split_config
 from training.data.versions import (
     MANIFEST_NAME,
@@ -129,7 +130,7 @@ class TableSchema:
         features = tuple(name for name in header if name not in (self.key_column, self.label_column))
         if not features:
             raise InputError(
-                f"the raw files have no columns besides {', '.join(self.named_columns)}; expected "
+                f"the raw files have no columns besides {escaped(', '.join(self.named_columns))}; expected "
                 "numeric feature columns"
             )
         return dataclasses.replace(self, feature_columns=features)
@@ -145,16 +146,16 @@ class TableSchema:
         )
 
     def describe_columns(self) -> str:
-        """A short human form of the expected columns, for error messages."""
+        """A short human form of the expected columns, for error messages (escaped: names come from data)."""
         features = self.feature_columns or ("numeric features",)
         shown = ", ".join(features) if len(features) <= 3 else f"{features[0]}..{features[-1]}"
         key = f"{self.key_column}, " if self.key_column else ""
-        return f"{key}{self.label_column}, {shown} (any order)"
+        return escaped(f"{key}{self.label_column}, {shown} (any order)")
 
     def describe_labels(self) -> str:
         """What a label may be, for error messages."""
         if self.classes:
-            shown = ", ".join(self.classes[:5]) + (", ..." if len(self.classes) > 5 else "")
+            shown = escaped(", ".join(self.classes[:5])) + (", ..." if len(self.classes) > 5 else "")
             return f"one of the classes {shown} (or an index in [0, {self.n_classes}))"
         if self.n_classes is None:
             return "an integer class of 0 or more"
