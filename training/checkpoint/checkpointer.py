@@ -30,6 +30,7 @@ from training.checkpoint.records import (
     CheckpointRecord,
     checkpoint_name,
     committed_checkpoints,
+    next_attempt,
     objects_to_prune,
 )
 from training.checkpoint.staging import SnapshotStager
@@ -254,6 +255,10 @@ class Checkpointer:
     def newest_record(self) -> CheckpointRecord | None:
         """The newest readable commit record, without fetching any checkpoint data."""
         return newest_record(self.store)
+
+    def next_attempt(self) -> int:
+        """The attempt number no checkpoint in the store uses yet, readable or not (see `next_attempt`)."""
+        return next_attempt(self.store.names())
 
     def newest_valid(self) -> LoadedCheckpoint | None:
         """The newest checkpoint that verifies; corrupt or unreadable ones are skipped with a warning."""

@@ -20,6 +20,9 @@ CHECKPOINT_FORMAT = "retrain-checkpoint/1"
 DATA_SUFFIX = ".pt"
 RECORD_SUFFIX = ".json"
 _NAME = re.compile(r"^step-(\d{10})-a(\d{3,})$")
+# Every object a save of that name may leave: its data or record, published or as a local store's hidden
+# temp file (`.<object>.tmp-<hex>`) of a write that never completed.
+_ANY_OBJECT = re.compile(r"^\.?step-\d{10}-a(\d{3,})(?:\.pt|\.json)(?:\.tmp-[0-9a-f]+)?$")
 
 REASON_INTERVAL = "interval"
 REASON_PREEMPTED = "preempted"
@@ -87,6 +90,17 @@ def committed_checkpoints(object_names: Iterable[str]) -> list[str]:
     names = {name.removesuffix(RECORD_SUFFIX) for name in object_names if name.endswith(RECORD_SUFFIX)}
     ordered = [(key, name) for name in names if (key := _order_key(name)) is not None]
     return [name for _, name in sorted(ordered, reverse=True)]
+
+
+def next_attempt(object_names: Iterable[str]) -> int:
+    """The attempt number a new attempt names its checkpoints with: one past every attempt seen in the names.
+
+    Every name counts, readable or not: a corrupt or uncommitted `step-…-a001.pt` still occupies its name,
+    and objects are never overwritten, so reusing attempt 1 would make that step's save fail. Names of
+    other files are ignored.
+    """
+    seen = [int(match.group(1)) for name in object_names if (match := _ANY_OBJECT.match(name))]
+    return max(seen, default=0) + 1
 
 
 def objects_to_prune(object_names: Iterable[str], keep_last: int) -> list[str]:

@@ -50,7 +50,8 @@ class RunState:
 
     @property
     def attempt(self) -> int:
-        return len(self.attempts)
+        """The current attempt's number, which its checkpoints are named with (0 before the first)."""
+        return self.attempts[-1]["attempt"] if self.attempts else 0
 
     @property
     def evictions_survived(self) -> int:
@@ -60,10 +61,14 @@ class RunState:
     def resumes(self) -> int:
         return sum(1 for entry in self.attempts if entry["resumed_from"] is not None)
 
-    def begin_attempt(self, launch_id: str, world_size: int, resumed_from: str | None) -> None:
+    def begin_attempt(
+        self, launch_id: str, world_size: int, resumed_from: str | None, first_free: int = 1
+    ) -> None:
+        """`first_free`: the lowest attempt number no checkpoint in the store is named with. Numbers may skip
+        one whose checkpoints are all unreadable (so never resumed), as its names are still taken."""
         self.attempts.append(
             {
-                "attempt": self.attempt + 1,
+                "attempt": max(self.attempt + 1, first_free),
                 "launch_id": launch_id,
                 "world_size": world_size,
                 "started_at_step": self.step,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -99,12 +99,14 @@ class Trainer:
     # -- start ----------------------------------------------------------------------------------------
 
     def _resume(self) -> LoadedCheckpoint | None:
-        """Rank 0 picks the newest valid checkpoint; every rank loads that same one."""
-        choice = None
+        """Rank 0 picks the newest valid checkpoint and the attempt number; every rank uses the same."""
+        picked: tuple[str | None, int] | None = None
         if self.context.is_primary:
             newest = self.checkpointer.newest_valid()
-            choice = newest.record.name if newest else None
-        choice = broadcast_from_primary(choice, self.context)
+            picked = (newest.record.name if newest else None, self.checkpointer.next_attempt())
+        choice, self._attempt_number = cast(
+            tuple[str | None, int], broadcast_from_primary(picked, self.context)
+        )
         if choice is None:
             self._run = RunState()
             return None
@@ -116,7 +118,8 @@ class Trainer:
     def _start_attempt(self, resumed: LoadedCheckpoint | None) -> None:
         run = self._run
         previous_world = run.attempts[-1]["world_size"] if run.attempts else None
-        run.begin_attempt(self.launch_id, self.context.world_size, resumed.record.name if resumed else None)
+        resumed_from = resumed.record.name if resumed else None
+        run.begin_attempt(self.launch_id, self.context.world_size, resumed_from, self._attempt_number)
         self._attempt_started = self._clock()
         self._elapsed_before = run.elapsed_seconds
         self._last_save = self._clock()
