@@ -14,20 +14,17 @@ from function_app.ledger.records import LedgerError
 from function_app.settings.storage import LedgerLocation, SettingsError
 from training.checkpoint.blob_store import open_blob_store
 from training.common import (
-    IntervalInputs,
-    SpotScenario,
     check_prefix,
-    checkpoint_interval,
     create_atomically,
     displayable_url,
     file_sha256,
     mask_secrets,
     parse_account_endpoint,
     parse_blob_url,
-    spot_estimate,
     write_atomically,
 )
 from training.errors import CheckpointError, InputError
+from training.spot import IntervalInputs, SpotScenario, checkpoint_interval, spot_estimate
 
 # Made up, shaped like the real thing: an account key is base64, so it may hold '/', '+' and '='.
 KEY = "Zm9vYmFy/c2VjcmV0+a2V5=="

@@ -12,16 +12,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+from training.errors import InputError
+
 # The spot and interval formulas live in training/common.py, which components/ uses too; `retrain plan`
 # reaches them here, beside the scaling maths (the redundant aliases mark them as re-exported).
-from training.common import SECONDS_PER_HOUR, is_finite_number
-from training.common import IntervalAdvice as IntervalAdvice
-from training.common import IntervalInputs as IntervalInputs
-from training.common import SpotEstimate as SpotEstimate
-from training.common import SpotScenario as SpotScenario
-from training.common import checkpoint_interval as checkpoint_interval
-from training.common import spot_estimate as spot_estimate
-from training.errors import InputError
+from training.spot import SECONDS_PER_HOUR, is_finite_number
+from training.spot import IntervalAdvice as IntervalAdvice
+from training.spot import IntervalInputs as IntervalInputs
+from training.spot import SpotEstimate as SpotEstimate
+from training.spot import SpotScenario as SpotScenario
+from training.spot import checkpoint_interval as checkpoint_interval
+from training.spot import spot_estimate as spot_estimate
 
 DEFAULT_EFFICIENCY_THRESHOLD = 0.8
 
