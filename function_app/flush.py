@@ -350,7 +350,7 @@ def _item(claim: Claim) -> PendingItem:
 def _inputs(manifest: DataManifest | None, items: tuple[PendingItem, ...]) -> tuple[InputPin, ...]:
     """What the submission brings: the batch's new blobs; a request's own folder: every file it pins."""
     if manifest is not None and any(item.data_uri for item in items):
-        return tuple(InputPin(file.source, file.fingerprint) for file in manifest.files)
+        return InputPin.of_manifest(manifest)
     return tuple(InputPin(blob.url, f"etag:{blob.etag}") for blob in latest_blobs(items))
 
 

@@ -1,2 +1,2 @@
-"""The durable record of every event, decision and submission (records.py), in a local folder (local.py) or
-Blob Storage (blob.py)."""
+"""The durable record of every event, decision and submission (records.py): one ledger (ledger.py) on a
+small record store (store.py) with a local-folder twin (local.py) and a Blob Storage twin (blob.py)."""

@@ -18,7 +18,7 @@ Layout: `claims/<model>/<id>.json`, `deliveries/<id>.json` (rejections), `submis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -244,7 +244,3 @@ def open_ledger(spec: str, connection_string: str | None = None) -> Ledger:
     from function_app.ledger.local import LocalRecordStore
 
     return Ledger(LocalRecordStore(Path(spec).expanduser()))
-
-
-def iter_ids(claims: Iterable[Claim]) -> Iterator[str]:
-    return (claim.record.id for claim in claims)
