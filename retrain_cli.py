@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except (RetrainError, PipelineError) as error:
         print(f"retrain: error: {error}", file=sys.stderr)
-        return 2
+        return error.exit_code if isinstance(error, RetrainError) else 2
 
 
 if __name__ == "__main__":

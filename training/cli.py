@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except RetrainError as error:
         print(f"retrain: error: {error}", file=sys.stderr)
-        return 2
+        return error.exit_code
 
 
 if __name__ == "__main__":

@@ -19,3 +19,13 @@ def test_each_verdict_arrives_one_step_later_and_the_last_on_draining():
     last = consensus.drain()
     assert (last.step, last.mean_loss, last.stop_requested) == (2, 0.25, True)
     assert consensus.drain() is None
+
+
+def test_settling_reads_the_pending_verdict_now_and_leaves_it_for_the_next_exchange():
+    consensus = StepConsensus(SINGLE)
+    assert consensus.settle() is None
+    consensus.exchange(1, float("inf"), stop_vote=False)
+    settled = consensus.settle()
+    assert (settled.step, settled.mean_loss) == (1, float("inf"))
+    assert consensus.exchange(2, 0.5, stop_vote=False) == settled
+    assert consensus.drain().step == 2 and consensus.settle() is None

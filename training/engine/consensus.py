@@ -58,10 +58,19 @@ class StepConsensus:
 
     def drain(self) -> StepVerdict | None:
         """The verdict on the last contributed step, waiting for it if need be (None if there is none)."""
-        pending, self._pending = self._pending, None
+        verdict, self._pending = self.settle(), None
+        return verdict
+
+    def settle(self) -> StepVerdict | None:
+        """The verdict on the last contributed step, now, without consuming it: the next `exchange` or
+        `drain` still returns it. For one rank that must know before it acts alone (rank 0, before it saves
+        the state of that step): every rank has already started this exchange, so waiting for it blocks
+        this rank only, and only until the slowest rank has finished the same step."""
+        pending = self._pending
         if pending is None:
             return None
         if pending.work is not None:
             pending.work.wait()
+            pending.work = None
         loss_sum, votes = pending.values.tolist()
         return StepVerdict(pending.step, loss_sum / self._context.world_size, votes > 0, pending.details)

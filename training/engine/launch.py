@@ -4,7 +4,9 @@ With `--nproc 1` the worker runs in-process. With more, torchrun starts one work
 (`--standalone`, gloo on CPU, NCCL on GPU) and this launcher forwards SIGTERM/SIGINT to it. torchrun
 itself exits non-zero when it is signalled, whatever its workers did, so the launcher reads the outcome
 from durable state: if the newest committed checkpoint is a preemption save of this launch, the run was
-preempted and the launcher exits with the documented code.
+preempted and the launcher exits with the documented code. A diverged run (training/engine/divergence.py)
+is told by torchrun's error file, which this launcher names: torchrun copies the first failed worker's
+report there, and the launcher prints its one line and exits with code 65.
 
 The task is loaded here once, before any process starts, so that a task that does not load, or lacks a
 part of the contract, is one line and no torchrun; each worker then loads it again for its own rank.
@@ -16,15 +18,18 @@ import logging
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
 from training.checkpoint.stores import newest_record, open_checkpoint_store
 from training.engine.batch_split import per_rank_batch_size
 from training.engine.config import TrainConfig
-from training.engine.preemption import LAUNCH_ID_VARIABLE, PREEMPTED_EXIT_CODE
+from training.engine.divergence import TrainingDiverged, reported_divergence
+from training.engine.preemption import ELASTIC_ERROR_FILE_VARIABLE, LAUNCH_ID_VARIABLE, PREEMPTED_EXIT_CODE
 from training.engine.resume_policy import check_resumable
 from training.engine.train_args import config_to_argv
 from training.errors import InputError
@@ -100,7 +105,14 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     refuse_incompatible_resume(config, environ, task)
     # One intra-op thread per worker: N workers on N cores, not N x N threads fighting for them.
     environment = {"OMP_NUM_THREADS": "1", **environ, LAUNCH_ID_VARIABLE: launch_id}
-    code = _run_torchrun(torchrun_command(config, nproc), environment)
+    with tempfile.TemporaryDirectory(prefix="retrain-launch-") as reports:
+        error_file = Path(reports) / "torchrun-error.json"  # this launch's alone: no older report speaks
+        code = _run_torchrun(
+            torchrun_command(config, nproc), {**environment, ELASTIC_ERROR_FILE_VARIABLE: str(error_file)}
+        )
+        diverged = reported_divergence(error_file) if code != 0 else None
+    if diverged is not None:
+        raise TrainingDiverged(diverged)
     if code != 0 and preempted_in_launch(config, launch_id, environ):
         log.warning("training was preempted; run the same command again to resume")
         return PREEMPTED_EXIT_CODE

@@ -3,7 +3,8 @@
 Rank 0 emits events; a renderer shows them as an in-place bar (a terminal), as periodic log lines (a job
 log), or as JSON lines on stdout (for a supervising process, such as the demo or the tests, to follow).
 Events are plain JSON-ready dicts with an "event" key: `start`, `step`, `checkpoint`,
-`checkpoint_interval` (the interval `--checkpoint-every-seconds auto` chose), `preempted`, `resumed`, `done`.
+`checkpoint_interval` (the interval `--checkpoint-every-seconds auto` chose), `preempted`, `diverged`,
+`resumed`, `done`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ def describe(event: Event) -> str:
         return _interval_text(event)
     if kind == "preempted":
         return f"preempted: state saved at step {event['step']}; exiting with code {event['exit_code']}"
+    if kind == "diverged":
+        what = (
+            f"the weights after step {event['step']} are not finite"
+            if event["weights_only"]
+            else f"the loss of step {event['step']} is {event['loss']}"
+        )
+        return f"diverged: {what}; nothing saved after it; exiting with code {event['exit_code']}"
     if kind == "done":
         return f"done: {event['steps']} steps, validation {_scores_text(event.get('validation') or {})}"
     return json.dumps(event)

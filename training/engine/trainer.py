@@ -5,7 +5,8 @@ trains on its share of a global batch, then the ranks exchange one tiny tensor (
 a vote on whether anyone received an eviction notice), so that all of them stop at the same step. Rank 0
 checkpoints asynchronously at the configured interval (or, with `--checkpoint-every-seconds auto`, at one
 chosen from what its first saves cost: training/engine/checkpoint_interval.py), immediately when evicted,
-and at the end.
+and at the end. A step whose agreed loss is not finite stops every rank at that step, with nothing saved
+after it (training/engine/divergence.py).
 
 The task (training/tasks/base.py) supplies the data, the model, the loss of a batch and the final scores;
 the loop, DDP, sampling, RNG and checkpoints here are the same for every task.
@@ -33,6 +34,7 @@ from training.engine.checkpoint_interval import IntervalCalibration, IntervalCho
 from training.engine.config import AUTO_INTERVAL, TrainConfig
 from training.engine.consensus import StepConsensus, StepVerdict
 from training.engine.distributed import DistContext, barrier, broadcast_from_primary
+from training.engine.divergence import DIVERGED_EXIT_CODE, Divergence, is_finite
 from training.engine.outputs import scores, weights_sha256, write_metadata, write_model
 from training.engine.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
 from training.engine.progress import ProgressRenderer
@@ -47,12 +49,14 @@ log = logging.getLogger(__name__)
 
 COMPLETED = "completed"
 PREEMPTED = "preempted"
+DIVERGED = "diverged"
 
 
 @dataclass(frozen=True)
 class TrainOutcome:
     status: str
     step: int
+    divergence: Divergence | None = None  # set when `status` is DIVERGED
 
 
 class Trainer:
@@ -91,8 +95,11 @@ class Trainer:
         resumed = self._resume()
         self._start_attempt(resumed)
         self._network = self._wrap(self._objects.model)
-        if self._train() == PREEMPTED:
+        ending = self._train()
+        if ending == PREEMPTED:
             return self._leave_preempted()
+        if ending == DIVERGED:
+            return self._leave_diverged()
         # Re-running a finished training only rewrites its outputs; there is nothing new to checkpoint.
         return self._finish(progressed=resumed is None or self._run.step > resumed.record.step)
 
@@ -166,22 +173,60 @@ class Trainer:
 
     def _train(self) -> str:
         consensus = StepConsensus(self.context)
+        self._divergence: Divergence | None = None
         while self._run.step < self._total_steps:
             local_loss = self._train_step()
             self._meter.update(self.config.global_batch_size)
             verdict = consensus.exchange(
                 self._run.step, local_loss, self.notice.received, self._step_details()
             )
-            if verdict is not None:
+            if verdict is not None:  # every rank reads the same verdict here: all stop together, or none
                 self._report_step(verdict)
-                if verdict.stop_requested:  # every rank reads the same verdict here: all stop together
-                    self._report_step(consensus.drain())
-                    return PREEMPTED
-            if self._interval_checkpoint_due():
+                if not is_finite(verdict.mean_loss):
+                    self._divergence = Divergence(verdict.step, verdict.mean_loss)
+                    consensus.drain()  # the next step's exchange, started by every rank: leave none behind
+                    return DIVERGED
+                if verdict.stop_requested:
+                    return self._last_step(consensus.drain(), PREEMPTED)
+            if self._interval_checkpoint_due() and self._safe_to_save(consensus.settle()):
                 self._save(REASON_INTERVAL)
             self._report_durable(self.checkpointer.poll())
-        self._report_step(consensus.drain())
-        return COMPLETED
+        return self._last_step(consensus.drain(), COMPLETED)
+
+    def _last_step(self, verdict: StepVerdict | None, ending: str) -> str:
+        """`ending`, unless the last step's state must not be saved (as the preemption or final checkpoint
+        and the model). Every rank decides alike, from the agreed loss and from its own weights: DDP applies
+        the same averaged gradients on every rank, so the weights are the same everywhere."""
+        self._report_step(verdict)
+        if verdict is None:  # nothing trained in this attempt (it resumed a finished run)
+            return ending
+        if not is_finite(verdict.mean_loss):
+            self._divergence = Divergence(verdict.step, verdict.mean_loss)
+        elif not self._weights_finite():
+            self._divergence = Divergence(verdict.step, verdict.mean_loss, weights_only=True)
+        return ending if self._divergence is None else DIVERGED
+
+    def _safe_to_save(self, verdict: StepVerdict | None) -> bool:
+        """Whether rank 0 may checkpoint the step just trained, whose agreed verdict is still in flight.
+
+        The verdict on a step arrives one step late, so an interval save due now would be made before any
+        rank knew whether this step's loss was finite, and a poisoned optimizer step would become the
+        newest checkpoint. So rank 0 settles this step's exchange first: every rank has started it, so only
+        rank 0 waits, and only when a save is due. It also checks its weights, which show a non-finite
+        gradient of any rank (DDP averages them) even when every loss was finite. A step failing either is
+        not saved; its verdict stops every rank at the end of the next step (or a non-finite weight at the
+        end, in `_last_step`), so the newest checkpoint stays the last good one.
+        """
+        if verdict is not None and is_finite(verdict.mean_loss) and self._weights_finite():
+            return True
+        log.warning(
+            "step %d is not checkpointed: its loss or the weights it left are not finite", self._run.step
+        )
+        return False
+
+    def _weights_finite(self) -> bool:
+        checks = [torch.isfinite(parameter.detach()).all() for parameter in self._objects.model.parameters()]
+        return not checks or bool(torch.stack(checks).all())  # one device sync for the whole model
 
     def _train_step(self) -> float:
         run, objects = self._run, self._objects
@@ -300,6 +345,23 @@ class Trainer:
             self.tracker.finish("KILLED")
         barrier(self.context)  # nobody leaves before the agreed checkpoint is durable
         return TrainOutcome(PREEMPTED, self._run.step)
+
+    def _leave_diverged(self) -> TrainOutcome:
+        """Stop without saving anything: the newest checkpoint stays the last good one, and `--out` is not
+        written. No barrier here: the worker's, after every rank has reported to its launcher, serves."""
+        divergence = cast(Divergence, self._divergence)
+        self._run.end_attempt(DIVERGED)
+        if self.context.is_primary:
+            self._emit(
+                "diverged",
+                step=divergence.step,
+                loss=divergence.loss,
+                weights_only=divergence.weights_only,
+                exit_code=DIVERGED_EXIT_CODE,
+            )
+            self.tracker.set_tags({"retrain.diverged_at_step": str(divergence.step)})
+            self.tracker.finish("FAILED")
+        return TrainOutcome(DIVERGED, divergence.step, divergence)
 
     def _finish(self, progressed: bool) -> TrainOutcome:
         self._run.end_attempt(COMPLETED)

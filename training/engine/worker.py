@@ -3,8 +3,16 @@
     torchrun --standalone --nproc_per_node=N -m training.engine.worker --data D --out O --checkpoints C ...
 
 Exit codes: 0 completed, 75 preempted (the eviction notice was honoured and the state saved; start it
-again to resume), 2 bad input (a one-line error on stderr), anything else a crash (the next start
+again to resume), 65 diverged (a step's loss, or the weights its update left, were not finite; every rank
+stopped at that step, nothing was saved after it and no model written: lower the learning rate or check the
+data before starting again), 2 bad input (a one-line error on stderr), anything else a crash (the next start
 resumes from the last durable checkpoint).
+
+A diverged or preempted worker also writes its code and reason into the error file torchrun gives it
+(TORCHELASTIC_ERROR_FILE); torchrun copies the first failed worker's into its own, which is how a launcher
+above torchrun (`retrain train --nproc N`, the local runner) tells them from a crash. Rank 0 prints the
+one-line error of a divergence, unless a `retrain train` launcher above torchrun will (it prints it from
+torchrun's error file, after every worker has ended).
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ import torch
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.stores import open_checkpoint_store
 from training.engine.config import TrainConfig
-from training.engine.distributed import init_distributed, shutdown_distributed
+from training.engine.distributed import barrier, init_distributed, shutdown_distributed
+from training.engine.divergence import DIVERGED_EXIT_CODE, TrainingDiverged, report_divergence_to_launcher
 from training.engine.preemption import (
     LAUNCH_ID_VARIABLE,
     PREEMPTED_EXIT_CODE,
@@ -32,7 +41,7 @@ from training.engine.preemption import (
 from training.engine.progress import make_renderer
 from training.engine.tracking import make_tracker
 from training.engine.train_args import add_train_arguments, config_from_args
-from training.engine.trainer import PREEMPTED, Trainer
+from training.engine.trainer import DIVERGED, PREEMPTED, Trainer
 from training.errors import RetrainError
 from training.tasks.base import Task
 from training.tasks.loader import load_task
@@ -40,7 +49,6 @@ from training.tasks.loader import load_task
 log = logging.getLogger("retrain.worker")
 
 JOB_RUN_ID_VARIABLE = "MLFLOW_RUN_ID"  # set by Azure ML: the job's own MLflow run
-BAD_INPUT_EXIT_CODE = 2
 
 
 def configure_numerics(deterministic: bool) -> None:
@@ -81,6 +89,14 @@ def run_worker(
         finally:
             checkpointer.close()
             renderer.close()
+        if outcome.status == DIVERGED and outcome.divergence is not None:
+            report_divergence_to_launcher(environ, outcome.divergence)
+            # torchrun stops the other workers as soon as one has exited non-zero: none leaves before every
+            # report is written, so whichever torchrun sees first has one.
+            barrier(context)
+            if context.is_primary and LAUNCH_ID_VARIABLE not in environ:
+                raise TrainingDiverged(outcome.divergence.message())
+            return DIVERGED_EXIT_CODE
         if outcome.status != PREEMPTED:
             return 0
         report_preemption_to_launcher(environ)
@@ -111,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_worker(config, os.environ.get(LAUNCH_ID_VARIABLE) or uuid.uuid4().hex[:12], os.environ)
     except RetrainError as error:
         print(f"retrain: error: {error}", file=sys.stderr)
-        return BAD_INPUT_EXIT_CODE
+        return error.exit_code
 
 
 if __name__ == "__main__":
