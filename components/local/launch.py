@@ -14,6 +14,8 @@ workers), it writes only its own exception there; the workers' own reports, unde
 Each step starts in its own session (its own process group): a Ctrl-C at the terminal reaches the runner
 only, and the runner forwards SIGTERM/SIGINT to the running step, which saves and exits as on eviction.
 Exit code 75 means preempted with the state saved: the step is started again (up to a cap) and resumes.
+Exit code 65 means the training diverged (a loss that is not finite): it is not started again, since it
+would diverge at the same step, and the failure quotes the worker's own reason from its report.
 While a step runs, `<step folder>/pid` holds its process id (the torchrun launcher for a distributed step;
 its workers are its children).
 """
@@ -41,6 +43,9 @@ log = logging.getLogger(__name__)
 
 # The trainer's "preempted, state saved, start me again" code (EX_TEMPFAIL), as documented in train.yml.
 PREEMPTED_EXIT_CODE = 75
+# The trainer's "training diverged" code (EX_DATAERR), as documented in train.yml: a failure like any other,
+# but one a restart cannot cure.
+DIVERGED_EXIT_CODE = 65
 _PYTHON_WORDS = ("python", "python3")
 
 
@@ -110,12 +115,30 @@ def step_environment(
     return environment
 
 
-def _reported_code(path: Path) -> int | None:
+def _report(path: Path) -> dict:
     try:
-        code = json.loads(path.read_text())["message"]["errorCode"]
+        message = json.loads(path.read_text())["message"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+def _reported_code(path: Path) -> int | None:
+    code = _report(path).get("errorCode")
     return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def reported_reason(reports: TorchrunReports | None, exit_code: int) -> str | None:
+    """The first line of the reason a worker that exited with `exit_code` gave, from torchrun's error file
+    or else from the workers' own; None when none gave one."""
+    if reports is None:
+        return None
+    for path in [reports.error_file, *sorted(reports.log_dir.glob("**/error.json"))]:
+        report = _report(path)
+        reason = report.get("message")
+        if report.get("errorCode") == exit_code and isinstance(reason, str) and reason.strip():
+            return reason.strip().splitlines()[0]
+    return None
 
 
 def exit_code_from(returncode: int, reports: TorchrunReports | None) -> int:
