@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
@@ -30,8 +31,13 @@ import torch
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.stores import open_checkpoint_store
 from training.engine.config import TrainConfig
-from training.engine.distributed import barrier, init_distributed, shutdown_distributed
-from training.engine.divergence import DIVERGED_EXIT_CODE, TrainingDiverged, report_divergence_to_launcher
+from training.engine.distributed import DistContext, barrier, init_distributed, shutdown_distributed
+from training.engine.divergence import (
+    DIVERGED_EXIT_CODE,
+    Divergence,
+    TrainingDiverged,
+    report_divergence_to_launcher,
+)
 from training.engine.preemption import (
     LAUNCH_ID_VARIABLE,
     PREEMPTED_EXIT_CODE,
@@ -90,13 +96,7 @@ def run_worker(
             checkpointer.close()
             renderer.close()
         if outcome.status == DIVERGED and outcome.divergence is not None:
-            report_divergence_to_launcher(environ, outcome.divergence)
-            # torchrun stops the other workers as soon as one has exited non-zero: none leaves before every
-            # report is written, so whichever torchrun sees first has one.
-            barrier(context)
-            if context.is_primary and LAUNCH_ID_VARIABLE not in environ:
-                raise TrainingDiverged(outcome.divergence.message())
-            return DIVERGED_EXIT_CODE
+            return leave_diverged(outcome.divergence, context, notice, environ)
         if outcome.status != PREEMPTED:
             return 0
         report_preemption_to_launcher(environ)
@@ -104,6 +104,26 @@ def run_worker(
     finally:
         shutdown_distributed()
         notice.uninstall()
+
+
+def leave_diverged(
+    divergence: Divergence, context: DistContext, notice: PreemptionNotice, environ: Mapping[str, str]
+) -> int:
+    """Report the divergence to the launcher and leave with its code, the same on every rank.
+
+    torchrun sends SIGTERM to the other workers as soon as one has exited, then names as the cause the
+    failure whose report is oldest (to the second), copying that report with that worker's exit code. So
+    every rank writes its report before any leaves (the barrier), and a rank signalled afterwards still
+    leaves with this code instead of dying of the signal: there is nothing left for it to save.
+    """
+    report_divergence_to_launcher(environ, divergence)
+    if context.is_distributed:
+        notice.uninstall()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    barrier(context)
+    if context.is_primary and LAUNCH_ID_VARIABLE not in environ:
+        raise TrainingDiverged(divergence.message())
+    return DIVERGED_EXIT_CODE
 
 
 def configure_logging(rank: int, verbose: bool = False) -> None:
