@@ -5,6 +5,12 @@
 Exit codes: 0 completed, 75 preempted (the eviction notice was honoured and the state saved; start it
 again to resume), 2 bad input (a one-line error on stderr), anything else a crash (the next start
 resumes from the last durable checkpoint).
+
+When the process that started the worker dies (torchrun, or `retrain train` and torchrun with it, killed
+outright), the worker learns of it at once (parent_watch.py) and treats it as an eviction notice: the ranks
+agree on a step, rank 0 saves a preempted checkpoint, and the worker exits with 75. If that has not
+finished 10 s after it noticed (a peer is gone too, a collective hangs), it exits with 1; before it has
+joined its process group, it exits with 1 at once. Either way no worker outlives its launcher.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.stores import open_checkpoint_store
 from training.engine.config import TrainConfig
 from training.engine.distributed import init_distributed, shutdown_distributed
+from training.engine.parent_watch import ParentWatch, expected_parent
 from training.engine.preemption import (
     LAUNCH_ID_VARIABLE,
     PREEMPTED_EXIT_CODE,
@@ -54,11 +61,21 @@ def configure_numerics(deterministic: bool) -> None:
 
 
 def run_worker(
-    config: TrainConfig, launch_id: str, environ: Mapping[str, str], task: Task | None = None
+    config: TrainConfig,
+    launch_id: str,
+    environ: Mapping[str, str],
+    task: Task | None = None,
+    watch_parent: bool = False,
 ) -> int:
-    """Train as this process's rank; returns the process exit code. `task`: already loaded (in-process)."""
+    """Train as this process's rank; returns the process exit code. `task`: already loaded (in-process).
+
+    `watch_parent`: stop as if evicted when the process that started this one dies (parent_watch.py).
+    """
     notice = PreemptionNotice().install()
+    watch = ParentWatch(notice, expected_parent(environ)).start() if watch_parent else None
     context = init_distributed(config.device, environ)
+    if watch is not None:
+        watch.allow_save()
     try:
         configure_numerics(config.deterministic)
         task = task if task is not None else load_task(config.task, config.task_options)
@@ -87,6 +104,8 @@ def run_worker(
         return PREEMPTED_EXIT_CODE
     finally:
         shutdown_distributed()
+        if watch is not None:
+            watch.stop()
         notice.uninstall()
 
 
@@ -108,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(int(os.environ.get("RANK", "0")))
     try:
         config = config_from_args(args, os.environ, Path.cwd())
-        return run_worker(config, os.environ.get(LAUNCH_ID_VARIABLE) or uuid.uuid4().hex[:12], os.environ)
+        launch_id = os.environ.get(LAUNCH_ID_VARIABLE) or uuid.uuid4().hex[:12]
+        return run_worker(config, launch_id, os.environ, watch_parent=True)
     except RetrainError as error:
         print(f"retrain: error: {error}", file=sys.stderr)
         return BAD_INPUT_EXIT_CODE
