@@ -40,7 +40,7 @@ from training.engine.parent_watch import (
     set_child_subreaper,
 )
 from training.engine.preemption import LAUNCH_ID_VARIABLE, PREEMPTED_EXIT_CODE
-from training.engine.process_tree import end_descendants
+from training.engine.process_tree import children, end_descendants
 from training.engine.resume_policy import check_resumable
 from training.engine.train_args import config_to_argv
 from training.errors import InputError
@@ -93,6 +93,7 @@ def preempted_in_launch(config: TrainConfig, launch_id: str, environ: Mapping[st
 def _run_torchrun(command: list[str], environ: Mapping[str, str]) -> int:
     # A subreaper while torchrun runs: workers orphaned by torchrun's death come back here, to be ended.
     subreaper = set_child_subreaper(True)
+    others = children(os.getpid())  # whatever else this process started is not torchrun's to end
     process = subprocess.Popen(command, env={**environ, PARENT_PID_VARIABLE: str(os.getpid())})
 
     def forward(signum: int, _frame: object) -> None:
@@ -107,7 +108,7 @@ def _run_torchrun(command: list[str], environ: Mapping[str, str]) -> int:
         try:
             # Normally torchrun has ended its workers and nothing is left. On the other ways out (an
             # exception, a second Ctrl-C, torchrun killed) its workers' sessions would live on without it.
-            end_descendants(LEFTOVER_GRACE_SECONDS)
+            end_descendants(LEFTOVER_GRACE_SECONDS, spare=others)
             process.poll()
         finally:
             if subreaper:

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,16 +52,21 @@ def _all_processes() -> list[ProcessEntry]:
     return [entry for entry in entries if entry is not None]
 
 
-def descendants(root: int) -> list[ProcessEntry]:
-    """Every process below `root`, and every member of a session one of them leads (zombies included)."""
-    table = _all_processes()
-    children: dict[int, list[ProcessEntry]] = {}
+def children(parent: int) -> set[int]:
+    return {entry.pid for entry in _all_processes() if entry.ppid == parent}
+
+
+def descendants(root: int, spare: Collection[int] = ()) -> list[ProcessEntry]:
+    """Every process below `root` but outside the subtrees of `spare`, and every member of a session one of
+    them leads (zombies included)."""
+    table = [entry for entry in _all_processes() if entry.pid not in spare]
+    below: dict[int, list[ProcessEntry]] = {}
     for entry in table:
-        children.setdefault(entry.ppid, []).append(entry)
+        below.setdefault(entry.ppid, []).append(entry)
     found: dict[int, ProcessEntry] = {}
     stack = [root]
     while stack:
-        for child in children.get(stack.pop(), []):
+        for child in below.get(stack.pop(), []):
             if child.pid not in found:
                 found[child.pid] = child
                 stack.append(child.pid)
@@ -94,14 +100,17 @@ def _signal(entries: list[ProcessEntry], signum: int, done: set[tuple[str, int]]
                 os.kill(target[1], signum)
 
 
-def end_descendants(grace_seconds: float, root: int | None = None) -> list[int]:
-    """SIGTERM every live descendant's group, SIGKILL after `grace_seconds`, reap; returns the pids found."""
-    root = os.getpid() if root is None else root
+def end_descendants(grace_seconds: float, spare: Collection[int] = ()) -> list[int]:
+    """SIGTERM every live descendant's group, SIGKILL after `grace_seconds`, reap; returns the pids found.
+
+    `spare`: children this process had before, which are none of this sweep's business, nor is anything
+    below them."""
+    root = os.getpid()
     signum, deadline = signal.SIGTERM, time.monotonic() + grace_seconds
     signalled: set[tuple[str, int]] = set()
     ended: set[int] = set()
     while True:
-        everyone = descendants(root)
+        everyone = descendants(root, spare)
         _reap(everyone, root)
         alive = [entry for entry in everyone if not entry.zombie]
         if not alive:
