@@ -20,7 +20,12 @@ Parent death is handled like SIGTERM: the ranks agree on a step, rank 0 saves a 
 the worker exits with 75. If that cannot finish (a peer is gone too, or a collective waits on the c10d store
 that died with torchrun's agent), the worker ends itself with `os._exit(PARENT_LOST_EXIT_CODE)`
 `PARENT_LOSS_DEADLINE_SECONDS` after it noticed; a checkpoint still being written then is never committed,
-and the next start resumes from the last committed one.
+and the next start resumes from the last committed one. A worker whose parent dies before it has joined
+its process group has nothing to save, and joining could wait forever on that store: it exits with
+`PARENT_LOST_EXIT_CODE` at once.
+
+Run a worker on its own (`python -m training.engine.worker`) under a process that outlives it: started
+from a shell that then exits, it stops as if evicted.
 """
 
 from __future__ import annotations
@@ -140,6 +145,7 @@ class ParentWatch:
         """Stop watching. A deadline already running is kept: the process still ends by then."""
         self._stopped.set()
         if self._previous_handler is not None and PARENT_DEATH_SIGNAL is not None:
+            set_parent_death_signal(0)  # first: the signal's default action would end the process
             signal.signal(PARENT_DEATH_SIGNAL, self._previous_handler)  # type: ignore[arg-type]
             self._previous_handler = None
 
