@@ -8,6 +8,15 @@ preempted and the launcher exits with the documented code. A diverged run (train
 is told by torchrun's error file, which this launcher names: torchrun copies the first failed worker's
 report there, and the launcher prints its one line and exits with code 65.
 
+No worker outlives this launcher. torchrun runs as training.engine.torchrun_agent, which the kernel
+kills when the launcher dies; each worker, whose parent torchrun is, then sees its parent gone and saves at
+the agreed step and exits within 10 s (training/engine/parent_watch.py). That covers every way the
+launcher can die, SIGKILL and the OOM killer included. While torchrun runs, the launcher is a child
+subreaper, so workers orphaned by torchrun's own death come back to it, and on every way out of the
+launcher that runs code (return, exception, a forwarded signal) whatever torchrun left behind is ended:
+SIGTERM to each remaining process group, SIGKILL 10 s later (training/engine/process_tree.py). If torchrun
+alone was killed and its workers saved a preemption checkpoint, `retrain train` exits with 75.
+
 The task is loaded here once, before any process starts, so that a task that does not load, or lacks a
 part of the contract, is one line and no torchrun; each worker then loads it again for its own rank.
 """
@@ -15,6 +24,7 @@ part of the contract, is one line and no torchrun; each worker then loads it aga
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -29,7 +39,13 @@ from training.checkpoint.stores import newest_record, open_checkpoint_store
 from training.engine.batch_split import per_rank_batch_size
 from training.engine.config import TrainConfig
 from training.engine.divergence import TrainingDiverged, reported_divergence
+from training.engine.parent_watch import (
+    PARENT_LOSS_DEADLINE_SECONDS,
+    PARENT_PID_VARIABLE,
+    set_child_subreaper,
+)
 from training.engine.preemption import ELASTIC_ERROR_FILE_VARIABLE, LAUNCH_ID_VARIABLE, PREEMPTED_EXIT_CODE
+from training.engine.process_tree import children, end_descendants
 from training.engine.resume_policy import check_resumable
 from training.engine.train_args import config_to_argv
 from training.errors import InputError
@@ -37,13 +53,15 @@ from training.errors import InputError
 log = logging.getLogger(__name__)
 
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Workers left behind get SIGTERM, then SIGKILL after this: time for their own deadline to end them first.
+LEFTOVER_GRACE_SECONDS = PARENT_LOSS_DEADLINE_SECONDS
 
 
 def torchrun_command(config: TrainConfig, nproc: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "training.engine.torchrun_agent",  # torchrun, dying with this launcher
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
@@ -78,7 +96,10 @@ def preempted_in_launch(config: TrainConfig, launch_id: str, environ: Mapping[st
 
 
 def _run_torchrun(command: list[str], environ: Mapping[str, str]) -> int:
-    process = subprocess.Popen(command, env=dict(environ))
+    # A subreaper while torchrun runs: workers orphaned by torchrun's death come back here, to be ended.
+    subreaper = set_child_subreaper(True)
+    others = children(os.getpid())  # whatever else this process started is not torchrun's to end
+    process = subprocess.Popen(command, env={**environ, PARENT_PID_VARIABLE: str(os.getpid())})
 
     def forward(signum: int, _frame: object) -> None:
         process.send_signal(signum)
@@ -89,6 +110,14 @@ def _run_torchrun(command: list[str], environ: Mapping[str, str]) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        try:
+            # Normally torchrun has ended its workers and nothing is left. On the other ways out (an
+            # exception, a second Ctrl-C, torchrun killed) its workers' sessions would live on without it.
+            end_descendants(LEFTOVER_GRACE_SECONDS, spare=others)
+            process.poll()
+        finally:
+            if subreaper:
+                set_child_subreaper(False)
 
 
 def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:

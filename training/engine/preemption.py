@@ -1,4 +1,5 @@
-"""The eviction notice: SIGTERM means "save now and leave" (and so does a first Ctrl-C).
+"""The eviction notice: SIGTERM means "save now and leave" (and so does a first Ctrl-C, and the death of
+the process that started this one: parent_watch.py).
 
 Low-priority nodes are reclaimed with about 30 seconds' notice; torchrun forwards SIGTERM to its workers
 and sends SIGKILL after its shutdown timeout (30 s). The handler only raises a flag: the training loop
@@ -59,10 +60,15 @@ class PreemptionNotice:
             signal.signal(signum, handler)
         self._previous_handlers.clear()
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+    def request(self, reason: str) -> None:
+        """Stop as if evicted, for `reason` (the parent's death, say: parent_watch.py). Any thread may ask."""
         if self.received_at is None:
             self.received_at = time.monotonic()
-            log.warning("%s received: saving after the current step", signal.Signals(signum).name)
+            log.warning("%s: saving after the current step", reason)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.received_at is None:
+            self.request(f"{signal.Signals(signum).name} received")
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
 

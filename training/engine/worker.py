@@ -13,6 +13,12 @@ A diverged or preempted worker also writes its code and reason into the error fi
 above torchrun (`retrain train --nproc N`, the local runner) tells them from a crash. Rank 0 prints the
 one-line error of a divergence, unless a `retrain train` launcher above torchrun will (it prints it from
 torchrun's error file, after every worker has ended).
+
+When the process that started the worker dies (torchrun, or `retrain train` and torchrun with it, killed
+outright), the worker learns of it at once (parent_watch.py) and treats it as an eviction notice: the ranks
+agree on a step, rank 0 saves a preempted checkpoint, and the worker exits with 75. If that has not
+finished 10 s after it noticed (a peer is gone too, a collective hangs), it exits with 1; before it has
+joined its process group, it exits with 1 at once. Either way no worker outlives its launcher.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from training.engine.divergence import (
     TrainingDiverged,
     report_divergence_to_launcher,
 )
+from training.engine.parent_watch import ParentWatch, expected_parent
 from training.engine.preemption import (
     LAUNCH_ID_VARIABLE,
     PREEMPTED_EXIT_CODE,
@@ -68,11 +75,21 @@ def configure_numerics(deterministic: bool) -> None:
 
 
 def run_worker(
-    config: TrainConfig, launch_id: str, environ: Mapping[str, str], task: Task | None = None
+    config: TrainConfig,
+    launch_id: str,
+    environ: Mapping[str, str],
+    task: Task | None = None,
+    watch_parent: bool = False,
 ) -> int:
-    """Train as this process's rank; returns the process exit code. `task`: already loaded (in-process)."""
+    """Train as this process's rank; returns the process exit code. `task`: already loaded (in-process).
+
+    `watch_parent`: stop as if evicted when the process that started this one dies (parent_watch.py).
+    """
     notice = PreemptionNotice().install()
+    watch = ParentWatch(notice, expected_parent(environ)).start() if watch_parent else None
     context = init_distributed(config.device, environ)
+    if watch is not None:
+        watch.allow_save()
     try:
         configure_numerics(config.deterministic)
         task = task if task is not None else load_task(config.task, config.task_options)
@@ -103,6 +120,8 @@ def run_worker(
         return PREEMPTED_EXIT_CODE
     finally:
         shutdown_distributed()
+        if watch is not None:
+            watch.stop()
         notice.uninstall()
 
 
@@ -144,7 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(int(os.environ.get("RANK", "0")))
     try:
         config = config_from_args(args, os.environ, Path.cwd())
-        return run_worker(config, os.environ.get(LAUNCH_ID_VARIABLE) or uuid.uuid4().hex[:12], os.environ)
+        launch_id = os.environ.get(LAUNCH_ID_VARIABLE) or uuid.uuid4().hex[:12]
+        return run_worker(config, launch_id, os.environ, watch_parent=True)
     except RetrainError as error:
         print(f"retrain: error: {error}", file=sys.stderr)
         return error.exit_code
