@@ -3,8 +3,9 @@
     torchrun --standalone --nproc_per_node=N -m training.engine.worker --data D --out O --checkpoints C ...
 
 Exit codes: 0 completed, 75 preempted (the eviction notice was honoured and the state saved; start it
-again to resume), 2 bad input (a one-line error on stderr), anything else a crash (the next start
-resumes from the last durable checkpoint).
+again to resume), 2 bad input (a one-line error on stderr; also another attempt holding the checkpoint
+location past RETRAIN_LEASE_WAIT_SECONDS, or this attempt losing its lease on it), anything else a crash
+(the next start resumes from the last durable checkpoint).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 import torch
 
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.stores import open_checkpoint_store
+from training.checkpoint.lease import CheckpointLease, LeasedStore
+from training.checkpoint.stores import open_checkpoint_lease, open_checkpoint_store
 from training.engine.config import TrainConfig
 from training.engine.distributed import init_distributed, shutdown_distributed
 from training.engine.preemption import (
@@ -59,13 +61,17 @@ def run_worker(
     """Train as this process's rank; returns the process exit code. `task`: already loaded (in-process)."""
     notice = PreemptionNotice().install()
     context = init_distributed(config.device, environ)
+    lease: CheckpointLease | None = None
     try:
         configure_numerics(config.deterministic)
         task = task if task is not None else load_task(config.task, config.task_options)
         data = task.load(config.data)
         store = open_checkpoint_store(config.checkpoints, environ)
         if context.is_primary:
-            store.discard_incomplete()
+            # One writer per run, until its checkpointer is closed; other ranks wait at their next collective.
+            lease = open_checkpoint_lease(config.checkpoints, environ, launch_id).acquire()
+            store = LeasedStore(store, lease)
+            store.discard_incomplete()  # safe only with no other writer: what the lease guarantees
         checkpointer = Checkpointer(store, keep_last=config.keep_checkpoints)
         tracker = make_tracker(
             config.mlflow_tracking_uri,
@@ -86,6 +92,8 @@ def run_worker(
         report_preemption_to_launcher(environ)
         return PREEMPTED_EXIT_CODE
     finally:
+        if lease is not None:
+            lease.release()
         shutdown_distributed()
         notice.uninstall()
 
