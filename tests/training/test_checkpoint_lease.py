@@ -7,7 +7,6 @@ its attempt before it writes again. Both twins: a local folder and Blob Storage 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -404,10 +403,11 @@ def test_an_attempt_that_loses_its_lease_stops_at_its_next_save_without_writing(
     attempt = Attempt([*arguments, *NO_TRACKING, "--epochs", "100"], {})
     attempt.process.wait_for(is_checkpoint(10))
     (checkpoints / LEASE_NAME).unlink()  # from now on another attempt could take the location
+    store = LocalCheckpointStore(checkpoints)
+    committed_when_lost = set(committed_checkpoints(store.names()))
     assert attempt.finish() == 2
     [line] = attempt.error_lines()
     assert f"lost its lease on checkpoint location {checkpoints}" in line
     assert not (tmp_path / "out").exists()  # it wrote no model either
-    newest = committed_checkpoints(LocalCheckpointStore(checkpoints).names())[0]
-    assert int(newest.split("-")[1]) < TOTAL_STEPS
-    assert json.loads((checkpoints / f"{newest}.json").read_text())["step"] < TOTAL_STEPS
+    # No save began once the lease was lost; at most the one already committing then became durable.
+    assert len(set(committed_checkpoints(store.names())) - committed_when_lost) <= 1
