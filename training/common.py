@@ -1,16 +1,19 @@
 """The helpers every room needs, written once: blob URL parsing with secret masking and the prefix rule,
-escaping what quotes data, the atomic file write and the file sha256 (the spot and checkpoint-interval
-formulas are training/spot.py's). function_app/ and components/ import it too, and the Function App ships it
-of training/ (.funcignore): standard library and training.errors only. Parsers take the name of the setting
-or option they read and the error type their caller raises, so that each message names what the user typed
-where they typed it."""
+escaping what quotes data, the atomic file write, the file sha256 and the renewal of a held lease (the spot
+and checkpoint-interval formulas are training/spot.py's). function_app/ and components/ import it too, and
+the Function App ships it of training/ (.funcignore): standard library and training.errors only. Parsers take
+the name of the setting or option they read and the error type their caller raises, so that each message
+names what the user typed where they typed it."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import secrets
+import threading
+import time
 import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +25,8 @@ from urllib.parse import urlsplit
 from training.errors import InputError
 
 ErrorType = Callable[[str], Exception]
+
+log = logging.getLogger(__name__)
 
 # -- secrets in text ------------------------------------------------------------------------------------
 
@@ -297,3 +302,60 @@ def _fsync_folder(folder: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+# -- leases ---------------------------------------------------------------------------------------------
+
+
+class LeaseRenewal:
+    """Keeps a held lease alive: calls `renew` every `every_seconds` on a daemon thread until `stop()`.
+
+    `lost` turns true at the first renewal that fails (logged once, naming `what`; the thread then ends),
+    and also once no renewal has succeeded for `valid_seconds - every_seconds`, the lease's duration less
+    one period: a renewal call that hangs cannot be interrupted, and its holder must stop writing before
+    the lease may have expired and another holder may have taken it. `describe` turns a failure into a
+    secret-free reason for the log.
+    """
+
+    def __init__(
+        self,
+        renew: Callable[[], object],
+        every_seconds: float,
+        valid_seconds: float,
+        what: str,
+        describe: Callable[[BaseException], str] = lambda error: type(error).__name__,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 0 < every_seconds < valid_seconds:
+            raise ValueError(f"renewing every {every_seconds} s cannot keep a {valid_seconds} s lease")
+        self._renew_call = renew
+        self._every_seconds = every_seconds
+        self._stale_after = valid_seconds - every_seconds
+        self._what = what
+        self._describe = describe
+        self._clock = clock
+        self._renewed_at = clock()  # the lease was just acquired (or renewed) by the caller
+        self._failed = False
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"renew {what}"[:60], daemon=True)
+        self.thread.start()
+
+    @property
+    def lost(self) -> bool:
+        return self._failed or self._clock() - self._renewed_at >= self._stale_after
+
+    def stop(self) -> None:
+        """Stop renewing (waits for a renewal in progress); the caller then releases the lease itself."""
+        self._stop.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_seconds):
+            started = self._clock()  # the service counts the new period from no earlier than this
+            try:
+                self._renew_call()
+            except Exception as error:  # whatever stops the renewal loses the lease: the holder must know
+                self._failed = True
+                log.warning("lost %s: %s", self._what, self._describe(error))
+                return
+            self._renewed_at = started

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Iterator
 
 from azure.core import MatchConditions
@@ -30,7 +29,7 @@ from azure.storage.blob import BlobLeaseClient, BlobServiceClient, ContainerClie
 
 from function_app.ledger.records import LedgerError
 from function_app.ledger.store import Listed, Stored, check_name, check_tag
-from training.common import BlobLocation, check_prefix, mask_secrets, parse_blob_url
+from training.common import BlobLocation, LeaseRenewal, check_prefix, mask_secrets, parse_blob_url
 
 log = logging.getLogger(__name__)
 
@@ -48,24 +47,17 @@ class _BlobLease:
 
     def __init__(self, client: BlobLeaseClient) -> None:
         self._client = client
-        self._stop = threading.Event()
-        self.lost = False
-        self._thread = threading.Thread(target=self._renew, name="ledger-lease", daemon=True)
-        self._thread.start()
+        self._renewal = LeaseRenewal(
+            client.renew, RENEW_SECONDS, LEASE_SECONDS, f"the ledger lease {client.id}", _reason
+        )
+        self._thread = self._renewal.thread  # what the record-store tests wait on
 
-    def _renew(self) -> None:
-        while not self._stop.wait(RENEW_SECONDS):
-            try:
-                self._client.renew()
-            except Exception as err:  # whatever stops the renewal loses the lease: the holder must know
-                self.lost = True
-                reason = _describe(err) if isinstance(err, AzureError) else type(err).__name__
-                log.warning("lost the ledger lease %s: %s", self._client.id, reason)
-                return
+    @property
+    def lost(self) -> bool:
+        return self._renewal.lost
 
     def release(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._renewal.stop()
         if not self.lost:
             with contextlib.suppress(AzureError):  # it expires on its own if this fails
                 self._client.release()
@@ -241,6 +233,10 @@ def _is_transient(err: AzureError) -> bool:
     if isinstance(err, ServiceRequestError | ServiceResponseError):
         return True
     return isinstance(err, HttpResponseError) and err.status_code in _TRANSIENT_STATUS
+
+
+def _reason(err: BaseException) -> str:
+    return _describe(err) if isinstance(err, AzureError) else type(err).__name__
 
 
 def _describe(err: AzureError) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
-from training.checkpoint.stores import newest_record, open_checkpoint_store
+from training.checkpoint.stores import newest_record, open_checkpoint_lease, open_checkpoint_store
 from training.engine.batch_split import per_rank_batch_size
 from training.engine.config import TrainConfig
 from training.engine.divergence import TrainingDiverged, reported_divergence
@@ -132,6 +132,9 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
 
         return run_worker(config, launch_id, environ, task)
     refuse_incompatible_resume(config, environ, task)
+    # A location another attempt holds is refused here in one line, not by rank 0 under torchrun's traceback;
+    # rank 0's own lease, taken again once the workers start, is the guarantee.
+    open_checkpoint_lease(config.checkpoints, environ, launch_id).acquire().release()
     # One intra-op thread per worker: N workers on N cores, not N x N threads fighting for them.
     environment = {"OMP_NUM_THREADS": "1", **environ, LAUNCH_ID_VARIABLE: launch_id}
     with tempfile.TemporaryDirectory(prefix="retrain-launch-") as reports:

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import training
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta, LoadedCheckpoint, SaveResult
+from training.checkpoint.lease import check_lease
 from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL, REASON_PREEMPTED
 from training.engine.batches import BatchSource, on_device
 from training.engine.checkpoint_interval import IntervalCalibration, IntervalChoice
@@ -276,6 +277,7 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------------
 
     def _save(self, reason: str) -> None:
+        check_lease(self.checkpointer.store)  # an attempt that lost its lease stops: another may write here
         run = self._run
         run.elapsed_seconds = self._elapsed_before + self._clock() - self._attempt_started
         self._last_save = self._clock()

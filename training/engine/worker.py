@@ -2,11 +2,14 @@
 
     torchrun --standalone --nproc_per_node=N -m training.engine.worker --data D --out O --checkpoints C ...
 
-Exit codes: 0 completed, 75 preempted (the eviction notice was honoured and the state saved; start it
-again to resume), 65 diverged (a step's loss, or the weights its update left, were not finite; every rank
-stopped at that step, nothing was saved after it and no model written: lower the learning rate or check the
-data before starting again), 2 bad input (a one-line error on stderr), anything else a crash (the next start
-resumes from the last durable checkpoint).
+Exit codes:
+- 0 completed;
+- 75 preempted: the eviction notice was honoured and the state saved; start it again to resume;
+- 65 diverged: a step's loss, or the weights its update left, were not finite; every rank stopped at that
+  step, nothing was saved after it and no model written: lower the learning rate or check the data first;
+- 2 bad input: a one-line error on stderr (also: another attempt held the checkpoint location past
+  RETRAIN_LEASE_WAIT_SECONDS, or this attempt lost its lease on it);
+- anything else a crash: the next start resumes from the last durable checkpoint.
 
 A diverged or preempted worker also writes its code and reason into the error file torchrun gives it
 (TORCHELASTIC_ERROR_FILE); torchrun copies the first failed worker's into its own, which is how a launcher
@@ -35,7 +38,8 @@ from pathlib import Path
 import torch
 
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.stores import open_checkpoint_store
+from training.checkpoint.lease import CheckpointLease, LeasedStore
+from training.checkpoint.stores import open_checkpoint_lease, open_checkpoint_store
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, barrier, init_distributed, shutdown_distributed
 from training.engine.divergence import (
@@ -90,13 +94,17 @@ def run_worker(
     context = init_distributed(config.device, environ)
     if watch is not None:
         watch.allow_save()
+    lease: CheckpointLease | None = None
     try:
         configure_numerics(config.deterministic)
         task = task if task is not None else load_task(config.task, config.task_options)
         data = task.load(config.data)
         store = open_checkpoint_store(config.checkpoints, environ)
         if context.is_primary:
-            store.discard_incomplete()
+            # One writer per run, until its checkpointer is closed; other ranks wait at their next collective.
+            lease = open_checkpoint_lease(config.checkpoints, environ, launch_id).acquire()
+            store = LeasedStore(store, lease)
+            store.discard_incomplete()  # safe only with no other writer: what the lease guarantees
         checkpointer = Checkpointer(store, keep_last=config.keep_checkpoints)
         tracker = make_tracker(
             config.mlflow_tracking_uri,
@@ -119,6 +127,8 @@ def run_worker(
         report_preemption_to_launcher(environ)
         return PREEMPTED_EXIT_CODE
     finally:
+        if lease is not None:
+            lease.release()
         shutdown_distributed()
         if watch is not None:
             watch.stop()
