@@ -4,8 +4,8 @@ The step graph, bindings, computes and distribution come from components/pipelin
 components/specs.py), and each step's component from its YAML through `azure.ai.ml.load_component`, so the
 built job and pipeline.yml cannot drift. What a submission adds is what pins the run: the data input, the
 component versions, the compute per step, the process count, the trigger metadata (tags), the job name
-derived from the run key (Azure ML itself refuses a duplicate), and the train step's checkpoint path, stable
-for the run key so a restarted or resubmitted job resumes.
+derived from the run key (Azure ML itself refuses a duplicate), and the train step's checkpoint path, by the
+checkpoint key (components/checkpoint_key.py): a resubmitted job resumes there, one with other epochs never.
 
 azure-ai-ml is imported inside the functions that need it: the Function App imports this module.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from components.checkpoint_key import checkpoint_key
 from components.errors import SpecError, SubmissionError
 from components.request import RunRequest
 from components.run_inputs import (
@@ -58,9 +59,9 @@ _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _EXPECTED = {"integer": "an integer", "number": "a number", "boolean": "true or false"}
 
 
-def checkpoints_path(datastore: str, run_key: str) -> str:
-    """Where a logical run keeps its checkpoints: the same folder for every attempt of that run."""
-    return f"azureml://datastores/{datastore}/paths/{CHECKPOINTS_ROOT}/{run_key}/"
+def checkpoints_path(datastore: str, key: str) -> str:
+    """Where a run keeps its checkpoints, by its checkpoint key: the same folder for every attempt of it."""
+    return f"azureml://datastores/{datastore}/paths/{CHECKPOINTS_ROOT}/{key}/"
 
 
 def compute_reference(name: str) -> str:
@@ -150,9 +151,10 @@ class PipelineBuild:
         datastore: str = DEFAULT_DATASTORE,
         compute: Mapping[str, str] | None = None,
         registered_components: bool = False,
+        pipeline_file: Path = PIPELINE_FILE,
     ) -> PipelineBuild:
         """The build for one attempt of a request; `compute` overrides the request's per-step compute (the
-        dedicated fallback)."""
+        dedicated fallback). `pipeline_file` gives the defaults the checkpoint key resolves."""
         if not _DATASTORE_NAME.match(datastore):
             raise SubmissionError(
                 f"datastore {datastore!r}: expected a datastore name (letters, digits, '_')"
@@ -168,7 +170,9 @@ class PipelineBuild:
         return cls(
             model_name=request.model_name,
             data_uri=request.data.uri,
-            checkpoints_path=checkpoints_path(datastore, request.run_key),
+            checkpoints_path=checkpoints_path(
+                datastore, checkpoint_key(load_pipeline_spec(pipeline_file), TRAIN_STEP, request)
+            ),
             job_name=request.job_name(attempt),
             display_name=f"retrain {request.model_name} on {request.data.version}{suffix}",
             tags={**request.tags(), "retrain.attempt": str(attempt)},

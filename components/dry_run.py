@@ -74,7 +74,10 @@ class DryRunSubmitter:
 
     def submit(self, request: RunRequest) -> Submission:
         build = PipelineBuild.for_request(
-            request, datastore=self.datastore, registered_components=self.registered_components
+            request,
+            datastore=self.datastore,
+            registered_components=self.registered_components,
+            pipeline_file=self.pipeline_file,
         )
         name = str(build.job_name)
         folder = self.root / name

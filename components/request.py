@@ -3,7 +3,9 @@
 A `RunRequest` is what the Function App (or `retrain submit`) hands to a `Submitter`. Everything that
 makes the run reproducible is in it: the pinned data version, the component versions, the compute per
 step and the process count. Its run key (model name + data version) names the logical run: the job name
-and the checkpoint path derive from it, so the same data never trains twice and a resubmission resumes.
+derives from it, so the same data never trains twice. The checkpoint path derives from the checkpoint key,
+the run key plus the options that decide the training (components/checkpoint_key.py), so a resubmission
+resumes, and a run with other epochs keeps checkpoints of its own.
 """
 
 from __future__ import annotations

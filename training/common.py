@@ -1,12 +1,14 @@
 """The helpers every room needs, written once: blob URL parsing with secret masking and the prefix rule,
-escaping what quotes data, the atomic file write, the file sha256 and the renewal of a held lease (the spot
-and checkpoint-interval formulas are training/spot.py's). function_app/ and components/ import it too, and
-the Function App ships it of training/ (.funcignore): standard library and training.errors only. Parsers take
+escaping what quotes data, the atomic file write, the file sha256, the renewal of a held lease and the
+exclusive file lock (the spot and checkpoint-interval formulas are training/spot.py's). function_app/ and
+components/ import it too, and the Function App ships it of training/ (.funcignore): standard library and
+training.errors only. Parsers take
 the name of the setting or option they read and the error type their caller raises, so that each message
 names what the user typed where they typed it."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -359,3 +361,35 @@ class LeaseRenewal:
                 log.warning("lost %s: %s", self._what, self._describe(error))
                 return
             self._renewed_at = started
+
+
+# -- one process at a time -------------------------------------------------------------------------------
+
+_HOLDER_BYTES = 512
+
+
+@contextmanager
+def exclusive_file_lock(
+    path: Path, holder: str, on_wait: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """Hold an exclusive flock(2) on `path` (created if absent) for the block, waiting as long as it takes.
+
+    For processes sharing one machine's folder. The kernel drops a dead process's lock, so a crash never
+    leaves it held; the descriptor is not inherited by child processes, so a step started meanwhile does
+    not keep it either. `holder` (who holds it, for a person wondering why something waits) is written into
+    the file once the lock is taken; when another process holds it, `on_wait` first gets that process's
+    text ("" if it has not written it yet). A signal that raises (Ctrl-C) ends the wait.
+    """
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait(os.pread(descriptor, _HOLDER_BYTES, 0).decode(errors="replace").strip())
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, holder.encode(), 0)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock

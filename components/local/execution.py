@@ -6,8 +6,9 @@ its parameter values, the content of each input (an upstream output by the hash 
 process count, and for a task that is a user's file, that file's content (on Azure ML it is part of the
 code snapshot; here it is read where it is). Together they make the step's cache key (cache.py). An
 output the pipeline gives a fixed path (train's `checkpoints`) is not cached: it lives at
-`<state>/<output>/<run key>/`, so a rerun of the same logical run resumes from it, and neither its path nor
-its content is part of any key.
+`<state>/<output>/<checkpoint key>/` (components/checkpoint_key.py: the run key and the options that decide
+the training), so a rerun of the same training resumes from it, one with other epochs never does, and
+neither its path nor its content is part of any key.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ from components.local.launch import (
     reported_reason,
     step_environment,
 )
-from components.local.plan import durable_outputs, process_count, step_argv, step_input_values
+from components.local.plan import (
+    durable_outputs,
+    durable_path,
+    process_count,
+    step_argv,
+    step_input_values,
+)
 from components.local.runs import RunRecord, StepAttempt, StepRecord
 from components.request import CANCELED, COMPLETED, FAILED, RUNNING, RunRequest
 from components.run_inputs import TASK_INPUT
@@ -218,12 +225,14 @@ class PipelineExecution:
             )
         return content_hash(path)
 
-    def _durable_path(self, output: str) -> Path:
-        return self.options.state_root / output / self.request.run_key
-
     def _output_paths(self, step: StepSpec, folder: Path, cached_outputs: list[str]) -> dict[str, Path]:
         paths = {name: folder / name for name in cached_outputs}
-        paths.update({name: self._durable_path(name) for name in durable_outputs(step)})
+        paths.update(
+            {
+                name: durable_path(self.options.state_root, self.pipeline, step, name, self.request)
+                for name in durable_outputs(step)
+            }
+        )
         return paths
 
     def _reuse(self, step: StepSpec, entry: CacheEntry, cached_outputs: list[str]) -> _Produced:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from components.checkpoint_key import checkpoint_key
 from components.errors import SpecError, SubmissionError
 from components.local.commands import render_command
 from components.local.launch import TorchrunReports, launch_argv
@@ -197,8 +198,16 @@ def step_input_values(
 
 
 def durable_outputs(step: StepSpec) -> frozenset[str]:
-    """Outputs the pipeline gives a fixed path (train's checkpoints): kept per run key, never cached."""
+    """Outputs the pipeline gives a fixed path (train's checkpoints): one per checkpoint key, never cached."""
     return frozenset(name for name, setting in step.outputs.items() if setting.path)
+
+
+def durable_path(
+    state_root: Path, pipeline: PipelineSpec, step: StepSpec, output: str, request: RunRequest
+) -> Path:
+    """Where a durable output lives: `<state>/<output>/<checkpoint key>/`, one folder per training of a run
+    key (components/checkpoint_key.py), which every rerun of that training resumes from."""
+    return state_root / output / checkpoint_key(pipeline, step.name, request)
 
 
 def process_count(step: StepSpec, request: RunRequest) -> int:

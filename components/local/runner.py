@@ -5,18 +5,27 @@ Layout under the state folder (`$RETRAIN_HOME`, default `./.retrain`):
     runs/<run_id>/run.json            the run's record, rewritten atomically as steps progress
     runs/<run_id>/<step>/log.txt      the step's stdout and stderr (and `pid` while it runs)
     cache/<step>/<key>/<output>/      immutable step outputs, reused by later runs (cache.py)
-    checkpoints/<run key>/            the train step's checkpoints, durable across reruns of a run key
+    checkpoints/<checkpoint key>/     the train step's checkpoints, durable across reruns of one training
+                                      (components/checkpoint_key.py: the run key, and a digest of the
+                                      epochs, seed, batch size, learning rate, task and task options)
+    locks/checkpoints/<key>.lock      held by the run that trains into checkpoints/<key>/
 
 Steps run one at a time in the pipeline's dependency order; the first failure stops the run.
+
+Runs may go on side by side on one state folder, except two that would write one durable folder (the same
+training of the same data): the second waits, saying for which run, until the first has ended, then runs,
+reusing what the first left in the cache. The lock is an flock, which the kernel drops when its holder
+dies. Runs that differ in a checkpoint key (other epochs, say) share no durable folder and do not wait.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -27,18 +36,20 @@ from components.local.clock import Clock, SystemClock
 from components.local.commands import format_value
 from components.local.execution import LocalStepFailed, PipelineExecution
 from components.local.launch import ProcessLauncher, ProcessStarted, StepExecutor, SubprocessLauncher
-from components.local.plan import pipeline_values
+from components.local.plan import durable_outputs, durable_path, pipeline_values
 from components.local.runs import RunRecord, RunStore, StepRecord, new_run_id
 from components.preflight import Preflight, SubprocessPreflight
 from components.request import RunRequest
 from components.run_inputs import TASK_INPUT
 from components.specs import ENVIRONMENT_FILE, PIPELINE_FILE, PipelineSpec, load_pipeline_spec
 from components.task_ref import parse_task_reference, task_file_sha256
+from training.common import exclusive_file_lock
 
 __all__ = ["LocalRunner", "LocalStepFailed", "RunnerOptions"]
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _NAME_WIDTH = 9
+LOCKS_FOLDER = "locks"
 
 
 @dataclass(frozen=True)
@@ -100,13 +111,42 @@ class LocalRunner:
             _check_task_file(request)
             self.preflight(pipeline).check(request)
         record = self._new_record(pipeline, request, force_rerun)
-        self.runs.create(record)
         executor = StepExecutor(
             self._launcher, self.clock, self.options.max_preemption_restarts, self._on_process_started
         )
         run = PipelineExecution(self, pipeline, request, values, record, executor, force_rerun)
-        with _forwarding_stop_signals(executor):
-            return run.execute()
+        with self._durable_folders_held(pipeline, request, record.run_id):
+            self.runs.create(record)
+            with _forwarding_stop_signals(executor):
+                return run.execute()
+
+    @contextmanager
+    def _durable_folders_held(
+        self, pipeline: PipelineSpec, request: RunRequest, run_id: str
+    ) -> Iterator[None]:
+        """Hold the lock of every durable folder the run writes (train's checkpoints), waiting for a run
+        that holds one. Taken in a fixed order, so two runs never hold one each while waiting for the other.
+        The record is created only once they are held: a run stopped while waiting leaves nothing behind."""
+        folders = sorted(
+            durable_path(self.options.state_root, pipeline, step, output, request)
+            for step in pipeline.steps.values()
+            for output in durable_outputs(step)
+        )
+        holder = f"run {run_id} (pid {os.getpid()})"
+        with ExitStack() as held:
+            for folder in folders:
+                lock = self.options.state_root / LOCKS_FOLDER / folder.parent.name / f"{folder.name}.lock"
+                lock.parent.mkdir(parents=True, exist_ok=True)
+
+                def waiting(other: str, folder: Path = folder) -> None:
+                    self.say(
+                        "run",
+                        f"waiting for {other or 'another run'} to end: it trains into {folder} too; "
+                        "this run starts once it has ended",
+                    )
+
+                held.enter_context(exclusive_file_lock(lock, holder, waiting))
+            yield
 
     def preflight(self, pipeline: PipelineSpec) -> Preflight:
         """The given preflight, else the check run by this runner's interpreter in the steps' code folder."""

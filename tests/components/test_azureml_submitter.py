@@ -12,13 +12,13 @@ from azure_fakes import RecordingWorkspace
 from components.azureml.fallback import PREEMPTION_TAG, FallbackPolicy
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings, submission_status
 from components.azureml.workspace import JobRecord, UsageRecord
+from components.checkpoint_key import checkpoint_key
 from components.errors import SubmissionError
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, DataRef, RunRequest
-from components.specs import REPO_ROOT
+from components.specs import REPO_ROOT, load_pipeline_spec
 
 VERSION = "rd-a1b2c3d4e5f60718"
 RUN_KEY = f"digits-{VERSION}"
-CHECKPOINTS = f"azureml://datastores/workspaceblobstore/paths/retrain/checkpoints/{RUN_KEY}/"
 
 
 def make_request(**changes) -> RunRequest:
@@ -29,6 +29,11 @@ def make_request(**changes) -> RunRequest:
         "instance_count": 2,
     }
     return RunRequest(**{**fields, **changes})
+
+
+# Every attempt of the run trains into one folder, named by its checkpoint key (the run key + the trajectory).
+CHECKPOINT_KEY = checkpoint_key(load_pipeline_spec(), "train", make_request())
+CHECKPOINTS = f"azureml://datastores/workspaceblobstore/paths/retrain/checkpoints/{CHECKPOINT_KEY}/"
 
 
 def name(attempt: int = 0) -> str:

@@ -139,9 +139,11 @@ def test_changing_epochs_reruns_train_evaluate_and_register_but_reuses_prep(stat
 
     assert reused(record) == {"prep": True, "train": False, "evaluate": False, "register": False}
     model = Path(record.step("train").outputs["model"])
-    assert json.loads((model / "metadata.json").read_text())["config"]["epochs"] == 3
-    # The same logical run (model + data version) keeps its checkpoints: training continued from them.
-    assert "resumed from checkpoint" in Path(record.step("train").log).read_text()
+    metadata = json.loads((model / "metadata.json").read_text())
+    # Other epochs are another training of the run key: its own checkpoints, and all 3 epochs of its own.
+    assert (metadata["config"]["epochs"], metadata["steps"], metadata["resumes"]) == (3, 3 * 44, 0)
+    assert record.step("train").outputs["checkpoints"] != first_run[0].step("train").outputs["checkpoints"]
+    assert "resumed from checkpoint" not in Path(record.step("train").log).read_text()
 
 
 def test_changing_the_code_reruns_every_step_and_an_identical_copy_reuses_them(

@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 from conftest import QuickPipeline, QuickRequest, pinned_request, write_quick_pipeline
 
+from components.checkpoint_key import checkpoint_key
 from components.errors import SubmissionError
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord
 from components.local.cache import STAGING_PREFIX
 from components.request import CANCELED, COMPLETED, FAILED, DataRef, RunRequest
+from components.specs import load_pipeline_spec
 
 
 def quick_runner(quick: QuickPipeline, state: Path, **options) -> tuple[LocalRunner, io.StringIO]:
@@ -63,7 +65,8 @@ def test_each_step_runs_its_command_in_dependency_order_with_its_inputs_and_outp
     quick_pipeline, quick_request: QuickRequest, state
 ):
     runner, progress = quick_runner(quick_pipeline, state)
-    record = runner.run(quick_request())
+    request = quick_request()
+    record = runner.run(request)
 
     assert record.status == COMPLETED
     assert [step.name for step in record.steps] == ["make", "double", "finish"]
@@ -73,7 +76,9 @@ def test_each_step_runs_its_command_in_dependency_order_with_its_inputs_and_outp
     assert "--note" not in make.command  # the optional part is dropped: note is unset
     log = Path(make.log).read_text()
     assert f"cwd {quick_pipeline.folder} home {state} python {sys.executable}" in log
-    assert record.step("double").outputs["progress"] == str(state / "progress" / record.run_key)
+    key = checkpoint_key(load_pipeline_spec(quick_pipeline.pipeline_file), "double", request)
+    assert key.startswith(f"{record.run_key}-")
+    assert record.step("double").outputs["progress"] == str(state / "progress" / key)
     assert [line.split()[:2] for line in progress.getvalue().splitlines()] == [
         ["make", "started"], ["make", "completed"], ["double", "started"], ["double", "completed"],
         ["finish", "started"], ["finish", "completed"],

@@ -28,7 +28,7 @@ from training.engine.preemption import PreemptionNotice
 from training.engine.progress import describe
 from training.engine.tracking import make_tracker
 from training.engine.train_args import add_train_arguments, config_from_args, config_to_argv
-from training.engine.trainer import COMPLETED, Trainer
+from training.engine.trainer import COMPLETED, PREEMPTED, Trainer
 from training.errors import InputError
 from training.tasks.loader import load_task
 
@@ -206,14 +206,16 @@ class SimulatedTime:
 
     While the trainer measures, time stands still and each reported step first waits until the save in
     flight is written, so the measurement takes a few steps however slowly the background writer runs on a
-    loaded machine. Once the trainer announces its interval, every step takes 1/STEP_FRACTION of it.
+    loaded machine. Once the trainer announces its interval, every step takes 1/STEP_FRACTION of it. Given
+    `evict_at`, the eviction notice arrives once that step is reported, as SIGTERM would deliver it.
     """
 
-    def __init__(self, checkpointer: Checkpointer) -> None:
+    def __init__(self, checkpointer: Checkpointer, notice: PreemptionNotice, evict_at: int | None) -> None:
         self.now = 0.0
         self.events: list[dict[str, Any]] = []
         self._checkpointer = checkpointer
         self._step_seconds: float | None = None
+        self._notice, self._evict_at = notice, evict_at
 
     def __call__(self) -> float:
         return self.now
@@ -226,6 +228,9 @@ class SimulatedTime:
             assert self._checkpointer.wait_until_written(timeout=120), "a save took over 120 s"
         elif event["event"] == "step":
             self.now += self._step_seconds
+        evicted = self._evict_at is not None and event["event"] == "step" and event["step"] >= self._evict_at
+        if evicted and not self._notice.received:
+            self._notice.received_at = self.now
 
     def close(self) -> None:
         pass
@@ -234,12 +239,15 @@ class SimulatedTime:
         return [e for e in self.events if e["event"] == kind and reason in (None, e.get("reason"))]
 
 
-def _attempt(arguments: list[str], tmp_path: Path) -> tuple[TrainConfig, SimulatedTime]:
+def _attempt(
+    arguments: list[str], tmp_path: Path, evict_at: int | None = None
+) -> tuple[TrainConfig, SimulatedTime]:
     config = config_from_args(_parser().parse_args(arguments), {}, tmp_path)
     checkpointer = Checkpointer(
         LocalCheckpointStore(Path(config.checkpoints)), keep_last=config.keep_checkpoints
     )
-    time = SimulatedTime(checkpointer)
+    notice = PreemptionNotice()
+    time = SimulatedTime(checkpointer, notice, evict_at)
     tracker = make_tracker(
         config.mlflow_tracking_uri, config.mlflow_experiment, config.mlflow_artifact_location, is_primary=True
     )
@@ -254,11 +262,11 @@ def _attempt(arguments: list[str], tmp_path: Path) -> tuple[TrainConfig, Simulat
         tracker,
         time,
         launch_id="t",
-        notice=PreemptionNotice(),
+        notice=notice,
         clock=time,
     )
     try:
-        assert trainer.run().status == COMPLETED
+        assert trainer.run().status == (COMPLETED if evict_at is None else PREEMPTED)
     finally:
         checkpointer.close()
     return config, time
@@ -296,13 +304,14 @@ def test_a_run_measures_announces_and_follows_its_interval_afresh_in_every_attem
         "--mlflow-tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--mlflow-experiment", "auto",
         "--mlflow-artifact-location", (tmp_path / "artifacts").as_uri(),
     ]  # fmt: skip
-    _, first = _attempt([*arguments, "--epochs", "1"], tmp_path)
-    # Another epoch resumes the finished run: a new attempt, which measures its own saves again.
+    # Evicted after its first epoch, the run resumes: a new attempt, which measures its own saves again.
+    _, first = _attempt([*arguments, "--epochs", "2"], tmp_path, evict_at=STEPS_PER_EPOCH)
     config, second = _attempt([*arguments, "--epochs", "2"], tmp_path)
 
+    [evicted] = first.of_kind("preempted")
     chosen = [
-        _check_attempt(first, 0, STEPS_PER_EPOCH),
-        _check_attempt(second, STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH),
+        _check_attempt(first, 0, evicted["step"]),
+        _check_attempt(second, evicted["step"], 2 * STEPS_PER_EPOCH),
     ]
     metadata = json.loads((config.out / "metadata.json").read_text())
     assert [attempt["checkpoint_interval"] for attempt in metadata["attempts"]] == chosen

@@ -139,14 +139,22 @@ def test_resuming_with_other_training_options_is_refused(trained, prepared_data,
     assert _fingerprint(trained["checkpoints"]) == before
 
 
+def test_resuming_with_other_epochs_is_refused(trained, prepared_data, tmp_path, capsys):
+    # The learning-rate schedule spans the total steps: under other epochs, a resume would be another run.
+    before = _fingerprint(trained["checkpoints"])
+    assert _train(prepared_data, tmp_path / "out", trained["checkpoints"], "--epochs", "6") == 2
+    assert "--epochs 6 (checkpoint: 3)" in _one_error_line(capsys)
+    assert _fingerprint(trained["checkpoints"]) == before
+    assert not (tmp_path / "out").exists()
+
+
 def test_other_data_is_accepted_when_forced(trained, other_data_version, tmp_path):
     checkpoints = tmp_path / "ckpt"
     checkpoints.mkdir()
     for path in trained["checkpoints"].iterdir():
         (checkpoints / path.name).write_bytes(path.read_bytes())
-    assert (
-        _train(other_data_version, tmp_path / "out", checkpoints, "--allow-data-change", "--epochs", "4") == 0
-    )
+    # The same epochs: --allow-data-change lets the data change, not the options that decide the run.
+    assert _train(other_data_version, tmp_path / "out", checkpoints, "--allow-data-change") == 0
     metadata = json.loads((tmp_path / "out" / "metadata.json").read_text())
     assert (
         metadata["data_version"]

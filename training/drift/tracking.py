@@ -78,9 +78,10 @@ def _log_run(
     import time
 
     from mlflow.entities import Metric, Param, RunTag
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking.uri)
+    from training.mlflow_setup import mlflow_client
+
+    client = mlflow_client(tracking.uri)
     job_run = environ.get(JOB_RUN_ID_VARIABLE)
     run_id = job_run or client.create_run(_experiment_id(client, experiment, tracking)).info.run_id
     stamp = int(time.time() * 1000)
@@ -105,10 +106,9 @@ def _log_run(
 
 
 def _experiment_id(client: Any, name: str, tracking: Tracking) -> str:
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    return client.create_experiment(name, artifact_location=tracking.artifact_location)
+    from training.mlflow_setup import experiment_id
+
+    return experiment_id(client, name, tracking.artifact_location)
 
 
 def _run_tags(document: Mapping[str, Any], report: DriftReport, event_id: str | None) -> dict[str, str]:

@@ -33,9 +33,12 @@ DEFAULT_MTBE_HOURS = 12.0
 DEFAULT_TASK = "tabular"
 
 # The options that decide the training trajectory. A checkpoint only resumes under the same values;
-# anything else (epochs, checkpoint interval, world size, progress display) may change between attempts.
-# The task and its options decide the model and the data it reads, so they belong here too.
+# anything else (checkpoint interval, world size, progress display) may change between attempts. The epochs
+# decide the total steps, and with them the learning-rate schedule from the first step on, so a resume under
+# other epochs would silently be another run. The task and its options decide the model and the data it
+# reads. The local runner and Azure ML keep checkpoints per value of these (components/checkpoint_key.py).
 TRAJECTORY_FIELDS = (
+    "epochs",
     "seed",
     "global_batch_size",
     "learning_rate",

@@ -66,13 +66,13 @@ class MlflowTracker:
         clock: Callable[[], float] = time.monotonic,
         job_run_id: str | None = None,
     ) -> None:
-        from mlflow.tracking import MlflowClient
+        from training.mlflow_setup import mlflow_client
 
         # Azure ML gives each job its own MLflow run (MLFLOW_RUN_ID). A first attempt trains in it; a resumed
         # attempt (a resubmitted job) continues the checkpointed run, and still tags its own job's run, which
         # is where the pipeline's submitter looks for preemptions.
         self._job_run_id = job_run_id
-        self._client = MlflowClient(tracking_uri=tracking_uri)
+        self._client = mlflow_client(tracking_uri)
         self._experiment = experiment
         self._artifact_location = artifact_location
         self._flush_every = flush_every_seconds
@@ -129,10 +129,9 @@ class MlflowTracker:
             )
 
     def _experiment_id(self) -> str:
-        experiment = self._client.get_experiment_by_name(self._experiment)
-        if experiment is not None:
-            return experiment.experiment_id
-        return self._client.create_experiment(self._experiment, artifact_location=self._artifact_location)
+        from training.mlflow_setup import experiment_id
+
+        return experiment_id(self._client, self._experiment, self._artifact_location)
 
     def _require_run(self) -> str:
         if self._run_id is None:

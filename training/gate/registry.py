@@ -145,10 +145,10 @@ class ModelRegistry:
     """Registered models in one MLflow store."""
 
     def __init__(self, store: MlflowStore) -> None:
-        from mlflow.tracking import MlflowClient
+        from training.mlflow_setup import mlflow_client
 
         self.store = store
-        self._client = MlflowClient(store.tracking_uri, registry_uri=store.tracking_uri)
+        self._client = mlflow_client(store.tracking_uri, registry_uri=store.tracking_uri)
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -349,10 +349,9 @@ class ModelRegistry:
                 raise
 
     def _experiment_id(self, name: str) -> str:
-        experiment = self._client.get_experiment_by_name(name)
-        if experiment is not None:
-            return experiment.experiment_id
-        return self._client.create_experiment(name, artifact_location=self.store.artifact_location)
+        from training.mlflow_setup import experiment_id
+
+        return experiment_id(self._client, name, self.store.artifact_location)
 
     @contextmanager
     def _fluent_store(self) -> Iterator[None]:
