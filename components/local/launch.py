@@ -2,8 +2,8 @@
 
 A step's command starts with `python`; locally that is this interpreter (`sys.executable`), and its folder
 leads PATH, so whatever the step starts finds the same environment. A `distribution: pytorch` step runs
-under `python -m torch.distributed.run --standalone --nproc-per-node=N`, one intra-op thread per process
-(OMP_NUM_THREADS=1 unless the caller set it).
+under torchrun (`python -m training.engine.torchrun_agent --standalone --nproc-per-node=N`: torchrun, made
+to die with this runner), one intra-op thread per process (OMP_NUM_THREADS=1 unless the caller set it).
 
 torchrun exits 1 whatever its workers' exit codes. It reports the failing worker's code through
 torchelastic's error-file protocol: `["message"]["errorCode"]` of the file named by TORCHELASTIC_ERROR_FILE,
@@ -46,6 +46,7 @@ PREEMPTED_EXIT_CODE = 75
 # The trainer's "training diverged" code (EX_DATAERR), as documented in train.yml: a failure like any other,
 # but one a restart cannot cure.
 DIVERGED_EXIT_CODE = 65
+TORCHRUN_AGENT = "training.engine.torchrun_agent"  # a module name: components never imports training.engine
 _PYTHON_WORDS = ("python", "python3")
 
 
@@ -88,7 +89,10 @@ def launch_argv(
         raise SpecError(
             f"step '{step}': distribution type {distribution.type!r} cannot run locally; expected 'pytorch'"
         )
-    torchrun = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    # torchrun through its agent (training/engine/torchrun_agent.py), which the kernel kills when this
+    # runner dies: its workers then see their parent gone, save at the agreed step and leave, instead of
+    # training on as orphans beside the next attempt.
+    torchrun = [python, "-m", TORCHRUN_AGENT, "--standalone", f"--nproc-per-node={nproc}"]
     if reports is not None:
         torchrun.append(f"--log-dir={reports.log_dir}")
     return [*torchrun, *argv[1:]]

@@ -136,7 +136,7 @@ def test_python_is_this_interpreter_and_a_pytorch_step_runs_under_torchrun(tmp_p
     assert launch_argv(["tool", "--flag"], None, 1, PYTHON, "s") == ["tool", "--flag"]
     reports = TorchrunReports.in_folder(tmp_path)
     assert launch_argv(["python", "-m", "w", "--a"], Distribution("pytorch"), 4, PYTHON, "s", reports) == [
-        PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+        PYTHON, "-m", "training.engine.torchrun_agent", "--standalone", "--nproc-per-node=4",
         f"--log-dir={tmp_path / 'torchrun'}", "-m", "w", "--a",
     ]  # fmt: skip
     with pytest.raises(SpecError, match=r"step 's': a distributed command must start with `python`"):
@@ -151,7 +151,13 @@ def test_the_train_step_uses_the_requested_process_count():
         train, pipeline_values(PIPELINE, request()), {}, {("prep", "prepared_data"): "/p"}
     )
     argv = step_argv(train, inputs, {"model": Path("/m"), "checkpoints": Path("/c")}, 3, sys.executable)
-    assert argv[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3"]
+    assert argv[:5] == [
+        sys.executable,
+        "-m",
+        "training.engine.torchrun_agent",
+        "--standalone",
+        "--nproc-per-node=3",
+    ]
 
 
 def test_a_step_gets_the_callers_environment_the_state_folder_and_for_torchrun_one_thread(tmp_path):

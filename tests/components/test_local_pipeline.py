@@ -91,7 +91,7 @@ def test_the_first_run_executes_every_components_real_command(first_run, state):
     commands = {step.name: step.command for step in record.steps}
     assert commands["prep"][:4] == (sys.executable, "-m", "training.cli", "prepare")
     assert commands["train"][:5] == (
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"
+        sys.executable, "-m", "training.engine.torchrun_agent", "--standalone", "--nproc-per-node=1"
     )  # fmt: skip
     assert commands["train"][6:8] == ("-m", "training.engine.worker")
     assert commands["evaluate"][:4] == (sys.executable, "-m", "training.cli", "evaluate")

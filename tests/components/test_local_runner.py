@@ -251,7 +251,7 @@ def test_a_distributed_step_runs_under_torchrun_and_reads_a_preemption_from_the_
 
     double = record.step("double")
     assert double.command[:6] == (
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        sys.executable, "-m", "training.engine.torchrun_agent", "--standalone", "--nproc-per-node=2",
         f"--log-dir={state / 'runs' / record.run_id / 'double' / 'torchrun'}",
     )  # fmt: skip
     assert double.command[6:8] == ("job.py", "double")
