@@ -98,6 +98,9 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
 
         return run_worker(config, launch_id, environ, task)
     refuse_incompatible_resume(config, environ, task)
+    from training.engine.saving import refuse_unfit_checkpoint_location  # torch: loaded with the task
+
+    refuse_unfit_checkpoint_location(config, environ, task)
     # One intra-op thread per worker: N workers on N cores, not N x N threads fighting for them.
     environment = {"OMP_NUM_THREADS": "1", **environ, LAUNCH_ID_VARIABLE: launch_id}
     code = _run_torchrun(torchrun_command(config, nproc), environment)
