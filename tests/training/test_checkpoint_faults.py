@@ -18,11 +18,13 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -36,7 +38,7 @@ from training.checkpoint.room import check_room
 from training.checkpoint.store import CheckpointStore
 from training.cli import main
 from training.engine.distributed import init_distributed
-from training.engine.preemption import PreemptionNotice
+from training.engine.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
 from training.engine.progress import LogRenderer
 from training.engine.tracking import make_tracker
 from training.engine.train_args import add_train_arguments, config_from_args
@@ -152,18 +154,64 @@ class FillOnFirstCheckpoint(logging.Handler):
 
 
 def _train_in_process_on(store: FillingStore, config: Any) -> int:
-    """The worker's wiring, with the store given: what `run_worker` does on one process."""
+    """What `run_worker` does on one process, exit code included, with the store given."""
     checkpointer = Checkpointer(store, keep_last=config.keep_checkpoints)
     task = load_task(config.task, config.task_options)
+    notice = PreemptionNotice().install()
     trainer = Trainer(
         config, init_distributed("cpu", {}), task, task.load(config.data), checkpointer,
         make_tracker(None, config.mlflow_experiment, None, is_primary=True), LogRenderer(),
-        launch_id="fills", notice=PreemptionNotice(),
+        launch_id="fills", notice=notice,
     )  # fmt: skip
     try:
-        return 0 if trainer.run().status == COMPLETED else 1
+        return 0 if trainer.run().status == COMPLETED else PREEMPTED_EXIT_CODE
     finally:
         checkpointer.close()
+        notice.uninstall()
+
+
+@dataclass
+class FilledRun:
+    code: int
+    left: list[str]  # what the checkpoint folder holds afterwards, the filler aside
+    newest: str | None  # the newest checkpoint that verifies
+    failures: list[str]  # the log lines reporting a failed save
+
+
+def _run_on_a_disk_that_fills_up(
+    config: Any, caplog: pytest.LogCaptureFixture, then: Callable[[], None] = lambda: None
+) -> FilledRun:
+    """Train on checkpoints whose disk fills up once the first one is durable (then calls `then`)."""
+    checkpoints = Path(config.checkpoints)
+    caplog.set_level(logging.INFO)
+    progress = logging.getLogger("retrain.progress")
+    with ExitStack() as stack:
+        if can_mount():  # a real 1 MiB disk: room for the checks before training, then filled by another file
+            stack.enter_context(tmpfs(checkpoints, "size=1m"))
+            fill: Callable[[], None] = lambda: fill_up(checkpoints)  # noqa: E731
+        else:
+            store = FillingStore(LocalCheckpointStore(checkpoints))
+            fill = store.fill_up
+        hook = FillOnFirstCheckpoint(lambda: (fill(), then()))
+        progress.addHandler(hook)
+        stack.callback(progress.removeHandler, hook)
+        code = run_worker(config, "fills", {}) if can_mount() else _train_in_process_on(store, config)
+        left = sorted(name for name in os.listdir(checkpoints) if name != "filler")
+        newest = Checkpointer(LocalCheckpointStore(checkpoints)).newest_valid()
+    assert hook.filled
+    # Each failed save is reported once, with the operating system's reason and the location.
+    failed_save = re.compile(r"checkpoint at step (\d+) was not saved")
+    failures = [line for line in caplog.messages if failed_save.search(line)]
+    steps = [int(failed_save.search(line).group(1)) for line in failures]
+    assert not any("enforce fail" in line for line in caplog.messages)
+    assert len(set(steps)) == len(steps) >= 1
+    assert all(f"was not saved: no space left on device on {checkpoints};" in line for line in failures)
+    assert all(line.endswith("tries again at the next interval") for line in failures[:-1])
+    # Nothing partial: no temp file, no data without its record.
+    assert not [name for name in left if name.startswith(".")]
+    stems = {name.rsplit(".", 1)[0] for name in left}
+    assert left == sorted([f"{stem}.json" for stem in stems] + [f"{stem}.pt" for stem in stems])
+    return FilledRun(code, left, newest.record.name if newest else None, failures)
 
 
 def test_a_disk_that_fills_up_mid_run_keeps_the_model_and_reports_every_failed_save_once(
@@ -171,56 +219,45 @@ def test_a_disk_that_fills_up_mid_run_keeps_the_model_and_reports_every_failed_s
 ) -> None:
     checkpoints = tmp_path / "ckpt"
     config = _config(prepared_data, tmp_path, checkpoints, "--progress", "log")
-    caplog.set_level(logging.INFO)
-    progress = logging.getLogger("retrain.progress")
-    with ExitStack() as stack:
-        if can_mount():  # a real 1 MiB disk: room for the checks before training, then filled by another file
-            stack.enter_context(tmpfs(checkpoints, "size=1m"))
-            hook = FillOnFirstCheckpoint(lambda: fill_up(checkpoints))
-            progress.addHandler(hook)
-            stack.callback(progress.removeHandler, hook)
-            code = run_worker(config, "fills", {})
-        else:
-            store = FillingStore(LocalCheckpointStore(checkpoints))
-            hook = FillOnFirstCheckpoint(store.fill_up)
-            progress.addHandler(hook)
-            stack.callback(progress.removeHandler, hook)
-            code = _train_in_process_on(store, config)
-        left = sorted(os.listdir(checkpoints))
-        newest = Checkpointer(LocalCheckpointStore(checkpoints)).newest_valid()
+    run = _run_on_a_disk_that_fills_up(config, caplog)
 
-    assert hook.filled
-    assert code == 0 and (config.out / "model.pt").is_file()
+    assert run.code == 0 and (config.out / "model.pt").is_file()
     metadata = json.loads((config.out / "metadata.json").read_text())
-    checkpoints_summary, warnings = metadata["checkpoints"], metadata["warnings"]
-
-    # Every failed save: one line, with the operating system's reason and where, never torch's enforce line.
-    failures = [record.getMessage() for record in caplog.records if "was not saved" in record.getMessage()]
-    steps = [int(re.search(r"at step (\d+)", line).group(1)) for line in failures]
-    assert len(failures) == checkpoints_summary["failed"] >= 1 and len(set(steps)) == len(steps)
-    assert all(f"was not saved: no space left on device on {checkpoints};" in line for line in failures)
-    assert all(line.endswith("tries again at the next interval") for line in failures[:-1])
-    assert failures[-1] == (
+    summary, warnings = metadata["checkpoints"], metadata["warnings"]
+    assert run.failures[-1] == (
         f"the final checkpoint at step {STEPS} was not saved: no space left on device on {checkpoints}; "
         f"the model is still written to {config.out}"
     )
-    assert not any("enforce fail" in record.getMessage() for record in caplog.records)
-
     # The disk stayed full, so every save after the first failure failed, and the metadata says so.
-    assert checkpoints_summary["failed_since_last_saved"] == checkpoints_summary["failed"]
-    assert (
-        checkpoints_summary["saved"] >= 1 and "no space left on device" in checkpoints_summary["last_failure"]
-    )
-    assert len(warnings) == 1 and warnings[0] in caplog.messages
-    assert f"the last {checkpoints_summary['failed']} checkpoint save(s) failed" in warnings[0]
+    assert summary["failed"] == summary["failed_since_last_saved"] == len(run.failures)
+    assert summary["saved"] >= 1 and run.newest is not None and summary["last_saved"] == run.newest
+    assert summary["last_failure"] == f"no space left on device on {checkpoints}"
+    assert warnings == [
+        f"the last {len(run.failures)} checkpoint save(s) failed (no space left on device on {checkpoints}); "
+        f"the model in {config.out} is complete, but a run resumed from {checkpoints} starts from checkpoint "
+        f"{run.newest}"
+    ]
+    assert warnings[0] in caplog.messages
 
-    # Nothing partial: no temp file, no data without its record; what was committed still resumes.
-    objects = [name for name in left if name != "filler"]
-    assert not [name for name in objects if name.startswith(".")]
-    stems = {name.rsplit(".", 1)[0] for name in objects}
-    assert sorted(objects) == sorted([f"{stem}.json" for stem in stems] + [f"{stem}.pt" for stem in stems])
-    assert newest is not None and newest.record.name == checkpoints_summary["last_saved"]
-    assert f"starts from checkpoint {newest.record.name}" in warnings[0]
+
+def test_an_eviction_whose_save_fails_still_exits_preempted_and_says_where_a_restart_resumes(
+    prepared_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    checkpoints = tmp_path / "ckpt"
+    config = _config(prepared_data, tmp_path, checkpoints, "--progress", "log")
+    # The eviction notice arrives as the disk fills: the save at the agreed step fails.
+    run = _run_on_a_disk_that_fills_up(config, caplog, then=lambda: os.kill(os.getpid(), signal.SIGTERM))
+
+    assert run.code == PREEMPTED_EXIT_CODE and not config.out.exists()
+    step = int(re.search(r"at step (\d+)", run.failures[-1]).group(1))
+    assert run.failures[-1] == (
+        f"the preempted checkpoint at step {step} was not saved: no space left on device on {checkpoints}; "
+        f"a restart resumes from checkpoint {run.newest}"
+    )
+    assert (
+        f"preempted at step {step}, whose state was not saved: a restart resumes from checkpoint "
+        f"{run.newest}; exiting with code {PREEMPTED_EXIT_CODE}"
+    ) in caplog.messages
 
 
 # -- the checkpointer on a full disk, both stores -------------------------------------------------------
@@ -274,6 +311,19 @@ def test_data_whose_record_failed_is_removed_with_any_left_by_a_crash(inner_stor
     result = checkpointer.wait_until_durable(raise_on_failure=False)
     assert result.record is None and "no space left on device" in result.failure
     assert inner_store.names() == []  # its data went, and so did the crash's leftover
+    checkpointer.close()
+
+
+def test_at_start_up_data_left_without_its_record_is_removed_and_checkpoints_are_kept(
+    inner_store: CheckpointStore,
+) -> None:
+    checkpointer = Checkpointer(inner_store)
+    checkpointer.save(_state(), _meta(10))
+    checkpointer.wait_until_durable()
+    with inner_store.writer("step-0000000020-a001.pt") as crashed:  # killed before its record
+        crashed.write(b"x" * 1000)
+    assert checkpointer.discard_uncommitted() == 1
+    assert inner_store.names() == ["step-0000000010-a001.json", "step-0000000010-a001.pt"]
     checkpointer.close()
 
 

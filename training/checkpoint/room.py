@@ -22,6 +22,7 @@ from contextlib import suppress
 
 from training.checkpoint.records import committed_checkpoints
 from training.checkpoint.store import CheckpointStore, storage_failure
+from training.common import mask_secrets
 from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,10 @@ def check_writable(store: CheckpointStore) -> None:
             target.write(_PROBE_PAYLOAD)
         store.delete(probe)
     except CheckpointError as error:  # the store's own line names the location and the fix
-        raise CheckpointError(f"a test write before training failed: {error}") from None
+        raise CheckpointError(mask_secrets(f"a test write before training failed: {error}")) from None
     except OSError as error:
         raise CheckpointError(
-            f"checkpoint location {store.location} failed a test write before training: "
+            f"checkpoint location {mask_secrets(store.location)} failed a test write before training: "
             f"{storage_failure(error)}; expected a location this process can write and delete in "
             "(make it writable, or pass another --checkpoints)"
         ) from None
@@ -79,9 +80,10 @@ def check_room(store: CheckpointStore, checkpoint_bytes: int, basis: str, keep_l
     slots = slots_needed(keep_last, len(committed_checkpoints(store.names())))
     needed = slots * checkpoint_bytes
     if free < needed:
+        location = mask_secrets(store.location)
         raise CheckpointError(
-            f"checkpoint location {store.location} has {megabytes(free)} free; expected room for {slots} "
-            f"checkpoints of about {megabytes(checkpoint_bytes)} each ({megabytes(needed)}; {basis}) "
+            f"checkpoint location {location} has {megabytes(free)} free; expected room for "
+            f"{slots} checkpoints of about {megabytes(checkpoint_bytes)} each ({megabytes(needed)}; {basis}) "
             "before training starts: free some space there, or pass another --checkpoints"
         )
     log.debug(
