@@ -10,26 +10,22 @@ too-small refusal is checked against the real free space of the test's own file 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import errno
-import functools
 import json
 import logging
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pytest
 from azure.storage.blob import ContainerClient
+from filling_disk import FillingStore, can_mount, fill_up, obey_file_modes_as_root, tmpfs
 
 from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
@@ -52,81 +48,6 @@ RUN = [
     "--epochs", "1", "--global-batch-size", "32", "--task-option", "hidden_width=64", "--seed", "7",
     "--checkpoint-every-steps", "10", "--checkpoint-every-seconds", "off", "--no-mlflow",
 ]  # fmt: skip
-
-
-@functools.cache
-def can_mount() -> bool:
-    """Whether this process may mount a tmpfs (tried for real, then undone)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        return False
-    with tempfile.TemporaryDirectory() as folder:
-        tried = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", folder], capture_output=True
-        )
-        if tried.returncode != 0:
-            return False
-        subprocess.run(["umount", folder], check=True)
-    return True
-
-
-@contextmanager
-def tmpfs(folder: Path, options: str) -> Iterator[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
-
-
-def fill_up(folder: Path) -> None:
-    """Take every free byte of the file system under `folder`, as another program filling the disk would."""
-    with open(folder / "filler", "wb", buffering=0) as filler, pytest.raises(OSError) as full:
-        while True:
-            filler.write(bytes(64 * 1024))
-    assert full.value.errno == errno.ENOSPC
-
-
-class FillingStore:
-    """A real store whose disk can fill up: once `fill_up()` is called, every byte written into any object
-    goes to /dev/full, whose writes the kernel fails with ENOSPC. Reads, deletes and cleanup are the real
-    store's, which sees each failure as it would see a full disk's."""
-
-    def __init__(self, inner: CheckpointStore, fails: Callable[[str], bool] = lambda name: True) -> None:
-        self._inner = inner
-        self._fails = fails
-        self._full = False
-
-    def fill_up(self) -> None:
-        self._full = True
-
-    @property
-    def location(self) -> str:
-        return self._inner.location
-
-    @contextmanager
-    def writer(self, name: str) -> Iterator[BinaryIO]:
-        with self._inner.writer(name) as file:
-            if self._full and self._fails(name):
-                with open("/dev/full", "wb", buffering=0) as full:
-                    yield full
-            else:
-                yield file
-
-    def read(self, name: str) -> bytes:
-        return self._inner.read(name)
-
-    def names(self) -> list[str]:
-        return self._inner.names()
-
-    def delete(self, name: str) -> None:
-        self._inner.delete(name)
-
-    def discard_incomplete(self) -> int:
-        return self._inner.discard_incomplete()
-
-    def free_bytes(self) -> int | None:
-        return self._inner.free_bytes()
 
 
 def _config(prepared_data: Path, tmp_path: Path, checkpoints: Path, *extra: str):
@@ -329,18 +250,6 @@ def test_at_start_up_data_left_without_its_record_is_removed_and_checkpoints_are
 
 # -- refused before training ----------------------------------------------------------------------------
 
-PR_CAPBSET_DROP = 24
-CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
-
-
-def _obey_file_modes_as_root() -> None:
-    """In the child, before it execs: root ignores a folder's mode bits through CAP_DAC_OVERRIDE. Dropped
-    from the bounding set, the exec'd program lacks it, and a read-only folder is read-only to it too."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for capability in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
-        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
-
 
 def _arguments(prepared_data: Path, out: Path, checkpoints: Path, nproc: int) -> list[str]:
     places = ["--data", str(prepared_data), "--out", str(out), "--checkpoints", str(checkpoints)]
@@ -352,7 +261,7 @@ def _refused_by_the_command(arguments: list[str], out: Path) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "training.cli", *arguments, "--progress", "jsonl"],
         capture_output=True, text=True, env=dict(os.environ),
-        preexec_fn=_obey_file_modes_as_root if os.geteuid() == 0 else None,
+        preexec_fn=obey_file_modes_as_root if os.geteuid() == 0 else None,
     )  # fmt: skip
     assert result.stdout.strip() == ""  # not even the "start" event
     return _one_error_line(result.returncode, result.stderr, out)
