@@ -7,8 +7,10 @@ stores are held to exactly the same behaviour.
 from __future__ import annotations
 
 import base64
+import errno
 import os
 import random
+import shutil
 import subprocess
 import sys
 import uuid
@@ -22,7 +24,13 @@ from azure.storage.blob import ContainerClient
 
 from training.checkpoint.blob_store import BlobCheckpointStore, mask_secrets, open_blob_store
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.store import CheckpointStore, ObjectExistsError, ObjectNotFoundError
+from training.checkpoint.room import check_room
+from training.checkpoint.store import (
+    CheckpointStore,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    storage_failure,
+)
 from training.checkpoint.stores import CONNECTION_STRING_VARIABLE, open_checkpoint_store
 from training.errors import CheckpointError
 
@@ -175,6 +183,51 @@ def test_stores_on_different_folders_are_isolated(make_store: StoreFactory) -> N
     first.delete("ckpt")
     assert second.read("ckpt") == b"second"
     assert make_store("run").names() == []  # a second store on the same folder sees the same objects
+
+
+def test_free_space_is_the_file_systems_or_unknown_on_blob(store: CheckpointStore, tmp_path: Path) -> None:
+    free = store.free_bytes()
+    if isinstance(store, LocalCheckpointStore):
+        assert isinstance(free, int) and 0 < free <= shutil.disk_usage(tmp_path).total
+    else:
+        assert free is None  # a storage account has no quota a client can read
+
+
+def test_the_check_before_training_writes_and_deletes_a_probe(store: CheckpointStore) -> None:
+    write(store, "retrain-probe-0123456789abcdef", b"x")  # the probe of a run killed between write and delete
+    write(store, "kept", b"kept")
+    check_room(store, checkpoint_bytes=1, basis="one byte", keep_last=2)
+    assert store.names() == ["kept"]
+    assert store.discard_incomplete() == 0
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "no space left on device on LOC"),
+        (OSError(errno.EROFS, "Read-only file system"), "read-only file system on LOC"),
+        (CheckpointError("cannot write checkpoint objects in X: Permission denied"), "cannot write "
+         "checkpoint objects in X: Permission denied"),
+        (RuntimeError("bad\nsecond line"), "bad"),
+    ],
+)  # fmt: skip
+def test_a_storage_failure_is_one_line_with_the_operating_systems_reason(error, expected) -> None:
+    assert storage_failure(error, "LOC") == expected
+
+
+def test_a_storage_failure_behind_torchs_enforce_message_gives_the_os_reason_masked() -> None:
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+            ) from None
+    except RuntimeError as error:
+        torch_error = error
+    location = "https://acct.blob.core.windows.net/c/run?sig=SECRET"
+    assert storage_failure(torch_error, location) == "no space left on device on " + mask_secrets(location)
+    assert "SECRET" not in storage_failure(torch_error, location)
 
 
 # --- local folder ------------------------------------------------------------------------------------

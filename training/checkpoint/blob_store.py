@@ -117,6 +117,11 @@ class BlobCheckpointStore:
         # block a later write of the same name (see `_upload`), and Azure garbage-collects them after a week.
         return 0
 
+    def free_bytes(self) -> int | None:
+        # A storage account has no quota a client could read (its limit, 5 PiB by default, is the service's),
+        # so only writability can be checked before training.
+        return None
+
     def _upload(self, blob: BlobClient, spool: tempfile.SpooledTemporaryFile[bytes], name: str) -> None:
         length = spool.seek(0, os.SEEK_END)
         spool.seek(0)

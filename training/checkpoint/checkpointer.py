@@ -5,6 +5,11 @@ thread copies the tensors into staging buffers, then serialises them straight in
 hashing, then writes the commit record and prunes what is no longer needed. Training only has to wait
 before it next mutates the state (`wait_until_staged`, called before the optimizer step), and a new save
 waits for the previous one to be durable, so at most one save is ever in flight.
+
+A save that fails (a full disk, a read-only mount, a storage outage) leaves nothing that takes space: the
+store removes its partial file, and a data object it published before its commit record failed is deleted,
+together with any such leftover of an earlier crash. Its result carries one line saying why, with the
+operating system's reason where there is one; the caller reports it and decides what to do.
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ from training.checkpoint.records import (
     committed_checkpoints,
     next_attempt,
     objects_to_prune,
+    uncommitted_data,
 )
 from training.checkpoint.staging import SnapshotStager
-from training.checkpoint.store import CheckpointStore
+from training.checkpoint.store import CheckpointStore, ObjectExistsError, storage_failure
 from training.checkpoint.stores import newest_record
 from training.errors import CheckpointError
 
@@ -68,6 +74,8 @@ class CheckpointStats:
 
     saved: int = 0
     failed: int = 0
+    failed_since_last_saved: int = 0  # the newest saves that failed, one after another
+    last_failure: str | None = None
     blocked_seconds: list[float] = field(default_factory=list)
     write_seconds: list[float] = field(default_factory=list)
     bytes_written: int = 0
@@ -80,6 +88,8 @@ class CheckpointStats:
         return {
             "saved": self.saved,
             "failed": self.failed,
+            "failed_since_last_saved": self.failed_since_last_saved,
+            "last_failure": self.last_failure,
             "blocked_seconds_mean": mean(self.blocked_seconds),
             "blocked_seconds_max": max(self.blocked_seconds, default=None),
             "write_seconds_mean": mean(self.write_seconds),
@@ -89,17 +99,26 @@ class CheckpointStats:
 
 
 class _HashingWriter:
-    """A write-only file that hashes and counts what passes through it."""
+    """A write-only file that hashes and counts what passes through it.
+
+    It keeps the `OSError` its file raised: torch swallows it and reports only `[enforce fail at
+    inline_container.cc:...] unexpected pos`, which says nothing of the full disk behind it.
+    """
 
     def __init__(self, target: BinaryIO) -> None:
         self._target = target
         self._hash = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None
 
     def write(self, data: bytes | memoryview) -> int:
         self._hash.update(data)
         self.size += len(data)
-        return self._target.write(data)
+        try:
+            return self._target.write(data)
+        except OSError as error:
+            self.error = error
+            raise
 
     def flush(self) -> None:
         self._target.flush()
@@ -110,7 +129,8 @@ class _HashingWriter:
 
 @dataclass(frozen=True)
 class SaveResult:
-    """How one save went: its record (None if it failed), and what it cost."""
+    """How one save went: its record (None if it failed), and what it cost; if it failed, why, in one line
+    ("no space left on device on /mnt/ckpt")."""
 
     step: int
     reason: str
@@ -118,6 +138,7 @@ class SaveResult:
     blocked_seconds: float
     write_seconds: float | None
     error: BaseException | None
+    failure: str | None = None
 
 
 @dataclass
@@ -206,15 +227,23 @@ class Checkpointer:
         meta = in_flight.meta
         if error is None:
             record, write_seconds = in_flight.future.result()
+            self.stats.failed_since_last_saved = 0
             return SaveResult(meta.step, meta.reason, record, in_flight.blocked_seconds, write_seconds, None)
+        failure = storage_failure(error, self.store.location)
         self.stats.failed += 1
-        log.error("checkpoint at step %d failed: %s", meta.step, error)
+        self.stats.failed_since_last_saved += 1
+        self.stats.last_failure = failure
+        # Not logged here: the caller reports the failure once, in words that say what happens next.
+        log.debug("checkpoint at step %d failed", meta.step, exc_info=error)
         if raise_on_failure:
-            raise CheckpointError(f"checkpoint at step {meta.step} failed: {error}") from error
-        return SaveResult(meta.step, meta.reason, None, in_flight.blocked_seconds, None, error)
+            raise CheckpointError(f"checkpoint at step {meta.step} failed: {failure}") from error
+        return SaveResult(meta.step, meta.reason, None, in_flight.blocked_seconds, None, error, failure)
 
     def close(self) -> None:
-        self.wait_until_durable(raise_on_failure=False)
+        """Wait for the save in flight (a failure nobody awaited is logged), then stop the threads."""
+        result = self.wait_until_durable(raise_on_failure=False)
+        if result is not None and result.failure is not None:
+            log.warning("checkpoint at step %d was not saved: %s", result.step, result.failure)
         self._staging.shutdown(wait=True)
         self._writing.shutdown(wait=True)
 
@@ -222,9 +251,30 @@ class Checkpointer:
         state = staged.result()
         started = self._clock()
         name = checkpoint_name(meta.step, meta.attempt)
+        try:
+            record = self._write_objects(state, meta, name)
+        except ObjectExistsError:
+            raise  # the name is someone else's: nothing of it is ours to remove
+        except BaseException:
+            # The store removed the partial file of the object that failed; a data object published before
+            # its record failed is removed here, with any like it from an earlier crash, so that a full
+            # disk gets its space back and the next save can fit.
+            self._discard_uncommitted()
+            raise
+        seconds = self._clock() - started
+        self._record_write(record, seconds)
+        self._prune()
+        return record, seconds
+
+    def _write_objects(self, state: dict[str, Any], meta: CheckpointMeta, name: str) -> CheckpointRecord:
         with self.store.writer(name + DATA_SUFFIX) as target:
             writer = _HashingWriter(target)
-            torch.save(state, writer)
+            try:
+                torch.save(state, writer)
+            except Exception:
+                if writer.error is not None:
+                    raise writer.error from None  # the operating system's reason, not torch's enforce line
+                raise
         record = CheckpointRecord(
             name=name,
             sha256=writer.hexdigest(),
@@ -234,10 +284,7 @@ class Checkpointer:
         )
         with self.store.writer(record.record_object) as target:
             target.write(record.to_bytes())
-        seconds = self._clock() - started
-        self._record_write(record, seconds)
-        self._prune()
-        return record, seconds
+        return record
 
     def _record_write(self, record: CheckpointRecord, seconds: float) -> None:
         self.stats.saved += 1
@@ -247,8 +294,31 @@ class Checkpointer:
         log.debug("checkpoint %s durable: %d bytes in %.3f s", record.name, record.size, seconds)
 
     def _prune(self) -> None:
-        for name in objects_to_prune(self.store.names(), self.keep_last):
+        # The new checkpoint is committed whatever happens here: a failure to remove old ones is only logged
+        # (the next save's pruning tries again), never reported as a failed save.
+        try:
+            for name in objects_to_prune(self.store.names(), self.keep_last):
+                self.store.delete(name)
+        except Exception as error:
+            log.warning("old checkpoints were not removed: %s", storage_failure(error, self.store.location))
+
+    def discard_uncommitted(self) -> int:
+        """Remove data objects whose commit record never came (see `uncommitted_data`); returns how many.
+
+        Call it when no save is in flight in this location: at start-up, or from the writer itself.
+        """
+        leftovers = uncommitted_data(self.store.names())
+        for name in leftovers:
             self.store.delete(name)
+        if leftovers:
+            log.info("removed %d uncommitted checkpoint object(s) in %s", len(leftovers), self.store.location)
+        return len(leftovers)
+
+    def _discard_uncommitted(self) -> None:
+        try:
+            self.discard_uncommitted()
+        except Exception as error:  # the storage may be failing as a whole; the save's failure says so
+            log.debug("uncommitted checkpoint objects were not removed: %s", error)
 
     # -- loading ------------------------------------------------------------------------------------
 

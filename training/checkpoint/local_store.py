@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -92,6 +93,16 @@ class LocalCheckpointStore:
             self._sync_directory()
             log.info("discarded %d incomplete checkpoint write(s) in %s", len(leftovers), self._root)
         return len(leftovers)
+
+    def free_bytes(self) -> int | None:
+        """What the file system holding the folder still offers this user (statvfs's available blocks)."""
+        try:
+            return shutil.disk_usage(self._root).free
+        except OSError as err:
+            raise CheckpointError(
+                f"cannot read the free space of checkpoint folder {self._root}: {err.strerror}; "
+                "expected an existing folder"
+            ) from err
 
     def _object_path(self, name: str) -> Path:
         return self._root / check_object_name(name)

@@ -103,6 +103,21 @@ def next_attempt(object_names: Iterable[str]) -> int:
     return max(seen, default=0) + 1
 
 
+def uncommitted_data(object_names: Iterable[str]) -> list[str]:
+    """Data objects whose commit record is missing: saves that published their data and then failed, or
+    died, before their record. Nothing resumes from them, so removing them only gives their space back
+    (when no save is in flight: a save publishes its data before its record)."""
+    names = list(object_names)
+    committed = {name.removesuffix(RECORD_SUFFIX) for name in names if name.endswith(RECORD_SUFFIX)}
+    return sorted(
+        name
+        for name in names
+        if name.endswith(DATA_SUFFIX)
+        and _order_key(stem := name.removesuffix(DATA_SUFFIX)) is not None
+        and stem not in committed
+    )
+
+
 def objects_to_prune(object_names: Iterable[str], keep_last: int) -> list[str]:
     """Objects that may go once the newest checkpoint is durable, records before their data.
 

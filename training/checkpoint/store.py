@@ -11,7 +11,8 @@ import re
 from contextlib import AbstractContextManager
 from typing import BinaryIO, Protocol, runtime_checkable
 
-from training.errors import CheckpointError
+from training.common import mask_secrets
+from training.errors import CheckpointError, RetrainError
 
 _OBJECT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -43,6 +44,9 @@ class CheckpointStore(Protocol):
       block raises, or the process dies inside it, no object of that name becomes visible.
     - An existing name is never overwritten: `writer` raises `ObjectExistsError` (at the latest on exit).
     - `names()` lists only complete, visible objects; `read` of anything else raises `ObjectNotFoundError`.
+    - A failed write leaves nothing behind that takes space: a local temp file is removed when the block
+      raises (a crash's leftovers go at the next `discard_incomplete`), a blob's uncommitted blocks are
+      invisible and expire.
     """
 
     @property
@@ -69,3 +73,27 @@ class CheckpointStore(Protocol):
     def discard_incomplete(self) -> int:
         """Remove leftovers of writes that never completed (a crash mid-write); returns how many."""
         ...
+
+    def free_bytes(self) -> int | None:
+        """Bytes new objects may still take here, or None where the storage has no limit to read (Blob)."""
+        ...
+
+
+def storage_failure(error: BaseException, location: str | None = None) -> str:
+    """Why a storage operation on `location` failed, for one line, secrets masked.
+
+    An `OSError` behind the failure gives the operating system's reason and the location ("no space left
+    on device on /mnt/ckpt"). torch reports a failed write of its own only as `[enforce fail at
+    inline_container.cc:...] unexpected pos`, so the checkpointer keeps the `OSError` its file raised and
+    raises that instead. A store's own `CheckpointError` is already one line naming the location and the
+    fix; anything else gives its first line.
+    """
+    if not isinstance(error, RetrainError):
+        cause: BaseException | None = error
+        while cause is not None:
+            if isinstance(cause, OSError) and cause.strerror:
+                reason = f"{cause.strerror[:1].lower()}{cause.strerror[1:]}"
+                return mask_secrets(f"{reason} on {location}" if location else reason)
+            cause = cause.__cause__ or cause.__context__
+    lines = str(error).strip().splitlines()
+    return mask_secrets(lines[0] if lines else type(error).__name__)[:400]

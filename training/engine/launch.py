@@ -135,6 +135,9 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     # A location another attempt holds is refused here in one line, not by rank 0 under torchrun's traceback;
     # rank 0's own lease, taken again once the workers start, is the guarantee.
     open_checkpoint_lease(config.checkpoints, environ, launch_id).acquire().release()
+    from training.engine.saving import refuse_unfit_checkpoint_location  # torch: loaded with the task
+
+    refuse_unfit_checkpoint_location(config, environ, task)
     # One intra-op thread per worker: N workers on N cores, not N x N threads fighting for them.
     environment = {"OMP_NUM_THREADS": "1", **environ, LAUNCH_ID_VARIABLE: launch_id}
     with tempfile.TemporaryDirectory(prefix="retrain-launch-") as reports:

@@ -50,6 +50,11 @@ def describe(event: Event) -> str:
     if kind == "checkpoint_interval":
         return _interval_text(event)
     if kind == "preempted":
+        if event.get("saved") is False:  # the save failed: already reported as a warning with its reason
+            return (
+                f"preempted at step {event['step']}, whose state was not saved: a restart resumes "
+                f"{event['resumes']}; exiting with code {event['exit_code']}"
+            )
         return f"preempted: state saved at step {event['step']}; exiting with code {event['exit_code']}"
     if kind == "diverged":
         what = (

@@ -27,11 +27,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import training
-from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta, LoadedCheckpoint, SaveResult
-from training.checkpoint.lease import check_lease
-from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL, REASON_PREEMPTED
+from training.checkpoint.checkpointer import Checkpointer, LoadedCheckpoint
+from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL
 from training.engine.batches import BatchSource, on_device
-from training.engine.checkpoint_interval import IntervalCalibration, IntervalChoice
+from training.engine.checkpoint_interval import IntervalCalibration
 from training.engine.config import AUTO_INTERVAL, TrainConfig
 from training.engine.consensus import StepConsensus, StepVerdict
 from training.engine.distributed import DistContext, barrier, broadcast_from_primary
@@ -41,9 +40,11 @@ from training.engine.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
 from training.engine.progress import ProgressRenderer
 from training.engine.resume_policy import check_resumable
 from training.engine.sampling import BatchPlan, epoch_permutation, rank_batch_indices, step_seed
+from training.engine.saving import CheckpointSaving
 from training.engine.throughput import ThroughputMeter
 from training.engine.tracking import Tracker
-from training.engine.train_state import RunState, build_training_objects, checkpoint_state, restore
+from training.engine.train_state import RunState, build_training_objects, restore
+from training.errors import CheckpointError
 from training.tasks.base import Task, TaskData
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class TrainOutcome:
     divergence: Divergence | None = None  # set when `status` is DIVERGED
 
 
-class Trainer:
+class Trainer(CheckpointSaving):
     def __init__(
         self,
         config: TrainConfig,
@@ -107,14 +108,18 @@ class Trainer:
     # -- start ----------------------------------------------------------------------------------------
 
     def _resume(self) -> LoadedCheckpoint | None:
-        """Rank 0 picks the newest valid checkpoint and the attempt number; every rank uses the same."""
-        picked: tuple[str | None, int] | None = None
+        """Rank 0 picks the newest valid checkpoint and the attempt number, and checks that the checkpoint
+        location can take the run's checkpoints; every rank uses the same, or refuses the same."""
+        picked: tuple[str | None, int, str | None] | None = None
         if self.context.is_primary:
             newest = self.checkpointer.newest_valid()
-            picked = (newest.record.name if newest else None, self.checkpointer.next_attempt())
-        choice, self._attempt_number = cast(
-            tuple[str | None, int], broadcast_from_primary(picked, self.context)
+            refusal = self._room_refusal(newest)
+            picked = (newest.record.name if newest else None, self.checkpointer.next_attempt(), refusal)
+        choice, self._attempt_number, refusal = cast(
+            tuple[str | None, int, str | None], broadcast_from_primary(picked, self.context)
         )
+        if refusal is not None:
+            raise CheckpointError(refusal)
         if choice is None:
             self._run = RunState()
             return None
@@ -274,75 +279,13 @@ class Trainer:
             every_seconds = self._calibration.interval_seconds  # None while a measuring save is in flight
         return every_seconds is not None and self._clock() - self._last_save >= every_seconds
 
-    # -- checkpoints ----------------------------------------------------------------------------------
-
-    def _save(self, reason: str) -> None:
-        check_lease(self.checkpointer.store)  # an attempt that lost its lease stops: another may write here
-        run = self._run
-        run.elapsed_seconds = self._elapsed_before + self._clock() - self._attempt_started
-        self._last_save = self._clock()
-        meta = CheckpointMeta(
-            step=run.step,
-            epoch=run.cursor.epoch,
-            position=run.cursor.position,
-            reason=reason,
-            attempt=run.attempt,
-            launch_id=self.launch_id,
-            world_size=self.context.world_size,
-            data_version=self.data.data_version,
-            trajectory=self.config.trajectory(),
-        )
-        state = checkpoint_state(self._objects, run, self.config, self.data.data_version)
-        self._report_durable(self.checkpointer.save(state, meta))
-        if self._calibration is not None and reason == REASON_INTERVAL:
-            self._calibration.save_started()
-
-    def _save_and_wait(self, reason: str) -> None:
-        self._save(reason)
-        self._report_durable(self.checkpointer.wait_until_durable())
-
-    def _report_durable(self, result: SaveResult | None) -> None:
-        if result is None:
-            return
-        if result.record is not None:
-            self._report_checkpoint(result)
-        if self._calibration is not None and result.reason == REASON_INTERVAL:
-            choice = self._calibration.observe(result.blocked_seconds, result.write_seconds)
-            if choice is not None:
-                self._report_interval(choice)
-
-    def _report_checkpoint(self, result: SaveResult) -> None:
-        blocked_ms = result.blocked_seconds * 1000
-        self._emit(
-            "checkpoint",
-            name=result.record.name,
-            step=result.step,
-            reason=result.reason,
-            bytes=result.record.size,
-            blocked_ms=blocked_ms,
-            write_seconds=result.write_seconds,
-        )
-        self.tracker.log_metrics(
-            {
-                "checkpoint_blocked_ms": blocked_ms,
-                "checkpoint_write_seconds": result.write_seconds or 0.0,
-                "checkpoint_megabytes": result.record.size / 1e6,
-            },
-            step=result.step,
-        )
-
-    def _report_interval(self, choice: IntervalChoice) -> None:
-        self._run.attempts[-1]["checkpoint_interval"] = choice.fields()
-        self._emit("checkpoint_interval", step=self._run.step, **choice.fields())
-        self.tracker.log_metrics(choice.metrics(), step=self._run.step)
-
     # -- the end --------------------------------------------------------------------------------------
 
     def _leave_preempted(self) -> TrainOutcome:
         self._run.end_attempt("preempted")
         if self.context.is_primary:
-            self._save_and_wait(REASON_PREEMPTED)
-            self._emit("preempted", step=self._run.step, exit_code=PREEMPTED_EXIT_CODE)
+            saving = self._leave_preempted_saving()  # a failed save still leaves, with a warning
+            self._emit("preempted", step=self._run.step, exit_code=PREEMPTED_EXIT_CODE, **saving)
             self.tracker.set_tags({"retrain.preempted_at_step": str(self._run.step)})
             self.tracker.finish("KILLED")
         barrier(self.context)  # nobody leaves before the agreed checkpoint is durable
@@ -369,7 +312,7 @@ class Trainer:
         self._run.end_attempt(COMPLETED)
         if self.context.is_primary:
             if progressed:
-                self._save_and_wait(REASON_FINAL)
+                self._save_and_wait(REASON_FINAL)  # a failed save is reported; the model is written anyway
             self._write_outputs()
         barrier(self.context)
         return TrainOutcome(COMPLETED, self._run.step)
@@ -381,7 +324,10 @@ class Trainer:
         final_metrics["train_loss"] = self._last_loss
         out: Path = self.config.out
         write_model(out, model, self.config.task, self.config.task_options, self.data.info)
-        write_metadata(out, self._metadata(final_metrics))
+        warnings = self._checkpoint_warnings()
+        for warning in warnings:
+            log.warning("%s", warning)
+        write_metadata(out, {**self._metadata(final_metrics), "warnings": warnings})
         self.tracker.log_metrics(final_metrics, step=self._run.step)
         self.tracker.finish("FINISHED")
         self._emit("done", steps=self._run.step, validation=metrics, out=str(out))
