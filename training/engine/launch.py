@@ -95,18 +95,22 @@ def preempted_in_launch(config: TrainConfig, launch_id: str, environ: Mapping[st
     return record is not None and record.reason == REASON_PREEMPTED and record.launch_id == launch_id
 
 
-def _run_torchrun(command: list[str], environ: Mapping[str, str]) -> int:
+def _run_torchrun(command: list[str], environ: Mapping[str, str]) -> tuple[int, bool]:
+    """torchrun's exit code, and whether an eviction notice (SIGTERM/SIGINT) was forwarded to it."""
     # A subreaper while torchrun runs: workers orphaned by torchrun's death come back here, to be ended.
     subreaper = set_child_subreaper(True)
     others = children(os.getpid())  # whatever else this process started is not torchrun's to end
     process = subprocess.Popen(command, env={**environ, PARENT_PID_VARIABLE: str(os.getpid())})
 
+    forwarded: list[int] = []
+
     def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
         process.send_signal(signum)
 
     previous = {signum: signal.signal(signum, forward) for signum in _FORWARDED_SIGNALS}
     try:
-        return process.wait()
+        return process.wait(), bool(forwarded)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -142,13 +146,15 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     environment = {"OMP_NUM_THREADS": "1", **environ, LAUNCH_ID_VARIABLE: launch_id}
     with tempfile.TemporaryDirectory(prefix="retrain-launch-") as reports:
         error_file = Path(reports) / "torchrun-error.json"  # this launch's alone: no older report speaks
-        code = _run_torchrun(
+        code, noticed = _run_torchrun(
             torchrun_command(config, nproc), {**environment, ELASTIC_ERROR_FILE_VARIABLE: str(error_file)}
         )
         diverged = reported_divergence(error_file) if code != 0 else None
     if diverged is not None:
         raise TrainingDiverged(diverged)
-    if code != 0 and preempted_in_launch(config, launch_id, environ):
+    # A notice this launcher forwarded is honoured by every worker (exit 75) even when its save failed, which
+    # they report; without one, a preemption save of this launch (torchrun itself killed) says the same.
+    if code != 0 and (noticed or preempted_in_launch(config, launch_id, environ)):
         log.warning("training was preempted; run the same command again to resume")
         return PREEMPTED_EXIT_CODE
     return code
