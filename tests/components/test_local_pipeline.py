@@ -131,21 +131,6 @@ def test_a_second_run_on_the_same_data_reuses_every_step(state, sample_raw, firs
     assert output.count(" reused (cache entry ") == 4
 
 
-def test_changing_epochs_reruns_train_evaluate_and_register_but_reuses_prep(state, sample_raw, first_run):
-    code, output = retrain(state, "run", "--data", str(sample_raw), *small_training(epochs=3))
-    record = newest_run(state)
-    assert code == 0
-    assert output.count(" reused (cache entry ") == 1
-
-    assert reused(record) == {"prep": True, "train": False, "evaluate": False, "register": False}
-    model = Path(record.step("train").outputs["model"])
-    metadata = json.loads((model / "metadata.json").read_text())
-    # Other epochs are another training of the run key: its own checkpoints, and all 3 epochs of its own.
-    assert (metadata["config"]["epochs"], metadata["steps"], metadata["resumes"]) == (3, 3 * 44, 0)
-    assert record.step("train").outputs["checkpoints"] != first_run[0].step("train").outputs["checkpoints"]
-    assert "resumed from checkpoint" not in Path(record.step("train").log).read_text()
-
-
 def test_changing_the_code_reruns_every_step_and_an_identical_copy_reuses_them(
     state, sample_raw, first_run, tmp_path
 ):

@@ -29,6 +29,7 @@ from filling_disk import FillingStore, can_mount, fill_up, obey_file_modes_as_ro
 
 from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.lease import LEASE_NAME
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.room import check_room
 from training.checkpoint.store import CheckpointStore
@@ -117,7 +118,7 @@ def _run_on_a_disk_that_fills_up(
         progress.addHandler(hook)
         stack.callback(progress.removeHandler, hook)
         code = run_worker(config, "fills", {}) if can_mount() else _train_in_process_on(store, config)
-        left = sorted(name for name in os.listdir(checkpoints) if name != "filler")
+        left = sorted(name for name in os.listdir(checkpoints) if name not in ("filler", LEASE_NAME))
         newest = Checkpointer(LocalCheckpointStore(checkpoints)).newest_valid()
     assert hook.filled
     # Each failed save is reported once, with the operating system's reason and the location.
@@ -299,7 +300,12 @@ def test_a_read_only_checkpoint_location_is_refused_before_training(
         return tmp_path / name
 
     def expected(checkpoints: Path, reason: str) -> str:
-        return rf"test write before training failed: .*{re.escape(str(checkpoints))}: {reason}; expected"
+        # The lease, taken first, is the first write: either line names the folder and the reason.
+        folder = re.escape(str(checkpoints))
+        return (
+            rf"(test write before training failed: .*{folder}"
+            rf"|cannot open checkpoint lease file {folder}/\.lease): {reason}; expected"
+        )
 
     # The whole command on one process: the worker's check.
     folder = read_only_folder("ckpt-folder")
@@ -339,5 +345,5 @@ def test_a_checkpoint_location_without_room_for_its_checkpoints_is_refused_befor
             line = _refused_in_process(
                 _arguments(prepared_data, out, checkpoints, nproc), out, capsys, caplog
             )
-            assert os.listdir(checkpoints) == []
+            assert os.listdir(checkpoints) == [LEASE_NAME]  # the lease's file, released: no checkpoint
         assert re.search(expected(checkpoints, "estimated from the model and its optimizer"), line)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
-from conftest import is_checkpoint, is_step, newest_record, read_metadata, resumed_event
+from conftest import is_step, newest_record, read_metadata, resumed_event
 
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
@@ -65,55 +65,47 @@ def records(checkpoints: str) -> dict[str, CheckpointRecord]:
     }
 
 
-def train_until_durable(start_training) -> tuple[TrainingProcess, psutil.Process, list[int]]:
-    """A 2-process run past its first durable checkpoint, with exit watchers on torchrun and the workers."""
+def train_until_durable(start_training, after: int = 0) -> tuple[TrainingProcess, psutil.Process, list[int]]:
+    """A 2-process run past a checkpoint it made after step `after`, with exit watchers on torchrun and
+    the workers."""
     process = start_training()
-    process.wait_for(is_checkpoint(10))
-    process.wait_for(is_step(13))  # mid-interval
+    made = process.wait_for(lambda event: event["event"] == "checkpoint" and event["step"] > after)
+    process.wait_for(is_step(made["step"] + 3))  # mid-interval
     agent, workers = run_members(process)
     return process, agent, exit_watchers([agent.pid, *(worker.pid for worker in workers)])
 
 
-def assert_restart_resumes_from_what_the_workers_saved(start_training, folders, uninterrupted_run) -> None:
-    left = records(folders.checkpoints)
-    newest = newest_record(folders.checkpoints)
+def test_killing_the_launchers_group_then_the_launcher_alone_leaves_no_worker_and_loses_nothing(
+    uninterrupted_run, start_training, folders
+):
+    killed_launches, durable = [], 0
+    for kill in (
+        lambda pid: os.killpg(pid, signal.SIGKILL),  # launcher and torchrun; workers: own sessions
+        lambda pid: os.kill(pid, signal.SIGKILL),  # `retrain train` alone: torchrun is its child
+    ):
+        process, _, watchers = train_until_durable(start_training, after=durable)
+        kill(process.pid)
+        process.process.wait()
+        assert still_running_after(watchers, GONE_WITHIN_SECONDS) == 0
+        process.finish()  # the workers' last events, up to their closing the output
+        newest = newest_record(folders.checkpoints)
+        # The workers honoured their parent's death as an eviction: the agreed step, saved by that launch.
+        assert newest.reason == "preempted" and newest.step > durable
+        killed_launches.append(newest.launch_id)
+        durable = newest.step
+        left = records(folders.checkpoints)
+
     restart = start_training()
     assert restart.finish() == 0
     assert resumed_event(restart)["checkpoint"] == newest.name
     metadata = read_metadata(folders.out)
     assert metadata["weights_sha256"] == uninterrupted_run["weights_sha256"]
-    killed, restarted = metadata["attempts"]
-    # The workers honoured their parent's death as an eviction: the agreed step, saved by the killed launch.
-    assert (newest.reason, newest.launch_id) == ("preempted", killed["launch_id"])
-    assert killed["ended"] == "preempted"
+    attempts = metadata["attempts"]
+    assert [attempt["launch_id"] for attempt in attempts[:2]] == killed_launches
+    assert [attempt["ended"] for attempt in attempts] == ["preempted", "preempted", "completed"]
     # Once the workers were gone, only the restart wrote into the folder.
     for name, record in records(folders.checkpoints).items():
-        assert name in left or record.launch_id == restarted["launch_id"]
-
-
-def test_killing_the_launchers_process_group_leaves_no_worker_running(
-    uninterrupted_run, start_training, folders
-):
-    process, _, watchers = train_until_durable(start_training)
-
-    os.killpg(process.pid, signal.SIGKILL)  # the launcher and torchrun; the workers are in other sessions
-    process.process.wait()
-    assert still_running_after(watchers, GONE_WITHIN_SECONDS) == 0
-    process.finish()  # the workers' last events, up to their closing the output
-
-    assert_restart_resumes_from_what_the_workers_saved(start_training, folders, uninterrupted_run)
-
-
-def test_killing_the_launcher_alone_ends_torchrun_and_its_workers(uninterrupted_run, start_training, folders):
-    process, _, watchers = train_until_durable(start_training)
-
-    # `retrain train` alone: torchrun is its child, and the workers are torchrun's.
-    os.kill(process.pid, signal.SIGKILL)
-    process.process.wait()
-    assert still_running_after(watchers, GONE_WITHIN_SECONDS) == 0
-    process.finish()
-
-    assert_restart_resumes_from_what_the_workers_saved(start_training, folders, uninterrupted_run)
+        assert name in left or record.launch_id == attempts[-1]["launch_id"]
 
 
 def test_killing_torchrun_alone_brings_its_workers_back_to_the_launcher(start_training, folders):

@@ -18,13 +18,6 @@ from conftest import (
 from training.engine.preemption import PREEMPTED_EXIT_CODE
 
 
-def test_uninterrupted_runs_with_the_same_seed_give_equal_weights(uninterrupted_run, start_training, folders):
-    assert start_training().finish() == 0
-    metadata = read_metadata(folders.out)
-    assert metadata["weights_sha256"] == uninterrupted_run["weights_sha256"]
-    assert metadata["steps"] == TOTAL_STEPS and metadata["resumes"] == 0
-
-
 def test_sigkill_twice_then_restart_ends_with_the_uninterrupted_weights(
     uninterrupted_run, start_training, folders
 ):
