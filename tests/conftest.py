@@ -32,6 +32,29 @@ AZURITE_STOP_TIMEOUT_S = 10.0
 _LISTENING = re.compile(r"successfully listens on (?P<url>http://\S+)")
 _OUTPUT_KEPT_LINES = 200
 
+# The files whose tests take longest, longest first. `make test` spreads whole files over two workers
+# (--dist loadfile), handing the next file to whichever is free; starting with the long ones keeps one worker
+# from ending the suite alone on a long file while the other is idle. Only the order changes.
+SLOWEST_FILES = (
+    "tests/test_demo.py",
+    "tests/components/test_concurrent_runs.py",
+    "tests/components/test_readme_task.py",
+    "tests/training/test_resume.py",
+    "tests/components/test_local_pipeline.py",
+    "tests/training/test_orphan_workers.py",
+    "tests/training/test_checkpoint_integrity.py",
+    "tests/training/test_image_resume.py",
+    "tests/training/test_tracking.py",
+    "tests/training/test_checkpoint_lease.py",
+    "tests/training/test_nonfinite_loss.py",
+    "tests/function_app/test_storm.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: index for index, path in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(SLOWEST_FILES)))
+
 
 @dataclass(frozen=True)
 class Azurite:

@@ -118,6 +118,25 @@ class CheckpointSaving:
     _last_save: float
     _emit: Callable[..., None]  # the trainer's progress events
 
+    _total_steps: int
+
+    # -- when -----------------------------------------------------------------------------------------
+
+    def _interval_checkpoint_due(self) -> bool:
+        if not self.context.is_primary or self._run.step >= self._total_steps:
+            return False
+        every_steps = self.config.checkpoint_every_steps
+        by_steps = every_steps is not None and self._run.step % every_steps == 0
+        return by_steps or self._save_due_by_time()
+
+    def _save_due_by_time(self) -> bool:
+        every_seconds = self.config.checkpoint_every_seconds
+        if self._calibration is not None:
+            if self._calibration.wants_save():
+                return True
+            every_seconds = self._calibration.interval_seconds  # None while a measuring save is in flight
+        return every_seconds is not None and self._clock() - self._last_save >= every_seconds
+
     # -- before the first step ------------------------------------------------------------------------
 
     def _room_refusal(self, newest: LoadedCheckpoint | None) -> str | None:
