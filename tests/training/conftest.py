@@ -19,11 +19,12 @@ from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches
 from training.tasks.tabular.schema import Manifest
 
-# A small model and three short epochs: 1421 training rows / 32 = 44 steps per epoch, 132 steps in all.
+# A small model and two short epochs: 1421 training rows / 32 = 44 steps per epoch, 88 steps in all, room
+# for two kills mid-interval and mid-epoch (checkpoints every 10 steps) and a restart.
 STEPS_PER_EPOCH = 44
-TOTAL_STEPS = 3 * STEPS_PER_EPOCH
+TOTAL_STEPS = 2 * STEPS_PER_EPOCH
 SMALL_RUN = [
-    "--epochs", "3", "--global-batch-size", "32", "--task-option", "hidden_width=64", "--seed", "7",
+    "--epochs", "2", "--global-batch-size", "32", "--task-option", "hidden_width=64", "--seed", "7",
     "--checkpoint-every-steps", "10", "--checkpoint-every-seconds", "off", "--deterministic",
 ]  # fmt: skip
 NO_TRACKING = ("--no-mlflow",)

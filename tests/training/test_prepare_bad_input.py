@@ -162,3 +162,18 @@ def test_a_file_that_is_not_a_decodable_image_is_refused_naming_it_escaped(tmp_p
     assert message.endswith("expected a PNG or JPEG image")
     assert "\n" not in message and not has_unsafe_characters(message)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_raw_folder_and_file_names_with_control_characters_are_logged_escaped(tmp_path, caplog):
+    raw = tmp_path / f"raw{HOSTILE.replace('/', '')}"
+    raw.mkdir()
+    (raw / "batch-0001.csv").write_bytes(_csv_bytes(_rows()))
+    (raw / f"notes{HOSTILE.replace('/', '')}.txt").write_bytes(b"not data")
+    caplog.set_level("INFO")
+
+    code = main(["prepare", "--raw", str(raw), "--out", str(tmp_path / "out"), *DIGITS])
+
+    assert code == 0  # the stray file is ignored, and said so
+    messages = [record.getMessage() for record in caplog.records]
+    assert [message for message in messages if has_unsafe_characters(message)] == []
+    assert any("ignoring 1 files" in message and "\\x1b]0;pwned\\x07" in message for message in messages)

@@ -143,7 +143,7 @@ def test_resuming_with_other_epochs_is_refused(trained, prepared_data, tmp_path,
     # The learning-rate schedule spans the total steps: under other epochs, a resume would be another run.
     before = _fingerprint(trained["checkpoints"])
     assert _train(prepared_data, tmp_path / "out", trained["checkpoints"], "--epochs", "6") == 2
-    assert "--epochs 6 (checkpoint: 3)" in _one_error_line(capsys)
+    assert "--epochs 6 (checkpoint: 2)" in _one_error_line(capsys)
     assert _fingerprint(trained["checkpoints"]) == before
     assert not (tmp_path / "out").exists()
 

@@ -156,7 +156,7 @@ def _gather(
                 return _incremental(fingerprints, schema, previous_manifest, earlier)
         log.warning(
             "not building on previous version %s: %s; preparing all raw files",
-            previous_manifest.data_version, reason,
+            previous_manifest.data_version, escaped(reason),  # the reason may quote a file's name or data
         )  # fmt: skip
     tables = [read_raw_file(item.path, schema) for item in fingerprints]
     entries = tuple(

@@ -81,7 +81,10 @@ def list_raw_files(raw_dir: Path) -> list[Path]:
     files = sorted((path for path in candidates if path.suffix.lower() in RAW_SUFFIXES), key=lambda p: p.name)
     ignored = sorted(path.name for path in candidates if path.suffix.lower() not in RAW_SUFFIXES)
     if ignored:
-        log.info("ignoring %d files in %s that are not .csv or .parquet: %s", len(ignored), raw_dir, ignored)
+        log.info(
+            "ignoring %d files in %s that are not .csv or .parquet: %s",
+            len(ignored), escaped(raw_dir), escaped(ignored),  # file names may hold control characters
+        )  # fmt: skip
     if not files:
         raise InputError(f"{escaped(raw_dir)}: holds no raw files; expected {expected} (e.g. batch-0001.csv)")
     return files
