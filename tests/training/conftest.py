@@ -14,6 +14,7 @@ import pytest
 
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
+from training.common import exclusive_file_lock, write_atomically
 from training.engine.supervise import TrainingProcess
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches
@@ -120,15 +121,20 @@ def start_training(prepared_data: Path, folders: RunFolders) -> Iterator[StartTr
 
 @pytest.fixture(scope="session")
 def uninterrupted_run(prepared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The reference: the small run on 2 processes, never interrupted."""
-    root = tmp_path_factory.mktemp("uninterrupted")
-    arguments = train_arguments(prepared_data, root / "out", root / "checkpoints", nproc=2)
-    process = TrainingProcess(
-        [*arguments, *NO_TRACKING],
-        stderr=(root / "stderr.log").open("w"),
-    )
-    assert process.finish() == 0, (root / "stderr.log").read_text()[-3000:]
-    return read_metadata(root / "out")
+    """The reference: the small run on 2 processes, never interrupted. Trained once per test session, not
+    once per xdist worker: the first worker to need it trains it under a lock, the others read its metadata
+    (the prepared data, and so the run, are the same in every worker)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's, not a worker's
+    reference = shared / "uninterrupted-run-metadata.json"
+    with exclusive_file_lock(shared / "uninterrupted-run.lock", f"pid {os.getpid()}"):
+        if not reference.exists():
+            root = tmp_path_factory.mktemp("uninterrupted")
+            arguments = train_arguments(prepared_data, root / "out", root / "checkpoints", nproc=2)
+            process = TrainingProcess([*arguments, *NO_TRACKING], stderr=(root / "stderr.log").open("w"))
+            assert process.finish() == 0, (root / "stderr.log").read_text()[-3000:]
+            write_atomically(reference, (root / "out" / "metadata.json").read_bytes())
+    return json.loads(reference.read_text())
 
 
 # Shared by test_prepare.py and test_schema.py: the sample raw batches, and a data version prepared from them
