@@ -10,7 +10,11 @@ AZURITE := node_modules/.bin/azurite-blob
 demo: $(VENV_STAMP)
 	$(VENV)/bin/retrain demo
 
+# The suite starts hundreds of Python processes (torchrun workers, pipeline steps). Where the environment
+# sets PYTHONDONTWRITEBYTECODE, each would compile the project's modules again; compiled once here, every
+# process reads them (Python checks each against its source, so a stale one is never used).
 test: $(VENV_STAMP) $(AZURITE) lint
+	$(PY) -m compileall -q training components function_app demo retrain_cli.py function_entry.py > /dev/null
 	$(PY) -m pytest -n 2 --dist loadfile
 
 lint: $(VENV_STAMP)
