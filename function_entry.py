@@ -1,4 +1,5 @@
-"""The Functions worker's entry file: the app setting PYTHON_SCRIPT_FILE_NAME names it (DESIGN.md).
+"""The Functions worker's entry file: the app setting PYTHON_SCRIPT_FILE_NAME names it (docs/architecture.md,
+"The Functions entry file").
 
 It cannot be called function_app.py: the package `function_app/` would shadow it. Importing it validates
 the app settings first, so a bad setting stops start-up with a message naming it, and then registers one

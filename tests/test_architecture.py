@@ -1,4 +1,4 @@
-"""The arrows between the three rooms point one way only (DESIGN.md)."""
+"""The arrows between the three rooms point one way only (docs/architecture.md)."""
 
 from __future__ import annotations
 

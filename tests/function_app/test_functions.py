@@ -69,7 +69,7 @@ def test_every_trigger_is_indexed_with_its_bindings(indexed_functions):
 def test_the_root_entry_is_the_file_the_settings_name():
     entry = _settings_example()["Values"][ENTRY_SETTING]
     # The worker's rule: a .py file at the app root (beside host.json), no folders in the name; and not
-    # function_app.py, which the package function_app/ would shadow (DESIGN.md).
+    # function_app.py, which the package function_app/ would shadow (docs/architecture.md).
     assert entry.endswith(".py")
     assert "/" not in entry and "\\" not in entry
     assert entry != "function_app.py"
