@@ -1,0 +1,148 @@
+// The front door: a Python 3.11 Function App on the Flex Consumption plan (FC1) with a system-assigned
+// identity, which it uses for everything: the host's storage, its deployment package, Application Insights,
+// the landing/ledger/checkpoint containers and the Azure ML workspace.
+//
+// The app settings below are the front door's own (function_app/settings/: RETRAIN_* and the three workspace
+// settings of components/azureml/workspace.py) plus the host's. The names are checked against the code,
+// not against a second list: tests/infra/ loads them with AppSettings.from_environ as the app would start, and
+// requires that the full set starts an Azure ML front door that serves the models Event Grid routes, and that
+// removing any one of them either stops start-up or changes what the front door does. A setting the code does
+// not read, or one it requires and the template forgets, fails `make test`; the configuration reference in
+// the README is held equal to the same code by tests/function_app/test_settings_docs.py.
+// The datastore (RETRAIN_AZUREML_DATASTORE) is an output for the command line; the front door submits with
+// it once its code reads that setting, and the check then admits it here.
+// Flex Consumption refuses FUNCTIONS_WORKER_RUNTIME and FUNCTIONS_EXTENSION_VERSION (functionAppConfig.runtime
+// says both), so neither is set here.
+
+param name string
+param planName string
+param location string
+param tags object = {}
+param storageAccountName string
+param blobEndpoint string
+param containers object
+param applicationInsightsName string
+param servedModels string
+param workspaceSubscriptionId string
+param workspaceResourceGroup string
+param workspaceName string
+@description('Most instances the app scales out to.')
+param maximumInstanceCount int = 40
+@description('Memory of each instance, MB (2048 or 4096).')
+param instanceMemoryMB int = 2048
+
+resource applicationInsights 'Microsoft.Insights/components@2020-02-02' existing = {
+  name: applicationInsightsName
+}
+
+resource plan 'Microsoft.Web/serverfarms@2025-05-01' = {
+  name: planName
+  location: location
+  tags: tags
+  kind: 'functionapp'
+  sku: {
+    name: 'FC1'
+    tier: 'FlexConsumption'
+  }
+  properties: {
+    reserved: true
+  }
+}
+
+resource site 'Microsoft.Web/sites@2025-05-01' = {
+  // checkov:skip=CKV_AZURE_56: the HTTP functions are protected by function keys (authLevel FUNCTION); Event Grid reaches its functions through the platform's own endpoint, which App Service Authentication would block
+  // checkov:skip=CKV_AZURE_159: Event Grid and Azure ML call the app over its public endpoint; Flex Consumption without a virtual network has no private one
+  name: name
+  location: location
+  tags: union(tags, { 'azd-service-name': 'front-door' })
+  kind: 'functionapp,linux'
+  identity: {
+    type: 'SystemAssigned'
+  }
+  properties: {
+    serverFarmId: plan.id
+    httpsOnly: true
+    clientCertEnabled: false
+    functionAppConfig: {
+      deployment: {
+        storage: {
+          type: 'blobContainer'
+          value: '${blobEndpoint}${containers.deployment}'
+          authentication: {
+            type: 'SystemAssignedIdentity'
+          }
+        }
+      }
+      scaleAndConcurrency: {
+        maximumInstanceCount: maximumInstanceCount
+        instanceMemoryMB: instanceMemoryMB
+      }
+      runtime: {
+        name: 'python'
+        version: '3.11'
+      }
+    }
+    siteConfig: {
+      minTlsVersion: '1.2'
+      ftpsState: 'Disabled'
+      http20Enabled: true
+      appSettings: [
+        // The host's: identity-based connections to its storage and to Application Insights.
+        {
+          name: 'AzureWebJobsStorage__accountName'
+          value: storageAccountName
+        }
+        {
+          name: 'APPLICATIONINSIGHTS_CONNECTION_STRING'
+          value: applicationInsights.properties.ConnectionString
+        }
+        {
+          name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
+          value: 'Authorization=AAD'
+        }
+        // The worker loads this root file; a package named function_app/ cannot be it (docs/architecture.md).
+        {
+          name: 'PYTHON_SCRIPT_FILE_NAME'
+          value: 'function_entry.py'
+        }
+        // The front door's (function_app/settings/).
+        {
+          name: 'RETRAIN_SUBMITTER'
+          value: 'azureml'
+        }
+        {
+          name: 'RETRAIN_MODELS'
+          value: servedModels
+        }
+        {
+          name: 'RETRAIN_BLOB_ACCOUNT'
+          value: storageAccountName
+        }
+        {
+          name: 'RETRAIN_BLOB_CONTAINER'
+          value: containers.landing
+        }
+        {
+          name: 'RETRAIN_LEDGER'
+          value: '${blobEndpoint}${containers.ledger}'
+        }
+        {
+          name: 'AZURE_SUBSCRIPTION_ID'
+          value: workspaceSubscriptionId
+        }
+        {
+          name: 'AZURE_RESOURCE_GROUP'
+          value: workspaceResourceGroup
+        }
+        {
+          name: 'AZUREML_WORKSPACE'
+          value: workspaceName
+        }
+      ]
+    }
+  }
+}
+
+output name string = site.name
+output id string = site.id
+output principalId string = site.identity.principalId

@@ -1,0 +1,73 @@
+// A new Azure ML workspace with the resources it needs: its own storage account (the workspace's default
+// datastores, code snapshots and job outputs; Azure ML manages it, so it is kept apart from the data account,
+// which admits no shared keys) and its own key vault; telemetry goes to the deployment's Application Insights.
+// Deployed only when no existing workspace is named (main.bicep's existingWorkspaceName).
+
+param name string
+param location string
+param tags object = {}
+param storageAccountName string
+param keyVaultName string
+param applicationInsightsId string
+
+resource storage 'Microsoft.Storage/storageAccounts@2026-09-01' = {
+  // checkov:skip=CKV_AZURE_33: Azure ML's workspace storage serves no queues of ours
+  // checkov:skip=CKV_AZURE_206: locally redundant: the workspace's storage holds re-creatable snapshots and job outputs
+  // checkov:skip=CKV_AZURE_59: Azure ML compute and studio reach the workspace storage over its public endpoint (no managed virtual network here)
+  // checkov:skip=CKV2_AZURE_1: encryption with Microsoft-managed keys
+  // checkov:skip=CKV2_AZURE_33: no private endpoint without a managed virtual network
+  // checkov:skip=CKV2_AZURE_40: Azure ML's workspace storage is accessed with the workspace's keys by the service itself
+  name: storageAccountName
+  location: location
+  tags: tags
+  kind: 'StorageV2'
+  sku: {
+    name: 'Standard_LRS'
+  }
+  properties: {
+    supportsHttpsTrafficOnly: true
+    minimumTlsVersion: 'TLS1_2'
+    allowBlobPublicAccess: false
+    allowCrossTenantReplication: false
+  }
+}
+
+resource keyVault 'Microsoft.KeyVault/vaults@2026-05-15' = {
+  // checkov:skip=CKV_AZURE_109: Azure ML reaches its key vault over the public endpoint (no managed virtual network here); access is by Azure RBAC only
+  // checkov:skip=CKV_AZURE_189: as above, public network access is how Azure ML reaches the vault without a managed virtual network
+  // checkov:skip=CKV2_AZURE_32: no private endpoint without a managed virtual network
+  name: keyVaultName
+  location: location
+  tags: tags
+  properties: {
+    tenantId: subscription().tenantId
+    sku: {
+      family: 'A'
+      name: 'standard'
+    }
+    enableRbacAuthorization: true
+    enableSoftDelete: true
+    softDeleteRetentionInDays: 7
+    enablePurgeProtection: true
+  }
+}
+
+resource workspace 'Microsoft.MachineLearningServices/workspaces@2025-12-01' = {
+  // checkov:skip=CKV_AZURE_144: the Function App submits jobs and the drift check publishes through the workspace's public endpoint; access is Microsoft Entra ID only
+  name: name
+  location: location
+  tags: tags
+  identity: {
+    type: 'SystemAssigned'
+  }
+  properties: {
+    friendlyName: name
+    storageAccount: storage.id
+    keyVault: keyVault.id
+    applicationInsights: applicationInsightsId
+    publicNetworkAccess: 'Enabled'
+  }
+}
+
+output name string = workspace.name
+output id string = workspace.id
