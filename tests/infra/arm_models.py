@@ -24,6 +24,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 # Resource type (case-insensitive, as ARM treats it) -> (distribution, import package, PUT body model).
@@ -211,7 +212,7 @@ def _api_version_of(package: str) -> str:
     spec = importlib.util.find_spec(f"{package}._configuration")
     if spec is None or spec.origin is None:
         raise UnmodelledResource(f"{package} has no _configuration module to read its API version from")
-    source = open(spec.origin, encoding="utf-8").read()  # noqa: SIM115, PTH123
+    source = Path(spec.origin).read_text(encoding="utf-8")
     match = re.search(r'kwargs\.pop\(\s*"api_version",\s*"([^"]+)"', source)
     if match is None:
         raise UnmodelledResource(f"{spec.origin} does not say which API version it was generated for")

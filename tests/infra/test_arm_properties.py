@@ -153,7 +153,8 @@ def test_a_polymorphic_body_is_checked_against_its_variant(tmp_path: Path) -> No
     assert findings_in(ok, tmp_path) == []
     (finding,) = findings_in(COMPUTE.format(compute_type="'AmlCompute'", key="scaleSetings"), tmp_path)
     assert finding.endswith(
-        "properties.properties.scaleSetings: is not a property of AmlComputeProperties; nearest: scaleSettings"
+        "properties.properties.scaleSetings: is not a property of AmlComputeProperties; "
+        "nearest: scaleSettings"
     )
     (finding,) = findings_in(COMPUTE.format(compute_type="'AmlComputes'", key="scaleSettings"), tmp_path)
     assert "properties.computeType: 'AmlComputes' is not a variant of Compute" in finding
