@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 VENV_STAMP := $(VENV)/.installed
+# checkov pins its dependencies exactly: it gets a virtual environment of its own, which tests/infra runs.
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 AZURITE := node_modules/.bin/azurite-blob
 
 .PHONY: demo test lint bench clean
@@ -13,7 +16,7 @@ demo: $(VENV_STAMP)
 # The suite starts hundreds of Python processes (torchrun workers, pipeline steps). Where the environment
 # sets PYTHONDONTWRITEBYTECODE, each would compile the project's modules again; compiled once here, every
 # process reads them (Python checks each against its source, so a stale one is never used).
-test: $(VENV_STAMP) $(AZURITE) lint
+test: $(VENV_STAMP) $(CHECKOV_STAMP) $(AZURITE) lint
 	$(PY) -m compileall -q training components function_app demo retrain_cli.py function_entry.py > /dev/null
 	$(PY) -m pytest -n 2 --dist loadfile
 
@@ -32,9 +35,14 @@ $(VENV_STAMP): requirements.txt requirements-dev.txt components/environment/requ
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --config-settings editable_mode=compat -e .
 	touch $@
 
+$(CHECKOV_STAMP): requirements-checkov.txt
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	touch $@
+
 $(AZURITE): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 clean:
-	rm -rf $(VENV) node_modules .retrain .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) node_modules .retrain .pytest_cache .ruff_cache
