@@ -40,14 +40,19 @@ from components.specs import (
     load_yaml,
 )
 from components.task_ref import DEFAULT_TASK, parse_task_reference
+from training.common import parse_blob_url
 
 if TYPE_CHECKING:
     from azure.ai.ml.entities import PipelineJob
 
+# The datastore the pipeline keeps its shared state in (snapshots, checkpoints, the registry lock), by name.
+DATASTORE_SETTING = "RETRAIN_AZUREML_DATASTORE"
 DEFAULT_DATASTORE = "workspaceblobstore"
 CHECKPOINTS_ROOT = "retrain/checkpoints"
 TRAIN_STEP = "train"
 CHECKPOINTS_OUTPUT = "checkpoints"
+# The register component's input naming the lock blob that serialises champion changes across nodes.
+REGISTRY_LOCK_INPUT = "registry_lock"
 
 _AZUREML = "azureml:"
 _PINNED_ASSET = re.compile(r"^azureml:(?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]*):(?P<version>[A-Za-z0-9_.-]+)$")
@@ -57,6 +62,21 @@ _COMPUTE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{1,31}$")
 _DATASTORE_NAME = re.compile(r"^[A-Za-z0-9_]{1,255}$")
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _EXPECTED = {"integer": "an integer", "number": "a number", "boolean": "true or false"}
+
+
+def check_datastore_name(name: str, where: str = "datastore") -> str:
+    """`name` if it is an Azure ML datastore's name; `where` names the flag or setting it came from."""
+    if not _DATASTORE_NAME.match(name):
+        raise SubmissionError(
+            f"{where} {name!r}: expected a datastore name (letters, digits, '_'), such as {DEFAULT_DATASTORE}"
+        )
+    return name
+
+
+def check_registry_lock(url: str, where: str = REGISTRY_LOCK_INPUT) -> str:
+    """`url` if it is a blob container URL with an optional prefix, the form the register step takes."""
+    parse_blob_url(url, where, SubmissionError)
+    return url
 
 
 def checkpoints_path(datastore: str, key: str) -> str:
@@ -116,9 +136,15 @@ class PipelineBuild:
     task_options: str = "{}"
     task_file: Path | None = None
     code_folder: Path | None = None
+    # The register step's lock, a blob URL prefix (components/azureml/registry_lock.py derives it from the
+    # datastore); a `registry_lock` parameter wins. None: the step's default, a lock folder on its node.
+    registry_lock: str | None = None
 
     def __post_init__(self) -> None:
         _check_data_uri(self.data_uri, self.allow_latest_data)
+        for lock in (self.registry_lock, self.parameters.get(REGISTRY_LOCK_INPUT)):
+            if lock is not None:
+                check_registry_lock(str(lock), f"registry lock {REGISTRY_LOCK_INPUT}")
         if self.task_file is not None and self.registered_components:
             raise SubmissionError(
                 f"task file {self.task_file}: registered components run the code they were published with, "
@@ -152,13 +178,11 @@ class PipelineBuild:
         compute: Mapping[str, str] | None = None,
         registered_components: bool = False,
         pipeline_file: Path = PIPELINE_FILE,
+        registry_lock: str | None = None,
     ) -> PipelineBuild:
         """The build for one attempt of a request; `compute` overrides the request's per-step compute (the
         dedicated fallback). `pipeline_file` gives the defaults the checkpoint key resolves."""
-        if not _DATASTORE_NAME.match(datastore):
-            raise SubmissionError(
-                f"datastore {datastore!r}: expected a datastore name (letters, digits, '_')"
-            )
+        check_datastore_name(datastore)
         pinned = _PINNED_ASSET.match(request.data.uri)
         if pinned and pinned["version"] != request.data.version:
             raise SubmissionError(
@@ -187,6 +211,7 @@ class PipelineBuild:
             task=task.snapshot_text(),
             task_options=request.task_options_text,
             task_file=task.path,
+            registry_lock=registry_lock,
         )
 
 
@@ -238,11 +263,14 @@ def _unbound_component_inputs(spec: PipelineSpec) -> dict[str, tuple[str, str, s
 
 def _step_literals(step: StepSpec, build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]:
     unbound = _unbound_component_inputs(spec)
-    return {
+    literals = {
         name: _coerce(name, value, unbound[name])
         for name, value in build.parameters.items()
         if name in unbound and unbound[name][0] == step.name
     }
+    if build.registry_lock and REGISTRY_LOCK_INPUT in step.component.inputs:
+        literals.setdefault(REGISTRY_LOCK_INPUT, build.registry_lock)  # a `registry_lock` parameter wins
+    return literals
 
 
 def _pipeline_inputs(build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]:

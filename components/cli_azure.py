@@ -4,18 +4,22 @@ The root CLI calls `register_commands(commands)`; each handler gets `args.state_
 from it. The workspace comes from --subscription/--resource-group/--workspace or the settings
 AZURE_SUBSCRIPTION_ID, AZURE_RESOURCE_GROUP and AZUREML_WORKSPACE; credentials from DefaultAzureCredential.
 `submit` prints the run's estimated cost (components/cost.py, from the RETRAIN_* cost settings) before it
-submits, and the job carries it in its tags.
+submits, and the job carries it in its tags. The datastore is --datastore, else the setting
+RETRAIN_AZUREML_DATASTORE, else workspaceblobstore; a submitted job and a created schedule pass the register
+step the registry lock in its container (components/azureml/registry_lock.py). A dry run reads no workspace,
+so its job carries a lock only when the run's parameters name one (--param registry_lock=URL).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -24,21 +28,29 @@ import yaml
 from components.azureml.data_assets import build_data_asset, data_asset_reference, register_data_asset
 from components.azureml.fallback import FallbackPolicy
 from components.azureml.publish import publish
+from components.azureml.registry_lock import LOCKS_PREFIX, resolve_registry_lock
 from components.azureml.schedule import (
     build_schedule,
     check_cron,
     check_time_zone,
     create_schedule,
     scheduled_checkpoints_path,
+    write_schedule_files,
 )
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings
 from components.azureml.workspace import AzureMLWorkspace, MLClientWorkspace, WorkspaceRef
 from components.blob_snapshot import manifest_of_blob_prefix, snapshot_blob_prefix, split_folder_url
-from components.builder import DEFAULT_DATASTORE, PipelineBuild
+from components.builder import (
+    DATASTORE_SETTING,
+    DEFAULT_DATASTORE,
+    REGISTRY_LOCK_INPUT,
+    PipelineBuild,
+    check_datastore_name,
+)
 from components.cli_local import add_task_options, run_settings
 from components.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.cost import CostSettings, with_estimate
-from components.dry_run import DryRunSubmitter
+from components.dry_run import DRY_RUN_DIR, DryRunSubmitter
 from components.errors import SubmissionError
 from components.preflight import PreflightResult, SubprocessPreflight
 from components.request import DataRef, Submission
@@ -49,6 +61,9 @@ from components.task_ref import parse_task_reference, raw_depth
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
 
+log = logging.getLogger(__name__)
+
+SCHEDULES_FOLDER = "schedules"  # a dry run's schedules, under <state root>/dry-runs/
 WorkspaceFactory = Callable[[WorkspaceRef], AzureMLWorkspace]
 ContainerFactory = Callable[[str], "ContainerClient"]
 
@@ -113,7 +128,9 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
         help="run a step's registered component version instead of the YAML's",
     )  # fmt: skip
     parser.add_argument(
-        "--datastore", default=DEFAULT_DATASTORE, help="datastore for snapshots and checkpoints"
+        "--datastore",
+        help="blob datastore for snapshots, checkpoints and the registry lock "
+        f"(default: ${DATASTORE_SETTING}, else {DEFAULT_DATASTORE})",
     )
     parser.add_argument(
         "--registered-components", action="store_true",
@@ -175,6 +192,23 @@ def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
     return pairs
 
 
+def _datastore(args: argparse.Namespace) -> str:
+    if args.datastore:
+        return check_datastore_name(args.datastore, "--datastore")
+    return check_datastore_name(args.environ.get(DATASTORE_SETTING) or DEFAULT_DATASTORE, DATASTORE_SETTING)
+
+
+def _note_unresolved_lock(datastore: str, parameters: Any) -> None:
+    if not parameters.get(REGISTRY_LOCK_INPUT):
+        log.info(
+            "dry run: the register step's lock, %s in datastore %s's container, is resolved when submitted "
+            "(this job has none; --param %s=URL sets one)",
+            LOCKS_PREFIX,
+            datastore,
+            REGISTRY_LOCK_INPUT,
+        )
+
+
 def _workspace_ref(args: argparse.Namespace) -> WorkspaceRef:
     return WorkspaceRef.from_settings(args.environ, args.subscription, args.resource_group, args.workspace)
 
@@ -215,6 +249,7 @@ def _data_ref(
     workspace: AzureMLWorkspace | None,
     settings: RunSettings,
     found: PreflightResult,
+    datastore: str,
 ) -> DataRef:
     pinned = _pinned_data(args.data)
     if pinned is not None:
@@ -225,10 +260,10 @@ def _data_ref(
     if workspace is None:  # a dry run reads the data's manifest, and copies nothing
         manifest = manifest_of_blob_prefix(container, prefix, *layout)
         return DataRef(manifest.version, data_asset_reference(name, manifest.version))
-    _check_datastore(workspace, args.datastore, container)
+    _check_datastore(workspace, datastore, container)
     snapshots = args.snapshots_prefix or f"retrain/snapshots/{name}"
     manifest, snapshot = snapshot_blob_prefix(container, prefix, snapshots, *layout)
-    register_data_asset(workspace, build_data_asset(name, manifest, args.datastore, snapshot))
+    register_data_asset(workspace, build_data_asset(name, manifest, datastore, snapshot))
     return DataRef(manifest.version, data_asset_reference(name, manifest.version))
 
 
@@ -257,6 +292,7 @@ def _report(submission: Submission, out: IO[str]) -> None:
 def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
     cost = CostSettings.from_environ(args.environ)  # a bad setting stops before any data is pinned
+    datastore = _datastore(args)
     _pinned_data(args.data)  # what is cheap to check goes before the preflight's process
     ref = None if args.dry_run else _workspace_ref(args)
     settings, found = _settings(args)
@@ -268,15 +304,20 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
         "component_versions": _pairs(args.component_version, "--component-version"),
     }
     if args.dry_run:
-        request = settings.request(_data_ref(args, connectors, None, settings, found), **request_fields)
+        request = settings.request(
+            _data_ref(args, connectors, None, settings, found, datastore), **request_fields
+        )
+        _note_unresolved_lock(datastore, request.parameters)
         submitter: DryRunSubmitter | AzureMLSubmitter = DryRunSubmitter(
-            args.state_root, datastore=args.datastore, registered_components=args.registered_components
+            args.state_root, datastore=datastore, registered_components=args.registered_components
         )
     else:
         workspace = connectors.workspace(ref) if ref is not None else _workspace(args, connectors)
-        request = settings.request(_data_ref(args, connectors, workspace, settings, found), **request_fields)
+        request = settings.request(
+            _data_ref(args, connectors, workspace, settings, found, datastore), **request_fields
+        )
         azure = AzureSettings(
-            datastore=args.datastore,
+            datastore=datastore,
             registered_components=args.registered_components,
             check_quota=not args.skip_quota_check,
             fallback=FallbackPolicy(
@@ -302,6 +343,7 @@ def _schedule(args: argparse.Namespace, connectors: Connectors, out: IO[str] | N
     out = out or sys.stdout
     check_cron(args.cron)  # what is cheap to check goes before the preflight's process
     check_time_zone(args.time_zone)
+    datastore = _datastore(args)
     settings, _ = _settings(args)
     name = settings.model_name
     task = parse_task_reference(settings.task, None, "task")
@@ -311,7 +353,7 @@ def _schedule(args: argparse.Namespace, connectors: Connectors, out: IO[str] | N
     build = PipelineBuild(
         model_name=name,
         data_uri=args.data or f"azureml:{name}-raw@latest",
-        checkpoints_path=scheduled_checkpoints_path(args.datastore, name),
+        checkpoints_path=scheduled_checkpoints_path(datastore, name),
         tags=tags,
         trigger=trigger_argument({"source": "schedule"}),
         parameters=settings.parameters,
@@ -325,16 +367,22 @@ def _schedule(args: argparse.Namespace, connectors: Connectors, out: IO[str] | N
         task_options=settings.task_options_text,
         task_file=task.path,
     )
-    # A dry run keeps a task file's code snapshot with the state (its job names it); a real schedule's
-    # is uploaded when the schedule is created, so a temporary folder serves.
+    schedule_name = args.name or f"retrain-{name}"
+    # A dry run keeps a task file's code snapshot with the state (its job names it), and prints the schedule
+    # as `az ml schedule create -f` reads it, its pipeline job in a file beside the dry runs' records; a real
+    # schedule's snapshot is uploaded when the schedule is created, so a temporary folder serves.
     if args.dry_run:
+        _note_unresolved_lock(datastore, settings.parameters)
         build = with_code_snapshot(build, args.state_root / SNAPSHOTS_FOLDER)
-        schedule = build_schedule(args.name or f"retrain-{name}", args.cron, args.time_zone, build)
-        print(yaml.safe_dump(schedule._to_dict(), sort_keys=False), file=out, end="")
+        schedule = build_schedule(schedule_name, args.cron, args.time_zone, build)
+        folder = args.state_root / DRY_RUN_DIR / SCHEDULES_FOLDER / schedule.name
+        print(yaml.safe_dump(write_schedule_files(schedule, folder), sort_keys=False), file=out, end="")
         return 0
+    workspace = _workspace(args, connectors)
+    build = replace(build, registry_lock=resolve_registry_lock(workspace, datastore, settings.parameters))
     with tempfile.TemporaryDirectory(prefix="retrain-code-") as scratch:
         build = with_code_snapshot(build, Path(scratch))
-        schedule = build_schedule(args.name or f"retrain-{name}", args.cron, args.time_zone, build)
-        record = create_schedule(_workspace(args, connectors), schedule)
+        schedule = build_schedule(schedule_name, args.cron, args.time_zone, build)
+        record = create_schedule(workspace, schedule)
     print(f"scheduled {record.name}: {schedule.trigger.expression!r} ({args.time_zone})", file=out)
     return 0

@@ -32,8 +32,6 @@ from function_app.settings.app import (
 )
 from function_app.settings.models import ModelRoute
 
-DATASTORE = "workspaceblobstore"
-
 
 class ModelPinners:
     """A `DataPinner` that pins each model's batch with that model's own pinner."""
@@ -90,10 +88,11 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
 
         # Pins nothing; a request's own folder is listed in the model's landing container, whose client
         # connects only when a listing is asked for.
-        return DryRunSubmitter(settings.home, datastore=DATASTORE, registered_components=True), ModelPinners(
+        datastore = settings.azureml_datastore
+        return DryRunSubmitter(settings.home, datastore=datastore, registered_components=True), ModelPinners(
             {
                 route.name: PlannedSnapshot(
-                    DATASTORE,
+                    datastore,
                     None
                     if route.scope is None
                     else functools.partial(landing_container, settings, route.scope),
@@ -108,14 +107,15 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
 
         workspace = MLClientWorkspace(WorkspaceRef.from_settings(environ))
         # The deployed app carries no training code: it runs the components `retrain publish` registered.
+        # Each job's register step gets the registry lock in the datastore's container (the submitter's).
         submitter = AzureMLSubmitter(
-            workspace, AzureSettings(datastore=DATASTORE, registered_components=True)
+            workspace, AzureSettings(datastore=settings.azureml_datastore, registered_components=True)
         )
         # Start-up has checked that every model has a landing container (AppSettings).
         return submitter, _per_model(
             settings,
             lambda scope: RegisteredSnapshot(
-                landing_container(settings, scope), workspace, DATASTORE, scope.depth
+                landing_container(settings, scope), workspace, settings.azureml_datastore, scope.depth
             ),
         )
     from components.local import RunnerOptions

@@ -3,22 +3,32 @@
 Each firing is its own job with a name Azure ML generates, so its checkpoints go under that name
 (`${{name}}`); the data input names a moving target (`azureml:<asset>@latest` or a datastore folder), which
 is the point of a schedule. The schedule is built and validated locally, then created through the seam.
+
+A dry run writes it as the YAML that `az ml schedule create -f` (azure-ai-ml's `load_schedule`) reads. That
+schema takes the job only by reference (`create_job.job`: a job YAML file, or an existing job's ARM id), never
+inline, so the pipeline job goes to a file of its own, which the schedule's YAML names.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from components.builder import CHECKPOINTS_ROOT, PipelineBuild, build_pipeline_job, validate_job
 from components.errors import SubmissionError
+from training.common import write_atomically
 
 if TYPE_CHECKING:
     from azure.ai.ml.entities import JobSchedule
 
     from components.azureml.workspace import AssetRecord, AzureMLWorkspace
 
+SCHEDULE_SCHEMA = "https://azuremlschemas.azureedge.net/latest/schedule.schema.json"
+SCHEDULED_JOB_FILE = "pipeline.yml"
 _SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,254}$")
 # minute, hour, day of month, month, day of week: the five fields Azure ML's CronTrigger reads.
 _CRON_FIELDS = (
@@ -96,3 +106,13 @@ def build_schedule(name: str, cron: str, time_zone: str, build: PipelineBuild) -
 
 def create_schedule(workspace: AzureMLWorkspace, schedule: JobSchedule) -> AssetRecord:
     return workspace.create_schedule(schedule)
+
+
+def write_schedule_files(schedule: JobSchedule, folder: Path) -> dict[str, Any]:
+    """Write the schedule's pipeline job to `folder`/pipeline.yml; return the schedule's YAML mapping, which
+    names that file (by its absolute path, so the schedule's YAML loads from wherever it is saved)."""
+    job_file = Path(folder).resolve() / SCHEDULED_JOB_FILE
+    job = yaml.safe_dump(schedule.create_job._to_dict(), sort_keys=False)
+    write_atomically(job_file, job.encode())
+    document = {key: value for key, value in schedule._to_dict().items() if key != "create_job"}
+    return {"$schema": SCHEDULE_SCHEMA, **document, "create_job": {"type": "pipeline", "job": str(job_file)}}

@@ -5,6 +5,8 @@ submitting the same request again finds the run instead of starting another. Wha
 
 - no attempt yet: check the train compute's quota, build and validate the pipeline job, create it;
 - the latest attempt is queued, running or completed: return it (a duplicate submission);
+- every job it creates passes the register step a blob lock in the datastore's container
+  (components/azureml/registry_lock.py), so champion changes of jobs on different nodes are serialised;
 - it ended unsuccessfully: resubmit only when it was preempted (components/azureml/fallback.py), under
   the next attempt's name, on the dedicated cluster once the policy says so; otherwise report it.
 
@@ -21,6 +23,7 @@ from typing import Any
 
 from components.azureml.fallback import Attempt, FallbackPolicy, decide_next_attempt, train_child
 from components.azureml.quota import check_quota
+from components.azureml.registry_lock import resolve_registry_lock
 from components.azureml.workspace import AzureMLWorkspace, JobRecord
 from components.builder import DEFAULT_DATASTORE, TRAIN_STEP, PipelineBuild, build_pipeline_job
 from components.code_snapshot import with_code_snapshot
@@ -131,6 +134,7 @@ class AzureMLSubmitter:
             datastore=self.settings.datastore,
             compute={TRAIN_STEP: train_compute} if train_compute else None,
             registered_components=self.settings.registered_components,
+            registry_lock=resolve_registry_lock(self.workspace, self.settings.datastore, request.parameters),
         )
         # A task file travels in a staged code snapshot, which exists until the job (and its code) is sent.
         with tempfile.TemporaryDirectory(prefix="retrain-code-") as scratch:

@@ -78,11 +78,28 @@ class UsageRecord:
     limit: int
 
 
+# Azure ML's type of a datastore on a blob container (`type: azure_blob` in YAML).
+BLOB_DATASTORE = "AzureBlob"
+
+
 @dataclass(frozen=True)
 class DatastoreRecord:
+    """A datastore: its type, and for a blob datastore where its container is."""
+
     name: str
     account_name: str | None
     container_name: str | None
+    kind: str = BLOB_DATASTORE
+    # The account's blob service URL, https://<account>.blob.<cloud suffix> (Azurite's is path-style,
+    # http://127.0.0.1:<port>/<account>); None where Azure ML names no blob account.
+    blob_endpoint: str | None = None
+
+    @property
+    def container_url(self) -> str | None:
+        """The blob container's URL; None unless a blob datastore with a known endpoint and container."""
+        if self.kind != BLOB_DATASTORE or not self.blob_endpoint or not self.container_name:
+            return None
+        return f"{self.blob_endpoint.rstrip('/')}/{self.container_name}"
 
 
 @dataclass(frozen=True)
@@ -221,6 +238,25 @@ def usage_record(usage: Any) -> UsageRecord:
     )
 
 
+def datastore_record(datastore: Any) -> DatastoreRecord:
+    """azure-ai-ml's AzureBlobDatastore keeps the account, the container, the cloud's storage suffix
+    (`endpoint`, core.windows.net) and the protocol apart; the blob endpoint is made of them here."""
+    kind = _read(datastore, "type")
+    kind = str(getattr(kind, "value", kind) or "")
+    account = _read(datastore, "account_name")
+    endpoint = None
+    if kind == BLOB_DATASTORE and account:
+        protocol = _read(datastore, "protocol") or "https"
+        endpoint = f"{protocol}://{account}.blob.{_read(datastore, 'endpoint') or 'core.windows.net'}"
+    return DatastoreRecord(
+        name=str(datastore.name),
+        account_name=account,
+        container_name=_read(datastore, "container_name", "filesystem"),
+        kind=kind,
+        blob_endpoint=endpoint,
+    )
+
+
 def _asset(kind: str, entity: Any) -> AssetRecord:
     return AssetRecord(
         kind=kind,
@@ -284,14 +320,9 @@ class MLClientWorkspace:
         from azure.core.exceptions import ResourceNotFoundError
 
         try:
-            datastore = self.client.datastores.get(name)
+            return datastore_record(self.client.datastores.get(name))
         except ResourceNotFoundError:
             return None
-        return DatastoreRecord(
-            name=str(datastore.name),
-            account_name=_read(datastore, "account_name"),
-            container_name=_read(datastore, "container_name"),
-        )
 
     def get_data(self, name: str, version: str) -> AssetRecord | None:
         from azure.core.exceptions import ResourceNotFoundError

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from components.builder import DATASTORE_SETTING, DEFAULT_DATASTORE, check_datastore_name
 from components.cost import CostSettings, CostSettingsError
+from components.errors import SubmissionError
 from function_app.settings.models import ModelRoute, check_served_models
 from function_app.settings.served import MODEL_NAME, MODELS, served_models
 from function_app.settings.storage import (
@@ -112,6 +114,8 @@ class AppSettings:
     # `model_name` is the first served model's and `blob` None: each model's scope is its route's.
     # (`dataclasses.replace` of `model_name` or `blob` needs `models=()` too, to build the one model again.)
     models: tuple[ModelRoute, ...] = ()
+    # The Azure ML datastore (a blob datastore) of the pipeline's snapshots, checkpoints and registry lock.
+    azureml_datastore: str = DEFAULT_DATASTORE
 
     def __post_init__(self) -> None:
         if self.submitter not in SUBMITTERS:
@@ -128,6 +132,10 @@ class AppSettings:
                 f"{HOME}: a folder path cannot contain NUL; expected a folder such as .retrain"
             )
         self._check_numbers()
+        try:
+            check_datastore_name(self.azureml_datastore, DATASTORE_SETTING)
+        except SubmissionError as error:
+            raise SettingsError(str(error)) from None
         if not isinstance(self.cost, CostSettings):
             raise SettingsError(f"cost settings {quoted(self.cost)}: expected a components.cost.CostSettings")
         if self.ledger is None:
@@ -248,7 +256,8 @@ class AppSettings:
             f"http_max_body_bytes={self.http_max_body_bytes} "
             f"connection_string={'set' if self.storage_connection_string else 'unset'} "
             f"train={self.nodes}x{self.processes_per_node} parameters={dict(self.pipeline_parameters)} "
-            f"landing_folder={self.landing_folder or 'none'} cost=({self.cost.describe()})"
+            f"landing_folder={self.landing_folder or 'none'} datastore={self.azureml_datastore} "
+            f"cost=({self.cost.describe()})"
         )
 
     @classmethod
@@ -277,6 +286,7 @@ class AppSettings:
             processes_per_node=_whole(values, PROCESSES_PER_NODE, 1),
             nodes=_whole(values, NODES, 1),
             landing_folder=Path(values[LANDING_FOLDER]) if LANDING_FOLDER in values else None,
+            azureml_datastore=values.get(DATASTORE_SETTING, DEFAULT_DATASTORE),
         )
 
 

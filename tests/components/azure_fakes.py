@@ -19,6 +19,10 @@ from components.azureml.workspace import (
     VmSizeRecord,
 )
 
+WORKSPACE_STORAGE = "https://wsstorage.blob.core.windows.net"
+WORKSPACE_CONTAINER = "azureml-blobstore-0a1b2c3d"
+# The lock every Azure ML build passes its register step by default: in the datastore's container.
+WORKSPACE_LOCK = f"{WORKSPACE_STORAGE}/{WORKSPACE_CONTAINER}/retrain/locks"
 A100_FAMILY = "standardNCADSA100v4Family"
 D_V5_FAMILY = "standardDSv5Family"
 
@@ -53,6 +57,15 @@ def standard_usages() -> list[UsageRecord]:
     ]  # fmt: skip
 
 
+def standard_datastores() -> dict[str, DatastoreRecord]:
+    """The workspace's default blob datastore, as azure-ai-ml reports it (components/azureml/workspace.py)."""
+    return {
+        "workspaceblobstore": DatastoreRecord(
+            "workspaceblobstore", "wsstorage", WORKSPACE_CONTAINER, blob_endpoint=WORKSPACE_STORAGE
+        )
+    }
+
+
 @dataclass
 class RecordingWorkspace:
     """Answers the seam's calls from this state, and records each call as (method, argument)."""
@@ -62,7 +75,7 @@ class RecordingWorkspace:
     computes: dict[str, ComputeRecord] = field(default_factory=standard_computes)
     sizes: list[VmSizeRecord] = field(default_factory=standard_sizes)
     usage_rows: list[UsageRecord] = field(default_factory=standard_usages)
-    datastores: dict[str, DatastoreRecord] = field(default_factory=dict)
+    datastores: dict[str, DatastoreRecord] = field(default_factory=standard_datastores)
     data_assets: dict[tuple[str, str], AssetRecord] = field(default_factory=dict)
     # A job some other submitter creates at the moment this one calls create_job (a race it loses).
     created_concurrently: JobRecord | None = None

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from azure.ai.ml.entities._load_functions import load_schedule  # azure.ai.ml does not re-export it
 from azure.storage.blob import ContainerClient
-from azure_fakes import RecordingWorkspace
+from azure_fakes import WORKSPACE_LOCK, RecordingWorkspace
 
 from components.azureml.workspace import DatastoreRecord, WorkspaceRef
 from components.cli_azure import Connectors, register_commands
@@ -54,11 +55,14 @@ def harness(azurite, tmp_path):
 
 
 @pytest.fixture
-def landing(blob_container, harness):
+def landing(azurite, blob_container, harness):
     for name in ("a.csv", "b.csv"):
         blob_container.get_blob_client(f"landing/{name}").upload_blob(CSV)
     harness.workspace.datastores["workspaceblobstore"] = DatastoreRecord(
-        "workspaceblobstore", blob_container.account_name, blob_container.container_name
+        "workspaceblobstore",
+        blob_container.account_name,
+        blob_container.container_name,
+        blob_endpoint=azurite.blob_endpoint,
     )
     return blob_container
 
@@ -109,10 +113,11 @@ def test_submitting_blob_data_snapshots_registers_and_submits(harness, landing, 
     assert (name, data.path) == ("digits-raw", f"azureml://datastores/workspaceblobstore/paths/{snapshot}")
     sent = job._to_dict()
     assert sent["inputs"]["raw_data"]["path"] == f"azureml:digits-raw:{version}"
+    assert sent["jobs"]["register"]["inputs"]["registry_lock"] == f"{landing.url}/retrain/locks"
     assert sent["tags"]["trigger.source"] == "cli"
     assert [method for method, _ in harness.workspace.calls] == [
         "get_datastore", "get_data", "create_data",
-        "get_job", "get_compute", "vm_sizes", "usages", "create_job",
+        "get_job", "get_datastore", "get_compute", "vm_sizes", "usages", "create_job",
     ]  # fmt: skip
     assert (
         capsys.readouterr().out.splitlines()[1]
@@ -200,22 +205,104 @@ def test_publish_reports_what_it_registered(harness, capsys):
     assert harness.refs == [WorkspaceRef("sub-1", "rg-1", "ws-flag")]
 
 
-def test_schedule_dry_run_prints_the_validated_schedule(harness, capsys):
-    assert (
-        harness.run("schedule", "--cron", "0 3 * * *", "--model-name", "digits", "--nodes", "2", "--dry-run")
-        == 0
+def _steps(job) -> dict[str, dict]:
+    """What each step of a pipeline job runs, where, and with which inputs, in comparable form."""
+    steps = {}
+    for name, node in job.jobs.items():
+        component = node.component
+        steps[name] = {
+            "compute": str(node.compute).removeprefix("azureml:"),
+            "inputs": {
+                key: getattr(value, "path", value) for key, value in node._to_dict()["inputs"].items()
+            },
+            "outputs": node._to_dict().get("outputs"),
+            "command": component.command,
+            "environment": str(component.environment),
+            "distribution": node._to_dict().get("distribution"),
+            "resources": node._to_dict().get("resources"),
+        }
+    return steps
+
+
+def test_the_schedule_dry_run_prints_yaml_that_azure_ml_loads_as_the_schedule_it_creates(
+    harness, capsys, tmp_path
+):
+    lock = "https://retrainck.blob.core.windows.net/checkpoints/retrain/locks"
+    argv = [
+        "schedule", "--cron", "0 3 * * 1-5", "--time-zone", "W. Europe Standard Time",
+        "--model-name", "digits", "--nodes", "2", "--compute", "train=gpu-dedicated", "--param", "epochs=3",
+    ]  # fmt: skip
+    assert harness.run(*argv, "--param", f"registry_lock={lock}", "--dry-run") == 0
+    printed = tmp_path / "schedule.yml"
+    printed.write_text(capsys.readouterr().out)
+    assert harness.workspace.calls == []  # a dry run reads no workspace
+
+    loaded = load_schedule(printed)  # what `az ml schedule create -f schedule.yml` does
+    assert loaded._validate().passed, loaded._validate().error_messages
+    # The same schedule, created: its lock comes from the datastore's container, here the one given above.
+    harness.workspace.datastores["workspaceblobstore"] = DatastoreRecord(
+        "workspaceblobstore",
+        "retrainck",
+        "checkpoints",
+        blob_endpoint="https://retrainck.blob.core.windows.net",
     )
-    document = yaml.safe_load(capsys.readouterr().out)
-    assert document["name"] == "retrain-digits"
-    assert document["trigger"] == {"type": "cron", "expression": "0 3 * * *", "time_zone": "UTC"}
-    assert document["create_job"]["inputs"]["raw_data"]["path"] == "azureml:digits-raw@latest"
-    assert harness.workspace.calls == []
+    assert harness.run(*argv) == 0
+    (sent,) = harness.workspace.sent
+
+    assert (loaded.name, loaded.display_name, loaded.tags) == (sent.name, sent.display_name, sent.tags)
+    assert loaded.name == "retrain-digits"
+    assert (loaded.trigger.expression, loaded.trigger.time_zone) == ("0 3 * * 1-5", "W. Europe Standard Time")
+    assert (loaded.trigger.expression, loaded.trigger.time_zone) == (
+        sent.trigger.expression,
+        sent.trigger.time_zone,
+    )
+    job, sent_job = loaded.create_job, sent.create_job
+    assert job.name is None  # each firing gets its own job name from Azure ML
+    assert (job.experiment_name, job.tags) == (sent_job.experiment_name, sent_job.tags)
+    inputs = {name: getattr(value, "path", value) for name, value in job._to_dict()["inputs"].items()}
+    assert inputs == {
+        name: getattr(value, "path", value) for name, value in sent_job._to_dict()["inputs"].items()
+    }
+    assert inputs["raw_data"]["path"] == "azureml:digits-raw@latest" and inputs["epochs"] == 3
+    steps = _steps(job)
+    assert steps == _steps(sent_job)
+    assert list(steps) == ["prep", "train", "evaluate", "register"]
+    assert steps["register"]["inputs"]["registry_lock"] == lock
+    assert steps["train"]["compute"] == "gpu-dedicated" and steps["train"]["resources"] == {
+        "instance_count": 2
+    }
+    assert str(job.settings.default_compute).removeprefix("azureml:") == "cpu-cluster"
 
 
 def test_schedule_creates_it_through_the_workspace(harness, capsys):
     harness.run("schedule", "--cron", "*/30 * * * *", "--model-name", "digits", "--name", "digits-halfhourly")
-    assert harness.workspace.calls == [("create_schedule", "digits-halfhourly")]
+    assert harness.workspace.calls == [
+        ("get_datastore", "workspaceblobstore"),
+        ("create_schedule", "digits-halfhourly"),
+    ]
+    (schedule,) = harness.workspace.sent
+    assert schedule.create_job._to_dict()["jobs"]["register"]["inputs"]["registry_lock"] == WORKSPACE_LOCK
     assert capsys.readouterr().out == "scheduled digits-halfhourly: '*/30 * * * *' (UTC)\n"
+
+
+def test_the_datastore_setting_chooses_where_checkpoints_and_the_lock_live(harness):
+    harness.workspace.datastores["retrainck"] = DatastoreRecord(
+        "retrainck", "retrainck", "checkpoints", blob_endpoint="https://retrainck.blob.core.windows.net"
+    )
+    environ = {**SETTINGS, "RETRAIN_AZUREML_DATASTORE": "retrainck"}
+    harness.run("schedule", "--cron", "0 3 * * *", "--model-name", "digits", environ=environ)
+
+    (schedule,) = harness.workspace.sent
+    job = schedule.create_job._to_dict()
+    assert job["jobs"]["register"]["inputs"]["registry_lock"] == (
+        "https://retrainck.blob.core.windows.net/checkpoints/retrain/locks"
+    )
+    assert job["jobs"]["train"]["outputs"]["checkpoints"]["path"].startswith(
+        "azureml://datastores/retrainck/"
+    )
+    with pytest.raises(SubmissionError, match=r"RETRAIN_AZUREML_DATASTORE 'ck-1': expected a datastore name"):
+        harness.run("schedule", "--cron", "0 3 * * *", "--model-name", "digits",
+                    environ={**SETTINGS, "RETRAIN_AZUREML_DATASTORE": "ck-1"})  # fmt: skip
 
 
 def test_a_bad_cron_expression_creates_nothing(harness):

@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from azure_fakes import RecordingWorkspace
+from azure_fakes import WORKSPACE_LOCK, RecordingWorkspace
 
 from components.azureml.fallback import PREEMPTION_TAG, FallbackPolicy
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings, submission_status
-from components.azureml.workspace import JobRecord, UsageRecord
+from components.azureml.workspace import DatastoreRecord, JobRecord, UsageRecord
 from components.checkpoint_key import checkpoint_key
 from components.errors import SubmissionError
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, DataRef, RunRequest
@@ -73,8 +73,9 @@ def test_a_first_submission_checks_quota_then_sends_the_validated_job():
     submission = AzureMLSubmitter(workspace).submit(make_request())
 
     assert [method for method, _ in workspace.calls] == [
-        "get_job", "get_compute", "vm_sizes", "usages", "create_job",
+        "get_job", "get_datastore", "get_compute", "vm_sizes", "usages", "create_job",
     ]  # fmt: skip
+    assert workspace.called("get_datastore") == ["workspaceblobstore"]
     assert workspace.called("get_compute") == ["gpu-spot"]
     assert workspace.called("vm_sizes") == ["westeurope"]
     (job,) = workspace.sent
@@ -85,10 +86,72 @@ def test_a_first_submission_checks_quota_then_sends_the_validated_job():
     assert sent["jobs"]["train"]["compute"] == "azureml:gpu-spot"
     assert sent["jobs"]["train"]["resources"] == {"instance_count": 2}
     assert sent["jobs"]["train"]["outputs"]["checkpoints"]["path"] == CHECKPOINTS
+    # Champion changes are serialised across nodes by a lease in the datastore's container, by default.
+    assert sent["jobs"]["register"]["inputs"]["registry_lock"] == WORKSPACE_LOCK
     assert (submission.job_name, submission.backend, submission.status) == (name(0), "azureml", QUEUED)
     assert submission.run_key == RUN_KEY
     assert submission.details["duplicate"] is False
     assert submission.details["studio_url"] == f"https://ml.azure.com/runs/{name(0)}"
+
+
+def test_the_registry_lock_is_in_the_chosen_datastores_container_in_its_cloud():
+    workspace = RecordingWorkspace()
+    workspace.datastores["checkpoints"] = DatastoreRecord(
+        "checkpoints",
+        "retrainck",
+        "checkpoints",
+        blob_endpoint="https://retrainck.blob.core.chinacloudapi.cn",
+    )
+
+    AzureMLSubmitter(workspace, AzureSettings(datastore="checkpoints")).submit(make_request())
+
+    (job,) = workspace.sent
+    register = job._to_dict()["jobs"]["register"]
+    assert register["inputs"]["registry_lock"] == (
+        "https://retrainck.blob.core.chinacloudapi.cn/checkpoints/retrain/locks"
+    )
+    assert "--lock ${{inputs.registry_lock}}" in register["component"]["command"]
+    assert workspace.called("get_datastore") == ["checkpoints"]
+
+
+def test_a_registry_lock_parameter_wins_and_the_datastore_is_not_read():
+    workspace = RecordingWorkspace()
+    lock = "https://locks.blob.core.windows.net/registry/prod"
+
+    AzureMLSubmitter(workspace).submit(make_request(parameters={"registry_lock": lock}))
+
+    (job,) = workspace.sent
+    assert job._to_dict()["jobs"]["register"]["inputs"]["registry_lock"] == lock
+    assert workspace.called("get_datastore") == []
+
+
+@pytest.mark.parametrize(
+    ("datastore", "message"),
+    [
+        (
+            DatastoreRecord("lake", "lakeacct", "raw", kind="AzureDataLakeGen2"),
+            r"datastore lake: a AzureDataLakeGen2 datastore, where the register step's lock \(a blob lease\) "
+            r"cannot live; expected an Azure Blob datastore \(type azure_blob\) in --datastore or "
+            r"RETRAIN_AZUREML_DATASTORE, or the lock itself as --param registry_lock=https://",
+        ),
+        (None, r"datastore lake: not in the workspace; expected the name of a blob datastore in --datastore"),
+    ],
+)
+def test_a_datastore_that_cannot_hold_the_lock_sends_nothing(datastore, message):
+    workspace = RecordingWorkspace()
+    if datastore is not None:
+        workspace.datastores["lake"] = datastore
+    with pytest.raises(SubmissionError, match=message) as raised:
+        AzureMLSubmitter(workspace, AzureSettings(datastore="lake")).submit(make_request())
+    assert "\n" not in str(raised.value)
+    assert workspace.sent == []
+
+
+def test_a_registry_lock_parameter_that_is_no_blob_url_is_refused():
+    with pytest.raises(SubmissionError, match=r"registry lock registry_lock 'https://example.com/locks': .*"):
+        AzureMLSubmitter(RecordingWorkspace()).submit(
+            make_request(parameters={"registry_lock": "https://example.com/locks"})
+        )
 
 
 @pytest.mark.parametrize("status", ["Queued", "Running", "Completed"])

@@ -16,6 +16,7 @@ from components.azureml.workspace import (
     VmSizeRecord,
     WorkspaceRef,
     compute_record,
+    datastore_record,
     job_record,
     usage_record,
     vm_size_record,
@@ -96,3 +97,25 @@ def test_jobs_become_records_with_frozen_tags():
     assert record == JobRecord("retrain-x", "Unknown", tags={"retrain.attempt": "1"})
     with pytest.raises(TypeError):
         record.tags["retrain.attempt"] = "2"  # type: ignore[index]
+
+
+def test_a_blob_datastore_becomes_its_container_url_in_its_cloud():
+    from azure.ai.ml.entities import AzureBlobDatastore
+
+    default = datastore_record(
+        AzureBlobDatastore(name="ck", account_name="retrainck", container_name="ckpts")
+    )
+    assert default.container_url == "https://retrainck.blob.core.windows.net/ckpts"
+    china = AzureBlobDatastore(
+        name="ck", account_name="retrainck", container_name="ckpts", endpoint="core.chinacloudapi.cn"
+    )
+    assert datastore_record(china).container_url == "https://retrainck.blob.core.chinacloudapi.cn/ckpts"
+
+
+def test_a_data_lake_datastore_has_no_blob_container_url():
+    from azure.ai.ml.entities import AzureDataLakeGen2Datastore
+
+    record = datastore_record(
+        AzureDataLakeGen2Datastore(name="lake", account_name="lakeacct", filesystem="raw")
+    )
+    assert (record.kind, record.container_name, record.container_url) == ("AzureDataLakeGen2", "raw", None)

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from corpus import blob_created
 
+from components.builder import DEFAULT_DATASTORE
 from components.dry_run import DryRunSubmitter
 from components.errors import SpecError
 from components.request import COMPLETED, Submitter
 from function_app.ledger.records import SUBMITTING
 from function_app.service import FrontDoor
 from function_app.settings.app import AppSettings
-from function_app.wiring import DATASTORE, build_front_door
+from function_app.wiring import build_front_door
 
 # 2 h of training on the spot cluster, one eviction per node every 4 h (0.5 expected), a save every
 # half hour (0.25 h lost per eviction) and 0.25 h to restart: 2.25 wall hours on 1 GPU, at 40 % of 3.00.
@@ -58,7 +59,7 @@ def test_a_submission_records_its_estimate_and_sends_it_in_the_jobs_tags(tmp_pat
     assert record.estimate["summary"] == SUMMARY
     assert record.estimate["cost"] == pytest.approx(2.70)
     assert front.ledger.submission(record.id) == record
-    recorded = DryRunSubmitter(tmp_path / "home", datastore=DATASTORE, registered_components=True)
+    recorded = DryRunSubmitter(tmp_path / "home", datastore=DEFAULT_DATASTORE, registered_components=True)
     tags = recorded.job_document(record.job_name)["tags"]
     assert {key: tags[key] for key in TAGS} == TAGS
     assert tags["trigger.submission"] == record.id  # the trigger's own tags are still there

@@ -45,6 +45,7 @@ def test_an_empty_environment_gives_the_embedded_defaults():
     assert (settings.cooldown, settings.max_runs_per_day) == (timedelta(hours=1), 6)
     assert settings.http_max_body_bytes == 65536
     assert settings.storage_connection_string is None
+    assert settings.azureml_datastore == "workspaceblobstore"
 
 
 def test_every_variable_is_read():
@@ -64,6 +65,7 @@ def test_every_variable_is_read():
             "RETRAIN_MAX_RUNS_PER_DAY": "24",
             "RETRAIN_LEDGER": "https://retrainstate.blob.core.windows.net/ledger/front-door/",
             "RETRAIN_HTTP_MAX_BODY_BYTES": "1024",
+            "RETRAIN_AZUREML_DATASTORE": "retrain_checkpoints",
             "UNRELATED": "ignored",
         }
     )
@@ -95,6 +97,7 @@ def test_every_variable_is_read():
         24,
         1024,
     )
+    assert settings.azureml_datastore == "retrain_checkpoints"
 
 
 def test_the_cost_settings_are_read_by_components_cost_from_the_same_variables():
@@ -251,6 +254,11 @@ def test_use_development_storage_means_azurites_well_known_account():
         ({"RETRAIN_PIPELINE_PARAMETERS": "epochs=3,epochs=4"}, "RETRAIN_PIPELINE_PARAMETERS", "twice"),
         ({"RETRAIN_TRAIN_PROCESSES_PER_NODE": "0"}, "RETRAIN_TRAIN_PROCESSES_PER_NODE", "from 1 to 16"),
         ({"RETRAIN_TRAIN_NODES": "two"}, "RETRAIN_TRAIN_NODES", "expected a whole number"),
+        (
+            {"RETRAIN_AZUREML_DATASTORE": "retrain-checkpoints"},
+            "RETRAIN_AZUREML_DATASTORE",
+            "expected a datastore name (letters, digits, '_'), such as workspaceblobstore",
+        ),
         (
             {"RETRAIN_SUBMITTER": "dry-run", "RETRAIN_LANDING_FOLDER": "landing"},
             "RETRAIN_LANDING_FOLDER",
