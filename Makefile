@@ -7,6 +7,10 @@ VENV_STAMP := $(VENV)/.installed
 CHECKOV_VENV := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 AZURITE := node_modules/.bin/azurite-blob
+# The oldest azure-functions a Functions host may load (requirements-azure-functions-oldest.txt says where
+# that pin comes from), installed apart from the venv: one test puts it first on a process's path.
+OLDEST_AZURE_FUNCTIONS := .azure-functions-oldest
+OLDEST_STAMP := $(OLDEST_AZURE_FUNCTIONS)/.installed
 
 .PHONY: demo test lint bench clean
 
@@ -16,7 +20,7 @@ demo: $(VENV_STAMP)
 # The suite starts hundreds of Python processes (torchrun workers, pipeline steps). Where the environment
 # sets PYTHONDONTWRITEBYTECODE, each would compile the project's modules again; compiled once here, every
 # process reads them (Python checks each against its source, so a stale one is never used).
-test: $(VENV_STAMP) $(CHECKOV_STAMP) $(AZURITE) lint
+test: $(VENV_STAMP) $(CHECKOV_STAMP) $(AZURITE) $(OLDEST_STAMP) lint
 	$(PY) -m compileall -q training components function_app demo retrain_cli.py function_entry.py > /dev/null
 	$(PY) -m pytest -n 2 --dist loadfile
 
@@ -40,9 +44,14 @@ $(CHECKOV_STAMP): requirements-checkov.txt
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
 	touch $@
 
+$(OLDEST_STAMP): requirements-azure-functions-oldest.txt $(VENV_STAMP)
+	rm -rf $(OLDEST_AZURE_FUNCTIONS)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --target $(OLDEST_AZURE_FUNCTIONS) -r requirements-azure-functions-oldest.txt
+	touch $@
+
 $(AZURITE): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) node_modules .retrain .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) $(OLDEST_AZURE_FUNCTIONS) node_modules .retrain .pytest_cache .ruff_cache

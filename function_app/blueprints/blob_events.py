@@ -16,8 +16,9 @@ blueprint = func.Blueprint()
 
 @blueprint.function_name("on_blob_created")
 @blueprint.event_grid_trigger(arg_name="event")
-# Annotated EventGridEvent (the worker checks it); a CloudEvents delivery arrives as func.CloudEvent.
-def on_blob_created(event: func.EventGridEvent) -> None:
+# `str`: the worker hands over the event's JSON text, in either schema, on every azure-functions version
+# (event_payload.py says why not the library's event classes).
+def on_blob_created(event: str) -> None:
     # A rejection returns normally (acknowledged, recorded); a transient failure raises so Event Grid retries.
     payload = event_payload(event)
     outcome = front_door().deliver(payload, family=KIND_BLOB)

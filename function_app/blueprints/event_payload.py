@@ -1,51 +1,34 @@
 """The event the Functions worker hands over, back as the JSON object the parser reads.
 
-The worker gives an `EventGridEvent` for the Event Grid schema and a `CloudEvent` for CloudEvents 1.0 (it
-decides by the body's `specversion`, whatever the handler's annotation says); each keeps its own field names.
+The Event Grid handlers annotate their parameter `str`, so the worker hands them the event's JSON text as the
+host delivered it (its generic binding), in either schema, whatever azure-functions the host loads. The
+library's own event objects differ between versions: before 1.25 there is no `func.CloudEvent`, and its
+converter turns a CloudEvents delivery into an `EventGridEvent` without the type, source or time, so a
+handler annotated `func.EventGridEvent` could not tell a CloudEvents BlobCreated from anything else there.
 A handler's log line names a Blob-created event by its blob (`blob_name`), as a person knows the upload.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
-import azure.functions as func
-
 from function_app.events.blob_paths import subject_blob
-from function_app.events.envelope import Invalid
+from function_app.events.envelope import Invalid, load_json
 
 
-def _time(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
+def event_payload(event: str | bytes) -> Any:
+    """The delivered event as JSON; text that is not JSON is passed on as is, for the parser to reject
+    (it names what it got and expects a JSON object), so the rejection is recorded, not retried."""
+    try:
+        return load_json(event, "the Event Grid event")
+    except Invalid:
+        return event
 
 
-def event_payload(event: func.EventGridEvent | func.CloudEvent) -> dict[str, Any]:
-    if isinstance(event, func.CloudEvent):
-        return {
-            "specversion": event.specversion,
-            "id": event.id,
-            "source": event.source,
-            "type": event.type,
-            "time": _time(event.time),
-            "subject": event.subject,
-            "data": event.get_json(),
-        }
-    return {
-        "id": event.id,
-        "topic": event.topic,
-        "subject": event.subject,
-        "eventType": event.event_type,
-        "eventTime": _time(event.event_time),
-        "data": event.get_json(),
-        "dataVersion": event.data_version,
-    }
-
-
-def blob_name(payload: dict[str, Any]) -> str | None:
+def blob_name(payload: Any) -> str | None:
     """The blob a Blob-created event names in its subject, to say which file a decision is about; None when
     the subject is missing or not a safe blob name (then the event is named by its id)."""
-    subject = payload.get("subject")
+    subject = payload.get("subject") if isinstance(payload, dict) else None
     if not isinstance(subject, str):
         return None
     try:

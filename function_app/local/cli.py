@@ -44,7 +44,7 @@ from function_app.events.triggers import KIND_BLOB, KIND_DRIFT
 from function_app.ledger.ledger import Ledger, open_ledger
 from function_app.ledger.records import LedgerError
 from function_app.local.watch import ContainerSource, FolderSource, Watcher, WatchError, watched_scopes
-from function_app.local.worker import deliver, event_family, worker_event
+from function_app.local.worker import deliver, event_family
 from function_app.service import FrontDoor, utc_now
 from function_app.settings.app import (
     DEFAULT_HOME,
@@ -164,8 +164,8 @@ def start(environ: Mapping[str, str]) -> FrontDoor:
 # -- event ------------------------------------------------------------------------------------------------
 
 
-def _read_events(path: Path, family: str | None) -> list[tuple[str, dict[str, Any], str, Any]]:
-    """(label, payload, family, worker object) for each event of one file; raises CliError."""
+def _read_events(path: Path, family: str | None) -> list[tuple[str, dict[str, Any], str]]:
+    """(label, payload, family) for each event of one file; raises CliError."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -178,11 +178,7 @@ def _read_events(path: Path, family: str | None) -> list[tuple[str, dict[str, An
     read = []
     for index, payload in enumerate(events):
         label = f"{path}[{index}]" if len(events) > 1 else str(path)
-        try:
-            worker_object = worker_event(payload)
-        except ValueError as error:
-            raise CliError(f"{label}: the Functions worker cannot decode it ({_one_line(error)})") from None
-        read.append((label, payload, family or event_family(payload), worker_object))
+        read.append((label, payload, family or event_family(payload)))
     return read
 
 
@@ -190,9 +186,9 @@ def event_command(args: argparse.Namespace) -> int:
     # Every file is read and decoded before anything is delivered: bad input changes nothing.
     events = [event for path in args.files for event in _read_events(path, args.trigger)]
     start(args.environ)
-    for done, (label, payload, family, worker_object) in enumerate(events):
+    for done, (label, payload, family) in enumerate(events):
         try:
-            lines = deliver(payload, family, worker_object)
+            lines = deliver(payload, family)
         except (LedgerError, AzureError, PipelineError, OSError) as error:
             raise CliError(
                 f"{label}: delivery to the {family} trigger failed ({type(error).__name__}: "

@@ -1,5 +1,5 @@
 """The Functions worker's part, played on one machine: an Event Grid payload turned into the object the
-worker hands a trigger (by the worker's own converter), and the trigger's handler invoked with it, as the
+worker hands a trigger (the event's JSON text), and the trigger's handler invoked with it, as the
 host would, with the handler's own log lines caught for printing."""
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ from function_app.events.triggers import KIND_BLOB, KIND_DRIFT
 _HANDLER_LOGGER = "function_app.blueprints"
 
 
-def worker_event(payload: Mapping[str, Any]) -> Any:
-    """What the Functions worker hands an Event Grid trigger for `payload`, built by the worker's own
-    converter: a `func.EventGridEvent` for the Event Grid schema, a `func.CloudEvent` for CloudEvents 1.0.
-    Raises ValueError for what the worker cannot decode (an event time in no format it knows)."""
-    from azure.functions.eventgrid import EventGridEventInConverter
-    from azure.functions.meta import Datum
-
-    return EventGridEventInConverter.decode(Datum(json.dumps(payload), "json"), trigger_metadata={})
+def worker_event(payload: Mapping[str, Any]) -> str:
+    """What the Functions worker hands our Event Grid handlers for `payload`: its JSON text. Their parameter
+    is annotated `str`, so the worker takes its generic binding, which passes the event through as the host
+    delivered it, in either schema, on every azure-functions version (blueprints/event_payload.py)."""
+    return json.dumps(payload)
 
 
 def event_family(payload: Mapping[str, Any]) -> str:
@@ -68,10 +65,10 @@ def handler_log() -> Iterator[list[str]]:
         logger.propagate = propagate
 
 
-def deliver(payload: Mapping[str, Any], family: str, worker_object: Any = None) -> list[str]:
+def deliver(payload: Mapping[str, Any], family: str) -> list[str]:
     """Invoke the trigger's handler with `payload` as the worker would; returns the handler's log lines.
     A transient failure raises out of the handler, as it would for Event Grid to retry."""
     handler = trigger_handler(family)
     with handler_log() as lines:
-        handler(worker_object if worker_object is not None else worker_event(payload))
+        handler(worker_event(payload))
     return lines

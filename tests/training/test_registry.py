@@ -15,9 +15,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import mlflow.pyfunc
 import pandas as pd
 import pytest
 import yaml
+from mlflow.exceptions import MlflowException
+from model_server import invoke, mlflow_models_serve
 from registry_harness import MODELS, Harness, build_harness, evaluation_document
 
 from training.gate import lineage as tags
@@ -123,10 +126,49 @@ def test_the_champion_serves_a_raw_csv_as_it_is_through_mlflow_pyfunc(harness: H
     assert "python_function" in mlmodel["flavors"]
     inputs = json.loads(mlmodel["signature"]["inputs"])
     assert [column["name"] for column in inputs] == [f"pixel_{n}" for n in range(64)]
-    assert {column["type"] for column in inputs} == {"any"}  # int64 and float64 CSV columns both pass
+    assert {column["type"] for column in inputs} == {"long"}  # digits' pixels are whole numbers: int64
     assert mlmodel["saved_input_example_info"]["type"] == "dataframe"
     manifest = harness.registry.download_model_file(info, "artifacts/manifest.json", tmp_path / "m")
     assert manifest.read_bytes() == (harness.data / "manifest.json").read_bytes()
+
+
+def test_the_champion_served_by_mlflow_models_serve_answers_a_raw_csv_body_as_every_json_form(
+    harness: Harness, tmp_path: Path, monkeypatch
+):
+    harness.evaluate_and_register("strong", "served")
+    raw_file = harness.data.parent / "raw" / "batch-0001.csv"
+    table = pd.read_csv(raw_file)  # the key and the label too: a raw file as users upload it
+    expected = predict(load_trained_model(harness.models["strong"]).rebuilt, table).tolist()
+    bodies = {
+        "text/csv": raw_file.read_bytes(),
+        "dataframe_split": json.dumps(
+            {"dataframe_split": json.loads(table.to_json(orient="split"))}
+        ).encode(),
+        "dataframe_records": json.dumps({"dataframe_records": table.to_dict(orient="records")}).encode(),
+        "inputs": json.dumps({"inputs": table.to_dict(orient="list")}).encode(),
+    }
+    decimal = table.astype({"pixel_5": "float64"})
+    decimal.loc[0, "pixel_5"] = 0.5  # a decimal where the training data has only whole numbers
+
+    with mlflow_models_serve("models:/served@champion", harness.tracking_uri, tmp_path / "serve.log") as url:
+        answers = {form: invoke(url, body, _content_type(form)) for form, body in bodies.items()}
+        refused = invoke(url, decimal.to_csv(index=False).encode(), "text/csv")
+
+    for form, (status, text) in answers.items():
+        assert status == 200, (form, text[:2000])
+    predictions = {form: json.loads(text)["predictions"] for form, (_, text) in answers.items()}
+    assert predictions == dict.fromkeys(bodies, expected)
+    # The CSV parser names the column by its 0-based position in the body; in process MLflow names it.
+    status, text = refused
+    position = list(decimal.columns).index("pixel_5")
+    assert status == 400 and f"for float64 dtyped data in column {position}'" in text, text[:2000]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", harness.tracking_uri)
+    with pytest.raises(MlflowException, match="Incompatible input types for column pixel_5"):
+        mlflow.pyfunc.load_model("models:/served@champion").predict(decimal)
+
+
+def _content_type(form: str) -> str:
+    return "text/csv" if form == "text/csv" else "application/json"
 
 
 def test_a_versions_source_run_is_its_training_run_with_the_loss_curve(harness: Harness):

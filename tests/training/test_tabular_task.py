@@ -13,6 +13,7 @@ import torch
 
 from training.data.splits import SplitFractions
 from training.errors import InputError
+from training.gate.serving import serving_signature
 from training.tasks.base import missing_parts
 from training.tasks.loader import load_task
 from training.tasks.tabular.prepare import prepare
@@ -211,3 +212,29 @@ def test_the_digits_schema_still_validates_labels_against_its_class_count(tmp_pa
 
     with pytest.raises(InputError, match=r"row 3, column 'label': expected an integer class in \[0, 10\)"):
         prepare(raw, tmp_path / "out", schema=TabularTask(**DIGITS_OPTIONS).schema)
+
+
+def test_the_served_example_types_each_feature_as_the_whole_data_version_has_it(tmp_path):
+    raw = write_iris(tmp_path / "raw")
+    table = pd.read_csv(raw / "iris.csv")
+    table["petals"] = np.arange(len(table)) % 7  # whole numbers in every row
+    table["stems"] = np.arange(len(table)) % 3 + np.where(np.arange(len(table)) % 50 == 10, 0.5, 0.0)
+    table.to_csv(raw / "iris.csv", index=False)  # stems: whole but in three rows
+    task = iris_task()
+    task.prepare(raw, tmp_path / "prepared", previous=None, split=SplitFractions())
+    data = task.load(tmp_path / "prepared")
+
+    example = task.input_example(data)
+
+    assert data.info["whole_number_features"] == ["petals"]
+    assert (example["stems"] == example["stems"].round()).all()  # the example's rows alone look whole
+    assert example.dtypes.to_dict() == {**dict.fromkeys(IRIS_COLUMNS[:4], "float64"), "petals": "int64",
+                                        "stems": "float64"}  # fmt: skip
+    output = task.predict(task.build_model(data.info).eval(), data.info, example)
+    inputs = serving_signature(example, output).inputs
+    assert {spec.name: spec.type.name for spec in inputs.inputs} == {
+        **dict.fromkeys(IRIS_COLUMNS[:4], "double"),
+        "petals": "long",
+        "stems": "double",
+    }
+    assert pd.read_csv(raw / "iris.csv")[["petals", "stems"]].dtypes.tolist() == ["int64", "float64"]

@@ -148,6 +148,8 @@ def test_the_champion_serves_a_csv_with_the_shipped_task_file(story: Story, monk
     table = pd.read_csv(story.raw / "sample-0.csv")  # the target column too, which the model ignores
     answers = served.predict(table)
     assert np.abs(answers - table["y"].to_numpy()).mean() < 0.2
+    columns = {spec.name: spec.type.name for spec in served.metadata.get_input_schema().inputs}
+    assert columns == {"x0": "double", "x1": "double", "x2": "double"}  # decimals: read_csv's float64
     champion = story.registry.load_model(story.registry.version(MODEL, "2"))  # the gate's loader agrees
     assert np.allclose(predict(champion, table), answers)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import torch
+from mlflow.types import DataType
 from torch import nn
 
 import training
@@ -41,7 +43,13 @@ ARTIFACTS_FOLDER = "artifacts"  # where pyfunc puts its artifacts inside the log
 SERVED_MODEL_FILE = "served_model.py"
 # What the serving environment installs. Pinned to this environment's versions; MLflow adds itself.
 REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "pillow", "cloudpickle")
-_NUMERIC_COLUMNS = frozenset({"integer", "long", "float", "double"})
+# A numeric column's type at the width pandas reads a CSV column to (see serving_signature).
+_CSV_WIDTH = {
+    DataType.integer: DataType.long,
+    DataType.long: DataType.long,
+    DataType.float: DataType.double,
+    DataType.double: DataType.double,
+}
 
 
 @dataclass(frozen=True)
@@ -128,25 +136,34 @@ class ServedModel:
 def serving_signature(input_example: Any, output: Any) -> Any:
     """The signature MLflow checks inputs against, inferred from the example and the model's answer to it.
 
-    Numeric table columns accept any numeric type: a CSV column of whole numbers reads as int64, another
-    batch's as float64, and both are what a user has (MLflow refuses int64 into a float64 column). The
-    task converts them. Columns are still checked by name, so a missing feature is refused by MLflow."""
+    A table column keeps the kind the example (the training data) gives it, at the width a CSV column reads
+    to: `long` for whole numbers, `double` otherwise. That is what `pandas.read_csv(raw_file)` yields in
+    process, and what `mlflow models serve` parses a `text/csv` body with (it hands the signature's types
+    to read_csv, which cannot read a column as AnyType). Not narrower: MLflow refuses int64 into an int32
+    column and float64 into a float32 one. Not all `double`: MLflow refuses int64 into a double column,
+    which is what read_csv makes of a whole-number column. A decimal in a whole-number column is refused
+    in process (naming the column) and in a CSV body (naming its position); MLflow's JSON parsers cast it
+    to an integer. Columns are checked by name, so a missing feature is refused by MLflow."""
     from mlflow.models import infer_signature
     from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import AnyType, ColSpec, Schema
+    from mlflow.types.schema import ColSpec, Schema
 
     if isinstance(output, list | tuple):
         output = np.asarray(output)
-    signature = infer_signature(input_example, output)
+    with warnings.catch_warnings():
+        # MLflow's hint that an integer column cannot hold a missing value: an integer column here is the
+        # task's word that its data has whole numbers there (the tabular task refuses empty values).
+        warnings.filterwarnings("ignore", "Hint: Inferred schema contains integer column", UserWarning)
+        signature = infer_signature(input_example, output)
     inputs = signature.inputs
     if inputs is not None and not inputs.is_tensor_spec():
-        widened = [
-            ColSpec(AnyType(), spec.name, spec.required)
-            if str(getattr(spec.type, "name", spec.type)) in _NUMERIC_COLUMNS
+        typed = [
+            ColSpec(_CSV_WIDTH[spec.type], spec.name, spec.required)
+            if isinstance(spec.type, DataType) and spec.type in _CSV_WIDTH
             else spec
             for spec in inputs.inputs
         ]
-        signature = ModelSignature(Schema(widened), signature.outputs, signature.params)
+        signature = ModelSignature(Schema(typed), signature.outputs, signature.params)
     return signature
 
 

@@ -25,16 +25,21 @@ log = logging.getLogger(__name__)
 # A feature (near-)constant in the training split (digits' corner pixels are always 0) gets std 1: dividing
 # by a tiny std would blow up any value it takes elsewhere, while 1 leaves it merely centred.
 CONSTANT_STD_BELOW = 1e-6
+# float64 holds every integer up to 2**53 exactly; past it a value's "wholeness" says nothing of the data.
+EXACT_INTEGERS_UP_TO = 2.0**53
 
 
 @dataclass(frozen=True)
 class SplitData:
-    """One split: `features` float32 [N, F] in the schema's column order, `labels` int64 [N], row keys."""
+    """One split: `features` float32 [N, F] in the schema's column order, `labels` int64 [N], row keys,
+    and `whole` [F]: whether each feature holds only whole numbers here (read from the float64 values,
+    before float32 could round a large fractional value to a whole one)."""
 
     name: str
     features: torch.Tensor
     labels: torch.Tensor
     keys: list[str]
+    whole: tuple[bool, ...]
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -68,6 +73,17 @@ class PreparedData:
         std = torch.tensor(self.manifest.normalization.std, dtype=torch.float32)
         return mean, torch.where(std < CONSTANT_STD_BELOW, torch.ones_like(std), std)
 
+    @property
+    def whole_number_features(self) -> list[str]:
+        """The feature columns holding only whole numbers in every split: the columns a raw file of this
+        data has as integers (`pandas.read_csv` reads them as int64), whatever a few rows would suggest."""
+        columns = self.schema.feature_columns or ()
+        return [
+            name
+            for position, name in enumerate(columns)
+            if all(split.whole[position] for split in self.splits.values())
+        ]
+
 
 def load_prepared(data_dir: Path) -> PreparedData:
     """Read the manifest in `data_dir` and every split, checking each file's sha256 against the manifest.
@@ -89,11 +105,14 @@ def load_prepared(data_dir: Path) -> PreparedData:
 def _load_split(data_dir: Path, manifest: Manifest, name: str) -> SplitData:
     table = read_split_table(data_dir, manifest, name)
     schema = manifest.schema
-    features = feature_matrix(table, schema).astype(np.float32)
+    values = feature_matrix(table, schema)
+    whole = (values == np.round(values)) & (np.abs(values) <= EXACT_INTEGERS_UP_TO)
+    features = values.astype(np.float32)
     labels = table.column(schema.label_column).to_numpy().astype(np.int64)
     return SplitData(
         name=name,
         features=torch.from_numpy(np.ascontiguousarray(features)),
         labels=torch.from_numpy(np.ascontiguousarray(labels)),
         keys=table.column(schema.key_field).to_pylist(),
+        whole=tuple(bool(flag) for flag in whole.all(axis=0)),
     )

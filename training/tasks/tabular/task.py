@@ -129,6 +129,8 @@ class TabularTask:
             "feature_mean": mean.tolist(),
             "feature_std": std.tolist(),
             "classes": list(schema.classes) if schema.classes else None,
+            # How the model is served: these columns as integers, the others as decimals (input_example).
+            "whole_number_features": data.whole_number_features,
         }
         return TaskData(data_version=data.data_version, splits=splits, info=info)
 
@@ -188,9 +190,11 @@ class TabularTask:
 
         columns = list(data.info["feature_columns"])
         test = data.split("test")
-        rows = test.inputs[:EXAMPLE_ROWS].double().numpy()
-        # float64 columns: MLflow's signature then takes a raw CSV's integer columns as safe upcasts.
-        return pd.DataFrame(rows, columns=columns)
+        example = pd.DataFrame(test.inputs[:EXAMPLE_ROWS].double().numpy(), columns=columns)
+        # Each column has the type the whole data version gives it, as `pandas.read_csv` reads a raw file
+        # of it: int64 where every value is a whole number, float64 otherwise. MLflow infers the serving
+        # signature from these types (a few rows alone could make a decimal column look whole).
+        return example.astype(dict.fromkeys(data.info["whole_number_features"], "int64"))
 
     def predict(self, model: nn.Module, info: Mapping[str, Any], inputs: Any) -> Any:
         features = feature_array(inputs, list(info["feature_columns"]))
