@@ -36,6 +36,7 @@ resource applicationInsights 'Microsoft.Insights/components@2020-02-02' existing
 }
 
 resource plan 'Microsoft.Web/serverfarms@2025-05-01' = {
+  // checkov:skip=CKV_AZURE_225: zone redundancy of a Flex Consumption plan is offered in some regions only, and refused elsewhere; a front door whose events Event Grid retries for 24 h rides out a zone outage
   name: planName
   location: location
   tags: tags
@@ -52,6 +53,10 @@ resource plan 'Microsoft.Web/serverfarms@2025-05-01' = {
 resource site 'Microsoft.Web/sites@2025-05-01' = {
   // checkov:skip=CKV_AZURE_56: the HTTP functions are protected by function keys (authLevel FUNCTION); Event Grid reaches its functions through the platform's own endpoint, which App Service Authentication would block
   // checkov:skip=CKV_AZURE_159: Event Grid and Azure ML call the app over its public endpoint; Flex Consumption without a virtual network has no private one
+  // checkov:skip=CKV_AZURE_222: Event Grid delivers to the functions over the public endpoint (there is no virtual network to reach a private one); HTTP needs a function key
+  // checkov:skip=CKV_AZURE_17: Event Grid presents no client certificate; HTTP callers authenticate with a function key (authLevel FUNCTION)
+  // checkov:skip=CKV_AZURE_212: Flex Consumption scales from zero by design; Event Grid retries a delivery that meets a cold or failed instance, so no instance is kept warm (alwaysReady costs money all day)
+  // checkov:skip=CKV_AZURE_213: Flex Consumption has no App Service health check; Application Insights records every invocation's failures
   name: name
   location: location
   tags: union(tags, { 'azd-service-name': 'front-door' })

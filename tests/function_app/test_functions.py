@@ -81,9 +81,21 @@ def test_the_root_entry_is_the_file_the_settings_name():
 def _candidates() -> set[str]:
     """The checkout's files, as paths relative to the root; the bulky folders .funcignore must leave out
     (the venv, node_modules, local state, caches) each stand in as one file, and .git not at all."""
-    skipped = {".git", ".venv", "node_modules", ".retrain", ".pytest_cache", ".ruff_cache", "__pycache__"}
+    skipped = {
+        ".git",
+        ".venv",
+        ".venv-checkov",
+        ".azure-functions-oldest",
+        "node_modules",
+        ".retrain",
+        ".pytest_cache",
+        ".ruff_cache",
+        "__pycache__",
+    }
     found = {
         ".venv/pyvenv.cfg",
+        ".venv-checkov/pyvenv.cfg",
+        ".azure-functions-oldest/azure/functions/__init__.py",
         "node_modules/azurite/package.json",
         ".retrain/ledger/events/e.json",
         "training/__pycache__/planning.cpython-311.pyc",
@@ -135,6 +147,7 @@ def test_the_deployment_package_keeps_what_the_entry_needs(shipped):
     # (tests/test_architecture.py).
     assert {path for path in shipped if path.startswith("training/")} == set(SHIPPED_TRAINING)
     left_outs = ("tests", "bench", "docs", ".venv", "node_modules", ".retrain", "local.settings.json")
+    left_outs += (".venv-checkov", ".azure-functions-oldest", "infra", "azure.yaml")
     for left_out in (*left_outs, "function_app/local"):
         assert not any(path == left_out or path.startswith(f"{left_out}/") for path in shipped), left_out
 
