@@ -84,14 +84,23 @@ def checkpoints_path(datastore: str, key: str) -> str:
     return f"azureml://datastores/{datastore}/paths/{CHECKPOINTS_ROOT}/{key}/"
 
 
-def compute_reference(name: str) -> str:
+def compute_name(name: str) -> str:
+    """The plain name of a compute given as `name` or `azureml:name`.
+
+    A step's compute goes to azure-ai-ml as the plain name: that is what loading `compute: azureml:x` from
+    YAML yields, and `jobs.create_or_update` looks a node's compute up by exactly that string (a prefixed
+    one is asked for as `computes/azureml:x` and is not found). The job's YAML form still says azureml:x."""
     plain = name.removeprefix(_AZUREML)
     if not _COMPUTE_NAME.match(plain):
         raise SubmissionError(
             f"compute {name!r}: expected a compute name (a letter, then 2-32 letters, digits or '-'), "
             "optionally prefixed with 'azureml:'"
         )
-    return f"{_AZUREML}{plain}"
+    return plain
+
+
+def compute_reference(name: str) -> str:
+    return f"{_AZUREML}{compute_name(name)}"
 
 
 def _check_data_uri(uri: str, allow_latest: bool) -> None:
@@ -273,6 +282,13 @@ def _step_literals(step: StepSpec, build: PipelineBuild, spec: PipelineSpec) -> 
     return literals
 
 
+def _input_path(uri: str) -> str:
+    """A data asset as azure-ai-ml holds it once loaded from YAML: without `azureml:` (its YAML form still
+    shows it). Submitting resolves `name@latest` by looking the name up as given, so a prefixed one is asked
+    for as `data/azureml:name` and is not found."""
+    return uri.removeprefix(_AZUREML) if _PINNED_ASSET.match(uri) or _LATEST_ASSET.match(uri) else uri
+
+
 def _pipeline_inputs(build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]:
     from azure.ai.ml import Input
 
@@ -295,7 +311,7 @@ def _pipeline_inputs(build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]
         inputs[name] = _coerce(name, value, ports.get(name))
     reserved: dict[str, Any] = {
         **reserved_values(build.model_name, build.raw_data_version, {}, build.task, build.task_options),
-        DATA_INPUT: Input(type="uri_folder", path=build.data_uri),
+        DATA_INPUT: Input(type="uri_folder", path=_input_path(build.data_uri)),
     }
     reserved[TRIGGER_INPUT] = build.trigger  # already the argument's text (a schedule sets its own)
     inputs.update({name: value for name, value in reserved.items() if name in spec.inputs})
@@ -370,7 +386,7 @@ def _node(step: StepSpec, build: PipelineBuild, spec: PipelineSpec) -> Any:
             **_step_literals(step, build, spec),
         },
         outputs=_outputs(step, build),
-        compute=compute_reference(compute) if compute else None,
+        compute=compute_name(compute) if compute else None,
     )
     node.display_name = step.name  # how a child job names its step, for the fallback's bookkeeping
     if step.name == TRAIN_STEP:
@@ -401,7 +417,7 @@ def build_pipeline_job(build: PipelineBuild, pipeline_file: Path = PIPELINE_FILE
     settings = dict(document.get("settings") or {})
     default_compute = spec.default_compute
     if default_compute:
-        settings["default_compute"] = compute_reference(default_compute)
+        settings["default_compute"] = compute_name(default_compute)
     job = PipelineJob(
         name=build.job_name,
         display_name=build.display_name or document.get("display_name"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -193,10 +194,15 @@ def _read(entity: Any, *names: str) -> Any:
     return None
 
 
+def _word(value: Any) -> str:
+    """An SDK enum as REST spells it: str(JobStatus.FAILED) is 'JobStatus.FAILED', the REST word 'Failed'."""
+    return str(value.value if isinstance(value, Enum) else value)
+
+
 def job_record(job: Any) -> JobRecord:
     return JobRecord(
         name=str(job.name),
-        status=str(_read(job, "status") or "Unknown"),
+        status=_word(_read(job, "status") or "Unknown"),
         display_name=_read(job, "display_name"),
         compute=_read(job, "compute"),
         tags=_read(job, "tags") or {},

@@ -1,0 +1,283 @@
+"""The Azure ML side through azure-ai-ml's real MLClient and HTTP pipeline, against a loopback far side.
+
+`MLClientWorkspace` is the production one: it builds `MLClient` on the public cloud, which sends real HTTPS
+requests to management.azure.com and the workspace's blob storage; the process's HTTPS proxy is the stand-in
+(tests/components/loopback_arm.py), which answers as Azure ML's REST API documents (loopback_azureml.py) and
+relays blob requests to Azurite. Only the AAD token is faked on this side.
+
+Each path and api-version below was checked against azure-rest-api-specs,
+specification/machinelearningservices/resource-manager/Microsoft.MachineLearningServices (stable/2024-04-01
+for the shapes; preview/<version>/ for the versions azure-ai-ml 1.35.2 actually sends, named per route).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from loopback_arm import ARM_HOST, AzureStandIn, FixedToken
+from loopback_azureml import BlobAccount, WorkspaceFarSide
+
+from components.azureml.publish import publish
+from components.azureml.schedule import build_schedule, create_schedule, scheduled_checkpoints_path
+from components.azureml.submitter import AzureMLSubmitter, AzureSettings
+from components.azureml.workspace import MLClientWorkspace, WorkspaceRef
+from components.builder import PipelineBuild
+from components.local.fingerprint import ignore_rules_of, kept_files
+from components.request import QUEUED, DataRef, RunRequest
+from components.specs import COMPONENTS_DIR, REPO_ROOT
+
+SUB, RG, WS = "6c1b7b0e-3f2a-4d8e-9a51-0f2e4b7c9d13", "rg-retrain", "mlw-retrain"
+WORKSPACE = (
+    f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.MachineLearningServices/workspaces/{WS}"
+)
+LOCATIONS = f"/subscriptions/{SUB}/providers/Microsoft.MachineLearningServices/locations"
+VERSION = "rd-a1b2c3d4e5f60718"
+# The api-versions azure-ai-ml 1.35.2 sends, per operation group (all preview but codes'; each exists in the
+# specs under preview/<version>/ with the same path as stable/2024-04-01):
+JOBS = "2024-01-01-preview"  # Jobs - Get / Create Or Update
+COMPUTE = "2023-08-01-preview"  # Compute - Get; Virtual Machine Sizes - List; Usages - List
+WORKSPACES = "2024-10-01-preview"  # Workspaces - Get
+CODES = "2023-04-01"  # Code Versions - List / Create Or Get Start Pending Upload / Create Or Update (stable)
+ENVIRONMENTS = "2023-04-01-preview"  # Environment Versions - Create Or Update
+COMPONENTS = "2024-01-01-preview"  # Component Versions - Get / Create Or Update
+SCHEDULES = "2023-06-01-preview"  # Schedules - Create Or Update (long-running), then Get
+DATA = "2023-04-01-preview"  # Data Containers - Get; Data Versions - Get
+
+
+@pytest.fixture(scope="module")
+def far_side(azurite, tmp_path_factory):
+    side = WorkspaceFarSide(
+        SUB, RG, WS, BlobAccount(azurite.account, azurite.blob_endpoint, azurite.account_key)
+    )
+    hosts = (ARM_HOST, f"{azurite.account}.blob.core.windows.net")
+    server = AzureStandIn(tmp_path_factory.mktemp("tls"), hosts, side).start()
+    yield side, server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def workspace(far_side):
+    """The production workspace seam, its process pointed at the stand-in as its HTTPS proxy."""
+    _, server = far_side
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTPS_PROXY", server.proxy_url)
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(server.ca_file))
+        yield MLClientWorkspace(WorkspaceRef(SUB, RG, WS), credential=FixedToken())
+
+
+def _release(root):
+    """The components and the code they upload (`code: ..`), in a folder of their own.
+
+    azure-ai-ml hashes a code folder by walking all of it before applying .amlignore; the checkout's root
+    holds .venv and node_modules (150k files, ~30 s a walk), so the test publishes the same YAMLs and kept
+    files from a copy."""
+    shutil.copytree(COMPONENTS_DIR, root / "components", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    for relative in kept_files(REPO_ROOT, ignore_rules_of(REPO_ROOT)):
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO_ROOT / relative, root / relative)
+    shutil.copyfile(REPO_ROOT / ".amlignore", root / ".amlignore")
+    return root / "components"
+
+
+@pytest.fixture(scope="module")
+def published(workspace, far_side, tmp_path_factory):
+    """`retrain publish` once: what it returned and the requests it sent."""
+    _, server = far_side
+    server.take()
+    components = _release(tmp_path_factory.mktemp("release"))
+    records = publish(
+        workspace, components_dir=components, environment_file=components / "environment" / "environment.yml"
+    )
+    return records, server.take()
+
+
+def arm(sent):
+    return [request for request in sent if request.host == ARM_HOST]
+
+
+def test_publish_registers_the_environment_then_each_component_on_one_uploaded_snapshot(published, azurite):
+    records, sent = published
+    lines = [request.line for request in arm(sent)]
+
+    assert (
+        lines[0]
+        == f"PUT {ARM_HOST}{WORKSPACE}/environments/retrain-training/versions/3?api-version={ENVIRONMENTS}"
+    )
+    components = [line for line in lines if "/components/" in line]
+    assert components == [
+        f"PUT {ARM_HOST}{WORKSPACE}/components/{name}/versions/{version}?api-version={COMPONENTS}"
+        for name, version in (
+            ("retrain_drift", 2), ("retrain_evaluate", 3), ("retrain_prep", 3), ("retrain_register", 4),
+            ("retrain_train", 4),
+        )
+    ]  # fmt: skip
+    environment = arm(sent)[0].body["properties"]
+    assert environment["image"] == "mcr.microsoft.com/azureml/curated/acpt-pytorch-2.2-cuda12.1:35"
+    assert "torch==2.13.0" in environment["condaFile"]
+
+    # The code snapshot: looked up by content hash, uploaded once through a pending upload, registered.
+    uploads = [request for request in arm(sent) if request.path.endswith("/startPendingUpload")]
+    assert len(uploads) == 1
+    assert uploads[0].method == "POST" and uploads[0].api_version == CODES
+    assert uploads[0].body == {"pendingUploadType": "TemporaryBlobReference"}
+    lookups = [
+        request for request in arm(sent) if request.method == "GET" and request.path.endswith("/versions")
+    ]
+    assert lookups and all(request.query.get("hash") and request.api_version == CODES for request in lookups)
+    code_puts = [request for request in arm(sent) if request.method == "PUT" and "/codes/" in request.path]
+    assert len(code_puts) == 1 and code_puts[0].api_version == CODES
+    code = code_puts[0]
+    assert code.body["properties"]["properties"]["hash_sha256"] == lookups[0].query["hash"]
+    blob_puts = [request for request in sent if request.host != ARM_HOST and request.method == "PUT"]
+    container = code.body["properties"]["codeUri"].split("/")[3]
+    uploaded = {
+        blob.name.split("/", 1)[1]
+        for blob in azurite.service_client().get_container_client(container).list_blobs()
+    }
+    assert uploaded == {path.as_posix() for path in kept_files(REPO_ROOT, ignore_rules_of(REPO_ROOT))}
+    assert len(blob_puts) >= len(uploaded)
+
+    code_id = f"azureml:{code.path}"
+    for request in arm(sent):
+        if "/components/" in request.path:
+            spec = request.body["properties"]["componentSpec"]
+            assert spec["code"] == code_id
+            assert spec["environment"] == f"azureml:{WORKSPACE}/environments/retrain-training/versions/3"
+            assert spec["name"] == request.path.split("/")[-3]
+            assert spec["version"] == request.path.split("/")[-1]
+    assert [(record.kind, record.name, record.version) for record in records][:2] == [
+        ("environment", "retrain-training", "3"),
+        ("component", "retrain_drift", "2"),
+    ]
+
+
+def test_a_submission_sends_the_pinned_pipeline_job_on_the_published_components(
+    published, workspace, far_side
+):
+    _, server = far_side
+    server.take()
+    request = RunRequest(
+        model_name="digits",
+        data=DataRef(VERSION, f"azureml:digits-raw:{VERSION}"),
+        trigger={"source": "blob", "etag": "0x8DC"},
+        instance_count=2,
+    )
+
+    submission = AzureMLSubmitter(workspace, AzureSettings(registered_components=True)).submit(request)
+
+    sent = server.take()
+    job_path = f"{WORKSPACE}/jobs/{request.job_name(0)}"
+    lines = [item.line for item in sent]
+    assert lines[:4] == [
+        f"GET {ARM_HOST}{job_path}?api-version={JOBS}",  # 404: no attempt yet
+        f"GET {ARM_HOST}{WORKSPACE}/computes/gpu-spot?api-version={COMPUTE}",
+        f"GET {ARM_HOST}{LOCATIONS}/westeurope/vmSizes?api-version={COMPUTE}",
+        f"GET {ARM_HOST}{LOCATIONS}/westeurope/usages?api-version={COMPUTE}",
+    ]
+    assert lines[-1] == f"PUT {ARM_HOST}{job_path}?api-version={JOBS}"
+    # Each step's compute is looked up by its plain name (never `azureml:<name>`), then sent as an ARM id.
+    looked_up = {item.path.rsplit("/", 1)[-1] for item in sent[4:-1] if "/computes/" in item.path}
+    assert looked_up == {"cpu-cluster", "gpu-spot"}
+
+    job = sent[-1].body["properties"]
+    assert job["jobType"] == "Pipeline"
+    assert job["experimentName"] == "retrain"
+    assert job["tags"]["retrain.run_key"] == f"digits-{VERSION}"
+    assert job["tags"]["trigger.etag"] == "0x8DC"
+    assert job["inputs"]["raw_data"]["uri"] == f"{WORKSPACE}/data/digits-raw/versions/{VERSION}"
+    assert job["inputs"]["raw_data_version"]["value"] == VERSION
+    steps = job["jobs"]
+    assert list(steps) == ["prep", "train", "evaluate", "register"]
+    for name, version in (("prep", 3), ("train", 4), ("evaluate", 3), ("register", 4)):
+        assert steps[name]["componentId"] == f"{WORKSPACE}/components/retrain_{name}/versions/{version}"
+    assert steps["train"]["computeId"] == f"{WORKSPACE}/computes/gpu-spot"
+    assert steps["prep"]["computeId"] == f"{WORKSPACE}/computes/cpu-cluster"
+    assert steps["train"]["resources"] == {"instance_count": 2}
+    assert steps["train"]["distribution"]["distribution_type"] == "PyTorch"
+    checkpoints = steps["train"]["outputs"]["checkpoints"]
+    assert checkpoints["mode"] == "ReadWriteMount"
+    assert checkpoints["uri"].startswith(
+        f"azureml://datastores/workspaceblobstore/paths/retrain/checkpoints/digits-{VERSION}-"
+    )
+    assert job["settings"]["default_compute"] == f"{WORKSPACE}/computes/cpu-cluster"
+
+    assert (submission.job_name, submission.status) == (request.job_name(0), QUEUED)
+    assert submission.details["azure_status"] == "NotStarted"
+    assert submission.details["studio_url"].startswith(
+        f"https://ml.azure.com/runs/{request.job_name(0)}?wsid="
+    )
+
+
+def test_a_second_submission_finds_the_job_and_sends_nothing_else(published, workspace, far_side):
+    _, server = far_side
+    other = "rd-0f0e0d0c0b0a0908"
+    request = RunRequest(model_name="digits", data=DataRef(other, f"azureml:digits-raw:{other}"))
+    server.take()
+
+    AzureMLSubmitter(workspace, AzureSettings(registered_components=True)).submit(request)
+    submission = AzureMLSubmitter(workspace, AzureSettings(registered_components=True)).submit(request)
+
+    assert submission.details["duplicate"] is True
+    lines = [item.line for item in server.take()]
+    assert [line for line in lines if line.startswith("PUT")] == [
+        f"PUT {ARM_HOST}{WORKSPACE}/jobs/{request.job_name(0)}?api-version={JOBS}"
+    ]
+    assert lines[-2:] == [  # the second finds attempt 0 and no attempt 1
+        f"GET {ARM_HOST}{WORKSPACE}/jobs/{request.job_name(attempt)}?api-version={JOBS}" for attempt in (0, 1)
+    ]
+
+
+def test_a_schedule_is_created_as_a_long_running_operation_with_its_cron_and_job(
+    published, workspace, far_side
+):
+    side, server = far_side
+    build = PipelineBuild(
+        model_name="digits",
+        data_uri="azureml:digits-raw@latest",
+        checkpoints_path=scheduled_checkpoints_path("workspaceblobstore", "digits"),
+        tags={"trigger.source": "schedule"},
+        trigger="source=schedule",
+        allow_latest_data=True,
+        registered_components=True,
+    )
+    side.add_version("data", "digits-raw", VERSION, {
+        "dataType": "uri_folder", "dataUri": f"azureml://datastores/workspaceblobstore/paths/retrain/raw/{VERSION}/",
+    })  # fmt: skip
+    server.take()
+
+    record = create_schedule(
+        workspace, build_schedule("retrain-digits", "0 3 * * 1-5", "W. Europe Standard Time", build)
+    )
+
+    sent = server.take()
+    schedule = f"{WORKSPACE}/schedules/retrain-digits"
+    lines = [item.line for item in sent]
+    assert lines[:2] == [  # `digits-raw@latest` resolved to the asset's latest version
+        f"GET {ARM_HOST}{WORKSPACE}/data/digits-raw?api-version={DATA}",
+        f"GET {ARM_HOST}{WORKSPACE}/data/digits-raw/versions/{VERSION}?api-version={DATA}",
+    ]
+    assert lines[2] == f"PUT {ARM_HOST}{schedule}?api-version={SCHEDULES}"
+    # 201 + Azure-AsyncOperation: polled until Succeeded, then the final state read from the original URI.
+    assert "/mfeOperationsStatus/" in lines[3] and lines[3].startswith(
+        f"GET {ARM_HOST}{LOCATIONS}/westeurope/"
+    )
+    assert lines[4:] == [f"GET {ARM_HOST}{schedule}?api-version={SCHEDULES}"]
+    body = sent[2].body["properties"]
+    assert body["trigger"] == {
+        "triggerType": "Cron", "expression": "0 3 * * 1-5", "timeZone": "W. Europe Standard Time",
+    }  # fmt: skip
+    assert body["tags"] == {"retrain.model_name": "digits", "retrain.schedule": "0 3 * * 1-5"}
+    action = body["action"]
+    assert action["actionType"] == "CreateJob"
+    job = action["jobDefinition"]
+    assert job["jobType"] == "Pipeline" and "name" not in job
+    assert job["inputs"]["raw_data"]["uri"] == f"{WORKSPACE}/data/digits-raw/versions/{VERSION}"
+    assert job["jobs"]["train"]["outputs"]["checkpoints"]["uri"] == (
+        "azureml://datastores/workspaceblobstore/paths/retrain/checkpoints/digits-scheduled/${{name}}/"
+    )
+    assert job["jobs"]["train"]["componentId"] == f"{WORKSPACE}/components/retrain_train/versions/4"
+    assert (record.kind, record.name) == ("schedule", "retrain-digits")
+    assert side.get(schedule)["properties"]["provisioningState"] == "Succeeded"
