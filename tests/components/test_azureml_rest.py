@@ -37,7 +37,7 @@ VERSION = "rd-a1b2c3d4e5f60718"
 # specs under preview/<version>/ with the same path as stable/2024-04-01):
 JOBS = "2024-01-01-preview"  # Jobs - Get / Create Or Update
 COMPUTE = "2023-08-01-preview"  # Compute - Get; Virtual Machine Sizes - List; Usages - List
-WORKSPACES = "2024-10-01-preview"  # Workspaces - Get
+WORKSPACES = "2024-10-01-preview"  # Workspaces - Get; Datastores - Get
 CODES = "2023-04-01"  # Code Versions - List / Create Or Get Start Pending Upload / Create Or Update (stable)
 ENVIRONMENTS = "2023-04-01-preview"  # Environment Versions - Create Or Update
 COMPONENTS = "2024-01-01-preview"  # Component Versions - Get / Create Or Update
@@ -171,15 +171,17 @@ def test_a_submission_sends_the_pinned_pipeline_job_on_the_published_components(
     sent = server.take()
     job_path = f"{WORKSPACE}/jobs/{request.job_name(0)}"
     lines = [item.line for item in sent]
-    assert lines[:4] == [
+    assert lines[:5] == [
         f"GET {ARM_HOST}{job_path}?api-version={JOBS}",  # 404: no attempt yet
+        # The pipeline's datastore: its container holds the registry lock the register step takes.
+        f"GET {ARM_HOST}{WORKSPACE}/datastores/workspaceblobstore?api-version={WORKSPACES}",
         f"GET {ARM_HOST}{WORKSPACE}/computes/gpu-spot?api-version={COMPUTE}",
         f"GET {ARM_HOST}{LOCATIONS}/westeurope/vmSizes?api-version={COMPUTE}",
         f"GET {ARM_HOST}{LOCATIONS}/westeurope/usages?api-version={COMPUTE}",
     ]
     assert lines[-1] == f"PUT {ARM_HOST}{job_path}?api-version={JOBS}"
     # Each step's compute is looked up by its plain name (never `azureml:<name>`), then sent as an ARM id.
-    looked_up = {item.path.rsplit("/", 1)[-1] for item in sent[4:-1] if "/computes/" in item.path}
+    looked_up = {item.path.rsplit("/", 1)[-1] for item in sent[5:-1] if "/computes/" in item.path}
     assert looked_up == {"cpu-cluster", "gpu-spot"}
 
     job = sent[-1].body["properties"]
@@ -203,6 +205,11 @@ def test_a_submission_sends_the_pinned_pipeline_job_on_the_published_components(
         f"azureml://datastores/workspaceblobstore/paths/retrain/checkpoints/digits-{VERSION}-"
     )
     assert job["settings"]["default_compute"] == f"{WORKSPACE}/computes/cpu-cluster"
+    # The champion's compare-and-set is locked across nodes by default: a blob in the datastore's container.
+    side, _ = far_side
+    assert steps["register"]["inputs"]["registry_lock"]["value"] == (
+        f"https://{side.storage.account}.blob.core.windows.net/{side.datastore_container}/retrain/locks"
+    )
 
     assert (submission.job_name, submission.status) == (request.job_name(0), QUEUED)
     assert submission.details["azure_status"] == "NotStarted"
