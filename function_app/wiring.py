@@ -87,12 +87,13 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
         from components.dry_run import DryRunSubmitter
 
         # Pins nothing; a request's own folder is listed in the model's landing container, whose client
-        # connects only when a listing is asked for.
+        # connects only when a listing is asked for. The job's checkpoints are in the pipeline's datastore,
+        # its planned snapshot in the data datastore.
         datastore = settings.azureml_datastore
         return DryRunSubmitter(settings.home, datastore=datastore, registered_components=True), ModelPinners(
             {
                 route.name: PlannedSnapshot(
-                    datastore,
+                    settings.data_datastore,
                     None
                     if route.scope is None
                     else functools.partial(landing_container, settings, route.scope),
@@ -111,11 +112,13 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
         submitter = AzureMLSubmitter(
             workspace, AzureSettings(datastore=settings.azureml_datastore, registered_components=True)
         )
-        # Start-up has checked that every model has a landing container (AppSettings).
+        # Start-up has checked that every model has a landing container (AppSettings). Snapshots are copied
+        # beside the landed blobs and registered through the data datastore, which each pin checks is on
+        # that container before copying anything.
         return submitter, _per_model(
             settings,
             lambda scope: RegisteredSnapshot(
-                landing_container(settings, scope), workspace, settings.azureml_datastore, scope.depth
+                landing_container(settings, scope), workspace, settings.data_datastore, scope.depth
             ),
         )
     from components.local import RunnerOptions
