@@ -267,6 +267,11 @@ class RegisteredSnapshot:
         self._datastore = datastore
         self._depth = depth
 
+    @property
+    def datastore(self) -> str:
+        """The datastore its snapshots are registered in."""
+        return self._datastore
+
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         return listed_manifest(self._container, url, suffixes, self._depth)
 

@@ -40,12 +40,13 @@ class ModelPinners:
         self._pinners = dict(pinners)
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
-        return self._pinner(model_name).pin(manifest, model_name)
+        return self.pinner(model_name).pin(manifest, model_name)
 
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
-        return self._pinner(model_name).folder_manifest(url, suffixes, model_name)
+        return self.pinner(model_name).folder_manifest(url, suffixes, model_name)
 
-    def _pinner(self, model_name: str) -> DataPinner:
+    def pinner(self, model_name: str) -> DataPinner:
+        """The pinner of `model_name`; a PinError for a model not served here."""
         pinner = self._pinners.get(model_name)
         if pinner is None:
             served = ", ".join(map(repr, self._pinners))
