@@ -4,10 +4,14 @@ The root CLI calls `register_commands(commands)`; each handler gets `args.state_
 from it. The workspace comes from --subscription/--resource-group/--workspace or the settings
 AZURE_SUBSCRIPTION_ID, AZURE_RESOURCE_GROUP and AZUREML_WORKSPACE; credentials from DefaultAzureCredential.
 `submit` prints the run's estimated cost (components/cost.py, from the RETRAIN_* cost settings) before it
-submits, and the job carries it in its tags. The datastore is --datastore, else the setting
-RETRAIN_AZUREML_DATASTORE, else workspaceblobstore; a submitted job and a created schedule pass the register
-step the registry lock in its container (components/azureml/registry_lock.py). A dry run reads no workspace,
-so its job carries a lock only when the run's parameters name one (--param registry_lock=URL).
+submits, and the job carries it in its tags. The pipeline's datastore is --datastore, else the setting
+RETRAIN_AZUREML_DATASTORE, else workspaceblobstore: it holds the checkpoints, and a submitted job and a
+created schedule pass the register step the registry lock in its container
+(components/azureml/registry_lock.py). A dry run reads no workspace, so its job carries a lock only when the
+run's parameters name one (--param registry_lock=URL). Blob data (`submit --azure --data https://...`) is
+snapshotted inside its own container and registered through the data datastore, which must be on that
+container: --data-datastore, else RETRAIN_AZUREML_DATA_DATASTORE, else the pipeline's datastore
+(components/azureml/data_assets.py checks it before anything is copied).
 """
 
 from __future__ import annotations
@@ -18,14 +22,20 @@ import logging
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
-from components.azureml.data_assets import build_data_asset, data_asset_reference, register_data_asset
+from components.azureml.data_assets import (
+    DATA_DATASTORE_SETTING,
+    build_data_asset,
+    check_data_datastore,
+    data_asset_reference,
+    register_data_asset,
+)
 from components.azureml.fallback import FallbackPolicy
 from components.azureml.publish import publish
 from components.azureml.registry_lock import LOCKS_PREFIX, resolve_registry_lock
@@ -129,7 +139,7 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--datastore",
-        help="blob datastore for snapshots, checkpoints and the registry lock "
+        help="the pipeline's blob datastore, for checkpoints and the registry lock "
         f"(default: ${DATASTORE_SETTING}, else {DEFAULT_DATASTORE})",
     )
     parser.add_argument(
@@ -151,6 +161,11 @@ def _submit_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument("--trigger", action="append", default=[], metavar="K=V", help="what started the run")
     parser.add_argument(
         "--snapshots-prefix", help="where blob data is pinned (default retrain/snapshots/<model>)"
+    )
+    parser.add_argument(
+        "--data-datastore",
+        help="the blob datastore on --data's container, where its snapshot is registered "
+        f"(default: ${DATA_DATASTORE_SETTING}, else the --datastore value)",
     )
     parser.add_argument("--max-preemptions", type=int, default=2, help="spot preemptions before dedicated")
     parser.add_argument("--dedicated-compute", default="gpu-dedicated", help="the train fallback compute")
@@ -192,10 +207,28 @@ def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
     return pairs
 
 
+def _named(flag: str, value: str | None, setting: str, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """A datastore's name from its flag's `value`, else from `setting`, with where it came from; None if
+    neither names one."""
+    where = flag if value else setting
+    value = value or environ.get(setting)
+    return (check_datastore_name(value, where), where) if value else None
+
+
+def _datastore_named(args: argparse.Namespace) -> tuple[str, str]:
+    named = _named("--datastore", args.datastore, DATASTORE_SETTING, args.environ)
+    return named or (DEFAULT_DATASTORE, "the default datastore")
+
+
 def _datastore(args: argparse.Namespace) -> str:
-    if args.datastore:
-        return check_datastore_name(args.datastore, "--datastore")
-    return check_datastore_name(args.environ.get(DATASTORE_SETTING) or DEFAULT_DATASTORE, DATASTORE_SETTING)
+    return _datastore_named(args)[0]
+
+
+def _data_datastore(args: argparse.Namespace) -> tuple[str, str]:
+    """The data datastore's name and where it came from: --data-datastore, its setting, else the pipeline's
+    datastore (one container for data and checkpoints)."""
+    named = _named("--data-datastore", args.data_datastore, DATA_DATASTORE_SETTING, args.environ)
+    return named or _datastore_named(args)
 
 
 def _note_unresolved_lock(datastore: str, parameters: Any) -> None:
@@ -217,21 +250,6 @@ def _workspace(args: argparse.Namespace, connectors: Connectors) -> AzureMLWorks
     return connectors.workspace(_workspace_ref(args))
 
 
-def _check_datastore(workspace: AzureMLWorkspace, name: str, container: ContainerClient) -> None:
-    """A data asset path is datastore-relative: the data must be in the datastore's own container."""
-    datastore = workspace.get_datastore(name)
-    if datastore is None:
-        raise SubmissionError(f"--datastore {name}: not in the workspace; expected a blob datastore's name")
-    if (datastore.account_name, datastore.container_name) != (
-        container.account_name,
-        container.container_name,
-    ):
-        raise SubmissionError(
-            f"--data container {container.account_name}/{container.container_name} is not datastore {name}'s "
-            f"({datastore.account_name}/{datastore.container_name}); use that container or pass --datastore"
-        )
-
-
 def _pinned_data(data: str) -> DataRef | None:
     """--data as a pinned asset version; None for a blob folder URL (checked for form, not read)."""
     pinned = _PINNED_DATA.match(data)
@@ -249,7 +267,7 @@ def _data_ref(
     workspace: AzureMLWorkspace | None,
     settings: RunSettings,
     found: PreflightResult,
-    datastore: str,
+    data_datastore: tuple[str, str],
 ) -> DataRef:
     pinned = _pinned_data(args.data)
     if pinned is not None:
@@ -260,7 +278,8 @@ def _data_ref(
     if workspace is None:  # a dry run reads the data's manifest, and copies nothing
         manifest = manifest_of_blob_prefix(container, prefix, *layout)
         return DataRef(manifest.version, data_asset_reference(name, manifest.version))
-    _check_datastore(workspace, datastore, container)
+    datastore, where = data_datastore
+    check_data_datastore(workspace, datastore, container, where, "--data-datastore")  # before any copy
     snapshots = args.snapshots_prefix or f"retrain/snapshots/{name}"
     manifest, snapshot = snapshot_blob_prefix(container, prefix, snapshots, *layout)
     register_data_asset(workspace, build_data_asset(name, manifest, datastore, snapshot))
@@ -293,6 +312,7 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
     out = out or sys.stdout
     cost = CostSettings.from_environ(args.environ)  # a bad setting stops before any data is pinned
     datastore = _datastore(args)
+    data_datastore = _data_datastore(args)
     _pinned_data(args.data)  # what is cheap to check goes before the preflight's process
     ref = None if args.dry_run else _workspace_ref(args)
     settings, found = _settings(args)
@@ -305,7 +325,7 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
     }
     if args.dry_run:
         request = settings.request(
-            _data_ref(args, connectors, None, settings, found, datastore), **request_fields
+            _data_ref(args, connectors, None, settings, found, data_datastore), **request_fields
         )
         _note_unresolved_lock(datastore, request.parameters)
         submitter: DryRunSubmitter | AzureMLSubmitter = DryRunSubmitter(
@@ -314,7 +334,7 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
     else:
         workspace = connectors.workspace(ref) if ref is not None else _workspace(args, connectors)
         request = settings.request(
-            _data_ref(args, connectors, workspace, settings, found, datastore), **request_fields
+            _data_ref(args, connectors, workspace, settings, found, data_datastore), **request_fields
         )
         azure = AzureSettings(
             datastore=datastore,

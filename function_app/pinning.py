@@ -256,7 +256,10 @@ class LandingFolderCopy:
 
 
 class RegisteredSnapshot:
-    """Azure ML: a server-side snapshot of the pinned blobs, registered as a data asset version."""
+    """Azure ML: a server-side snapshot of the pinned blobs, registered as a data asset version through
+    `datastore` (RETRAIN_AZUREML_DATA_DATASTORE), which must be on the landing container: the snapshot is
+    copied there, and the asset's path is relative to the datastore. Each pin checks that first, so a
+    mismatch copies and registers nothing."""
 
     def __init__(self, container: ContainerClient, workspace: object, datastore: str, depth: int = 1) -> None:
         self._container = container
@@ -264,13 +267,29 @@ class RegisteredSnapshot:
         self._datastore = datastore
         self._depth = depth
 
+    @property
+    def datastore(self) -> str:
+        """The datastore its snapshots are registered in."""
+        return self._datastore
+
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         return listed_manifest(self._container, url, suffixes, self._depth)
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
-        from components.azureml.data_assets import build_data_asset, data_asset_reference, register_data_asset
+        from components.azureml.data_assets import (
+            DATA_DATASTORE_SETTING,
+            build_data_asset,
+            check_data_datastore,
+            data_asset_reference,
+            register_data_asset,
+        )
         from components.blob_snapshot import copy_snapshot
+        from components.errors import SubmissionError
 
+        try:
+            check_data_datastore(self._workspace, self._datastore, self._container, DATA_DATASTORE_SETTING)
+        except SubmissionError as error:
+            raise PinError(str(error)) from None
         prefix = copy_snapshot(self._container, manifest, f"{SNAPSHOTS_ROOT}/{model_name}")
         register_data_asset(self._workspace, build_data_asset(model_name, manifest, self._datastore, prefix))
         return DataRef(manifest.version, data_asset_reference(model_name, manifest.version))

@@ -40,12 +40,13 @@ class ModelPinners:
         self._pinners = dict(pinners)
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
-        return self._pinner(model_name).pin(manifest, model_name)
+        return self.pinner(model_name).pin(manifest, model_name)
 
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
-        return self._pinner(model_name).folder_manifest(url, suffixes, model_name)
+        return self.pinner(model_name).folder_manifest(url, suffixes, model_name)
 
-    def _pinner(self, model_name: str) -> DataPinner:
+    def pinner(self, model_name: str) -> DataPinner:
+        """The pinner of `model_name`; a PinError for a model not served here."""
         pinner = self._pinners.get(model_name)
         if pinner is None:
             served = ", ".join(map(repr, self._pinners))
@@ -87,12 +88,13 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
         from components.dry_run import DryRunSubmitter
 
         # Pins nothing; a request's own folder is listed in the model's landing container, whose client
-        # connects only when a listing is asked for.
+        # connects only when a listing is asked for. The job's checkpoints are in the pipeline's datastore,
+        # its planned snapshot in the data datastore.
         datastore = settings.azureml_datastore
         return DryRunSubmitter(settings.home, datastore=datastore, registered_components=True), ModelPinners(
             {
                 route.name: PlannedSnapshot(
-                    datastore,
+                    settings.data_datastore,
                     None
                     if route.scope is None
                     else functools.partial(landing_container, settings, route.scope),
@@ -111,11 +113,13 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
         submitter = AzureMLSubmitter(
             workspace, AzureSettings(datastore=settings.azureml_datastore, registered_components=True)
         )
-        # Start-up has checked that every model has a landing container (AppSettings).
+        # Start-up has checked that every model has a landing container (AppSettings). Snapshots are copied
+        # beside the landed blobs and registered through the data datastore, which each pin checks is on
+        # that container before copying anything.
         return submitter, _per_model(
             settings,
             lambda scope: RegisteredSnapshot(
-                landing_container(settings, scope), workspace, settings.azureml_datastore, scope.depth
+                landing_container(settings, scope), workspace, settings.data_datastore, scope.depth
             ),
         )
     from components.local import RunnerOptions

@@ -45,7 +45,15 @@ var containers = {
   deadLetter: 'dead-letter'
   deployment: 'deployment-package'
 }
-var datastoreName = 'retrain'
+// Two identity-based datastores in the workspace: the pipeline's (checkpoints and the registry lock), on the
+// checkpoints container the compute writes; and the data datastore on the landing container, where the Function
+// App copies each pinned snapshot beside the landed blobs and registers it as a data asset (a data asset's path
+// is datastore-relative, so it must be this container's datastore). Kept apart so that the compute never
+// writes landing data and no checkpoint lands in the container Event Grid watches.
+var datastores = {
+  checkpoints: 'retrain_checkpoints'
+  landing: 'retrain_landing'
+}
 var routing = loadJsonContent('event-routing.json')
 var newWorkspace = empty(existingWorkspaceName)
 
@@ -101,7 +109,9 @@ module azureml 'modules/azureml.bicep' = {
     tags: tags
     storageAccountName: storage.outputs.name
     checkpointsContainer: containers.checkpoints
-    datastoreName: datastoreName
+    landingContainer: containers.landing
+    checkpointsDatastoreName: datastores.checkpoints
+    landingDatastoreName: datastores.landing
   }
 }
 
@@ -121,6 +131,8 @@ module functionApp 'modules/functionapp.bicep' = {
     workspaceSubscriptionId: subscription().subscriptionId
     workspaceResourceGroup: resourceGroup.name
     workspaceName: workspaceName
+    checkpointsDatastore: azureml.outputs.checkpointsDatastoreName
+    landingDatastore: azureml.outputs.landingDatastoreName
   }
 }
 
@@ -178,7 +190,8 @@ module subscriptions 'modules/subscriptions.bicep' = if (functionsPublished) {
 }
 
 // azd stores these in the environment (.azure/<env>/.env) and hands them to hooks as environment variables;
-// the first three are what `retrain publish` and `retrain submit` read (components/azureml/workspace.py).
+// the first three are what `retrain publish` and `retrain submit` read (components/azureml/workspace.py), and
+// `retrain submit` reads the two RETRAIN_AZUREML_* datastores too (--datastore, --data-datastore).
 output AZURE_SUBSCRIPTION_ID string = subscription().subscriptionId
 output AZURE_RESOURCE_GROUP string = resourceGroup.name
 output AZUREML_WORKSPACE string = workspaceName
@@ -186,5 +199,6 @@ output AZURE_LOCATION string = location
 output RETRAIN_FUNCTION_APP string = functionApp.outputs.name
 output RETRAIN_STORAGE_ACCOUNT string = storage.outputs.name
 output RETRAIN_LANDING_URL string = '${storage.outputs.blobEndpoint}${containers.landing}'
-output RETRAIN_AZUREML_DATASTORE string = datastoreName
+output RETRAIN_AZUREML_DATASTORE string = datastores.checkpoints
+output RETRAIN_AZUREML_DATA_DATASTORE string = datastores.landing
 output RETRAIN_DRIFT_TOPIC_ENDPOINT string = eventGrid.outputs.driftTopicEndpoint

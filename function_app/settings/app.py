@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from components.azureml.data_assets import DATA_DATASTORE_SETTING
 from components.builder import DATASTORE_SETTING, DEFAULT_DATASTORE, check_datastore_name
 from components.cost import CostSettings, CostSettingsError
 from components.errors import SubmissionError
@@ -114,8 +115,13 @@ class AppSettings:
     # `model_name` is the first served model's and `blob` None: each model's scope is its route's.
     # (`dataclasses.replace` of `model_name` or `blob` needs `models=()` too, to build the one model again.)
     models: tuple[ModelRoute, ...] = ()
-    # The Azure ML datastore (a blob datastore) of the pipeline's snapshots, checkpoints and registry lock.
+    # The Azure ML datastore (a blob datastore) of the pipeline's checkpoints and registry lock.
     azureml_datastore: str = DEFAULT_DATASTORE
+    # The blob datastore on the landing container, where pinned snapshots are registered as data assets
+    # (components/azureml/data_assets.py); None: `azureml_datastore` (one container for everything). Read it
+    # as `data_datastore`. (`dataclasses.replace` of `azureml_datastore` keeps the data datastore resolved
+    # at construction: pass both.)
+    azureml_data_datastore: str | None = None
 
     def __post_init__(self) -> None:
         if self.submitter not in SUBMITTERS:
@@ -132,8 +138,11 @@ class AppSettings:
                 f"{HOME}: a folder path cannot contain NUL; expected a folder such as .retrain"
             )
         self._check_numbers()
+        if self.azureml_data_datastore is None:
+            object.__setattr__(self, "azureml_data_datastore", self.azureml_datastore)
         try:
             check_datastore_name(self.azureml_datastore, DATASTORE_SETTING)
+            check_datastore_name(self.data_datastore, DATA_DATASTORE_SETTING)
         except SubmissionError as error:
             raise SettingsError(str(error)) from None
         if not isinstance(self.cost, CostSettings):
@@ -226,6 +235,12 @@ class AppSettings:
         """The ledger, never None: `<home>/ledger` unless RETRAIN_LEDGER says otherwise."""
         return self.ledger if self.ledger is not None else LedgerLocation(folder=self.home / "ledger")
 
+    @property
+    def data_datastore(self) -> str:
+        """The datastore pinned snapshots are registered in, never None: the pipeline's unless
+        RETRAIN_AZUREML_DATA_DATASTORE says otherwise."""
+        return self.azureml_data_datastore or self.azureml_datastore
+
     def model(self, name: str) -> ModelRoute | None:
         """The served model called `name`, or None."""
         return next((route for route in self.models if route.name == name), None)
@@ -257,6 +272,7 @@ class AppSettings:
             f"connection_string={'set' if self.storage_connection_string else 'unset'} "
             f"train={self.nodes}x{self.processes_per_node} parameters={dict(self.pipeline_parameters)} "
             f"landing_folder={self.landing_folder or 'none'} datastore={self.azureml_datastore} "
+            f"data_datastore={self.data_datastore} "
             f"cost=({self.cost.describe()})"
         )
 
@@ -287,6 +303,7 @@ class AppSettings:
             nodes=_whole(values, NODES, 1),
             landing_folder=Path(values[LANDING_FOLDER]) if LANDING_FOLDER in values else None,
             azureml_datastore=values.get(DATASTORE_SETTING, DEFAULT_DATASTORE),
+            azureml_data_datastore=values.get(DATA_DATASTORE_SETTING),
         )
 
 

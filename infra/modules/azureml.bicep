@@ -1,6 +1,8 @@
 // What Retrain needs in an Azure ML workspace (new or existing): the compute clusters of
-// components/compute/*.yml and the identity-based datastore on the deployment's checkpoints container, which
-// the pipeline uses for data snapshots, checkpoints and the registry lock (RETRAIN_AZUREML_DATASTORE).
+// components/compute/*.yml and two identity-based datastores: the pipeline's, on the deployment's checkpoints
+// container, for checkpoints and the registry lock (RETRAIN_AZUREML_DATASTORE); and the data datastore, on the
+// landing container, where pinned snapshots are registered as data assets (RETRAIN_AZUREML_DATA_DATASTORE: a
+// snapshot is copied beside the landed blobs, and a data asset's path is relative to its datastore).
 //
 // The clusters are the YAMLs' exactly (tests/infra/ holds them equal: size, tier, min/max, idle time,
 // identity), so that `retrain publish --computes` and this template never disagree. Each cluster has a
@@ -14,7 +16,9 @@ param location string
 param tags object = {}
 param storageAccountName string
 param checkpointsContainer string
-param datastoreName string
+param landingContainer string
+param checkpointsDatastoreName string
+param landingDatastoreName string
 
 // One entry per components/compute/<name>.yml: tier low_priority -> LowPriority, dedicated -> Dedicated.
 var clusters = [
@@ -76,14 +80,14 @@ resource computes 'Microsoft.MachineLearningServices/workspaces/computes@2025-12
   }
 }]
 
-// Identity-based (no stored credentials): each job reaches it as its compute's identity, which roles.bicep
-// grants Storage Blob Data Contributor on this container.
-resource datastore 'Microsoft.MachineLearningServices/workspaces/datastores@2025-12-01' = {
+// Identity-based (no stored credentials): each job reaches them as its compute's identity, which roles.bicep
+// grants Storage Blob Data Contributor on checkpoints and Storage Blob Data Reader on landing.
+resource checkpointsDatastore 'Microsoft.MachineLearningServices/workspaces/datastores@2025-12-01' = {
   parent: workspace
-  name: datastoreName
+  name: checkpointsDatastoreName
   properties: {
     datastoreType: 'AzureBlob'
-    description: 'Retrain: data snapshots, checkpoints and the registry lock'
+    description: 'Retrain: checkpoints and the registry lock'
     accountName: storageAccountName
     containerName: checkpointsContainer
     endpoint: environment().suffixes.storage
@@ -95,8 +99,26 @@ resource datastore 'Microsoft.MachineLearningServices/workspaces/datastores@2025
   }
 }
 
+resource landingDatastore 'Microsoft.MachineLearningServices/workspaces/datastores@2025-12-01' = {
+  parent: workspace
+  name: landingDatastoreName
+  properties: {
+    datastoreType: 'AzureBlob'
+    description: 'Retrain: the landed data and its pinned snapshots (the data assets <model>-raw)'
+    accountName: storageAccountName
+    containerName: landingContainer
+    endpoint: environment().suffixes.storage
+    protocol: 'https'
+    credentials: {
+      credentialsType: 'None'
+    }
+    serviceDataAccessAuthIdentity: 'None'
+  }
+}
+
 output workspaceId string = workspace.id
-output datastoreName string = datastore.name
+output checkpointsDatastoreName string = checkpointsDatastore.name
+output landingDatastoreName string = landingDatastore.name
 output computeNames array = [for (cluster, i) in clusters: computes[i].name]
 output computePrincipalIds array = [for (cluster, i) in clusters: computes[i].identity.principalId]
 // The drift check (components/drift.yml) runs on the pipeline's default compute, the CPU cluster.

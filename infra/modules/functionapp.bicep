@@ -1,6 +1,6 @@
 // The front door: a Python 3.11 Function App on the Flex Consumption plan (FC1) with a system-assigned
 // identity, which it uses for everything: the host's storage, its deployment package, Application Insights,
-// the landing/ledger/checkpoint containers and the Azure ML workspace.
+// the landing and ledger containers and the Azure ML workspace.
 //
 // The app settings below are the front door's own (function_app/settings/: RETRAIN_* and the three workspace
 // settings of components/azureml/workspace.py) plus the host's. The names are checked against the code,
@@ -9,8 +9,10 @@
 // removing any one of them either stops start-up or changes what the front door does. A setting the code does
 // not read, or one it requires and the template forgets, fails `make test`; the configuration reference in
 // the README is held equal to the same code by tests/function_app/test_settings_docs.py.
-// The datastore (RETRAIN_AZUREML_DATASTORE) is an output for the command line; the front door submits with
-// it once its code reads that setting, and the check then admits it here.
+// The two datastores come from the module that creates them (azureml.bicep): the pipeline's
+// (RETRAIN_AZUREML_DATASTORE, checkpoints and the registry lock), and the data datastore on the landing
+// container (RETRAIN_AZUREML_DATA_DATASTORE), where each pinned snapshot is registered; the app checks at every
+// pin that the latter is on the landing container.
 // Flex Consumption refuses FUNCTIONS_WORKER_RUNTIME and FUNCTIONS_EXTENSION_VERSION (functionAppConfig.runtime
 // says both), so neither is set here.
 
@@ -26,6 +28,8 @@ param servedModels string
 param workspaceSubscriptionId string
 param workspaceResourceGroup string
 param workspaceName string
+param checkpointsDatastore string
+param landingDatastore string
 @description('Most instances the app scales out to.')
 param maximumInstanceCount int = 40
 @description('Memory of each instance, MB (2048 or 4096).')
@@ -142,6 +146,14 @@ resource site 'Microsoft.Web/sites@2025-05-01' = {
         {
           name: 'AZUREML_WORKSPACE'
           value: workspaceName
+        }
+        {
+          name: 'RETRAIN_AZUREML_DATASTORE'
+          value: checkpointsDatastore
+        }
+        {
+          name: 'RETRAIN_AZUREML_DATA_DATASTORE'
+          value: landingDatastore
         }
       ]
     }

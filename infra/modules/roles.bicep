@@ -1,11 +1,13 @@
 // Least-privilege role assignments, each on the narrowest scope its holder uses. The role definition ids are
 // infra/roles.json's (one map, role name -> built-in GUID; tests/infra/ checks each GUID is the role it names).
 //
-//   Function App       Storage Blob Data Contributor on landing (reads batches, snapshots them), ledger,
-//                      checkpoints (the datastore: data snapshots), the deployment package and the host's
-//                      two containers; AzureML Data Scientist on the workspace (data assets, pipeline jobs);
+//   Function App       Storage Blob Data Contributor on landing (reads batches, snapshots them beside the
+//                      data: the data datastore), ledger, the deployment package and the host's two
+//                      containers; AzureML Data Scientist on the workspace (data assets, pipeline jobs);
 //                      Monitoring Metrics Publisher on Application Insights (telemetry with its identity)
-//   each compute       Storage Blob Data Contributor on checkpoints (checkpoints, snapshots, registry lock)
+//   each compute       Storage Blob Data Contributor on checkpoints (the pipeline's datastore: checkpoints,
+//                      the registry lock); Storage Blob Data Reader on landing (the data datastore: the jobs
+//                      read the pinned snapshots, and never write landing data)
 //   drift compute      EventGrid Data Sender on the drift topic (when deployed)
 //   storage topic      Storage Blob Data Contributor on dead-letter (identity-based dead-lettering)
 //   workspace topic    Storage Blob Data Contributor on dead-letter
@@ -27,6 +29,7 @@ param principalId string = ''
 
 var roles = loadJsonContent('../roles.json')
 var blobContributor = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Storage Blob Data Contributor'])
+var blobReader = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Storage Blob Data Reader'])
 var dataScientist = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['AzureML Data Scientist'])
 var dataSender = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['EventGrid Data Sender'])
 var metricsPublisher = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Monitoring Metrics Publisher'])
@@ -34,7 +37,6 @@ var metricsPublisher = subscriptionResourceId('Microsoft.Authorization/roleDefin
 var functionAppContainers = [
   containers.landing
   containers.ledger
-  containers.checkpoints
   containers.deployment
   'azure-webjobs-hosts'
   'azure-webjobs-secrets'
@@ -58,6 +60,11 @@ resource functionAppContainerScopes 'Microsoft.Storage/storageAccounts/blobServi
 resource checkpoints 'Microsoft.Storage/storageAccounts/blobServices/containers@2026-09-01' existing = {
   parent: blobService
   name: containers.checkpoints
+}
+
+resource landing 'Microsoft.Storage/storageAccounts/blobServices/containers@2026-09-01' existing = {
+  parent: blobService
+  name: containers.landing
 }
 
 resource deadLetter 'Microsoft.Storage/storageAccounts/blobServices/containers@2026-09-01' existing = {
@@ -112,6 +119,16 @@ resource computeCheckpoints 'Microsoft.Authorization/roleAssignments@2022-04-01'
   name: guid(checkpoints.id, computePrincipalId, blobContributor)
   properties: {
     roleDefinitionId: blobContributor
+    principalId: computePrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}]
+
+resource computeLanding 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (computePrincipalId, i) in computePrincipalIds: {
+  scope: landing
+  name: guid(landing.id, computePrincipalId, blobReader)
+  properties: {
+    roleDefinitionId: blobReader
     principalId: computePrincipalId
     principalType: 'ServicePrincipal'
   }

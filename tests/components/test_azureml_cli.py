@@ -129,12 +129,82 @@ def test_data_outside_the_datastores_container_is_refused_before_copying(harness
     harness.workspace.datastores["workspaceblobstore"] = DatastoreRecord(
         "workspaceblobstore", "lakeacct", "raw"
     )
-    with pytest.raises(
-        SubmissionError, match=r"--data container .* is not datastore workspaceblobstore's \(lakeacct/raw\)"
-    ):
+    here = f"{landing.account_name}/{landing.container_name}"
+    with pytest.raises(SubmissionError) as raised:
         harness.run("submit", "--azure", "--data", f"{landing.url}/landing/", "--model-name", "digits")
+    assert str(raised.value) == (
+        f"the default datastore workspaceblobstore is on container lakeacct/raw, not the data's {here}, so a "
+        "snapshot registered through it would point at nothing; expected --data-datastore to name a blob "
+        f"datastore on {here} (create one with `az ml datastore create`)"
+    )
     assert not list(landing.list_blobs(name_starts_with="retrain/"))
+    assert harness.workspace.called("create_data") == []
     assert harness.workspace.called("create_job") == []
+
+
+def _checkpoints_apart(harness: Harness, landing: ContainerClient, azurite) -> dict[str, str]:
+    """The deployment's layout: the pipeline's datastore on a checkpoints container, the landing container
+    behind a datastore of its own (retrain_landing); returns the settings that name both."""
+    harness.workspace.datastores["retrain_checkpoints"] = DatastoreRecord(
+        "retrain_checkpoints", landing.account_name, "checkpoints", blob_endpoint=azurite.blob_endpoint
+    )
+    harness.workspace.datastores["retrain_landing"] = DatastoreRecord(
+        "retrain_landing",
+        landing.account_name.upper(),
+        landing.container_name,
+        blob_endpoint=azurite.blob_endpoint,
+    )  # an account name as typed, in capitals: account names are DNS labels, equal without case
+    return {**SETTINGS, "RETRAIN_AZUREML_DATASTORE": "retrain_checkpoints"}
+
+
+def test_blob_data_is_registered_through_the_data_datastore_and_checkpoints_stay_apart(
+    harness, landing, azurite
+):
+    environ = {
+        **_checkpoints_apart(harness, landing, azurite),
+        "RETRAIN_AZUREML_DATA_DATASTORE": "workspaceblobstore",
+    }
+    harness.run("submit", "--azure", "--data", f"{landing.url}/landing", "--model-name", "digits",
+                "--data-datastore", "retrain_landing", environ=environ)  # fmt: skip
+
+    ((_, version),) = harness.workspace.called("create_data")
+    data, job = harness.workspace.sent
+    snapshot = f"retrain/snapshots/digits/{version}/"
+    assert data.path == f"azureml://datastores/retrain_landing/paths/{snapshot}"  # the flag over the setting
+    assert landing.get_blob_client(f"{snapshot}a.csv").exists()
+    sent = job._to_dict()
+    assert sent["jobs"]["train"]["outputs"]["checkpoints"]["path"].startswith(
+        "azureml://datastores/retrain_checkpoints/"
+    )
+    assert sent["jobs"]["register"]["inputs"]["registry_lock"] == (
+        f"{azurite.blob_endpoint}/checkpoints/retrain/locks"
+    )
+
+
+def test_a_data_datastore_setting_on_another_container_is_named_and_nothing_is_copied(
+    harness, landing, azurite
+):
+    environ = {
+        **_checkpoints_apart(harness, landing, azurite),
+        "RETRAIN_AZUREML_DATA_DATASTORE": "retrain_checkpoints",
+    }
+    with pytest.raises(
+        SubmissionError,
+        match=rf"^RETRAIN_AZUREML_DATA_DATASTORE retrain_checkpoints is on container {landing.account_name}/"
+        rf"checkpoints, not the data's {landing.account_name}/{landing.container_name}, .* expected "
+        "--data-datastore to name",
+    ):
+        harness.run("submit", "--azure", "--data", f"{landing.url}/landing", "--model-name", "digits",
+                    environ=environ)  # fmt: skip
+    assert not list(landing.list_blobs(name_starts_with="retrain/"))
+    assert harness.workspace.called("create_data") == []
+
+
+def test_a_bad_data_datastore_name_is_refused_before_the_workspace_is_read(harness):
+    with pytest.raises(SubmissionError, match=r"^--data-datastore 'raw-data': expected a datastore name"):
+        harness.run("submit", "--azure", "--data", f"azureml:digits-raw:{VERSION}", "--model-name", "digits",
+                    "--data-datastore", "raw-data")  # fmt: skip
+    assert harness.workspace.calls == []
 
 
 @pytest.mark.parametrize(

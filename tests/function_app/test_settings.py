@@ -45,7 +45,10 @@ def test_an_empty_environment_gives_the_embedded_defaults():
     assert (settings.cooldown, settings.max_runs_per_day) == (timedelta(hours=1), 6)
     assert settings.http_max_body_bytes == 65536
     assert settings.storage_connection_string is None
-    assert settings.azureml_datastore == "workspaceblobstore"
+    assert (settings.azureml_datastore, settings.data_datastore) == (
+        "workspaceblobstore",
+        "workspaceblobstore",
+    )
 
 
 def test_every_variable_is_read():
@@ -66,6 +69,7 @@ def test_every_variable_is_read():
             "RETRAIN_LEDGER": "https://retrainstate.blob.core.windows.net/ledger/front-door/",
             "RETRAIN_HTTP_MAX_BODY_BYTES": "1024",
             "RETRAIN_AZUREML_DATASTORE": "retrain_checkpoints",
+            "RETRAIN_AZUREML_DATA_DATASTORE": "retrain_landing",
             "UNRELATED": "ignored",
         }
     )
@@ -97,7 +101,18 @@ def test_every_variable_is_read():
         24,
         1024,
     )
-    assert settings.azureml_datastore == "retrain_checkpoints"
+    assert (settings.azureml_datastore, settings.data_datastore) == ("retrain_checkpoints", "retrain_landing")
+
+
+def test_the_data_datastore_is_the_pipelines_unless_set():
+    """One container for data and checkpoints keeps working with the one setting it always had."""
+    settings = AppSettings.from_environ(
+        {"RETRAIN_AZUREML_DATASTORE": "lake", "RETRAIN_AZUREML_DATA_DATASTORE": " "}
+    )
+
+    assert (settings.azureml_datastore, settings.data_datastore) == ("lake", "lake")
+    assert settings == AppSettings.from_environ({"RETRAIN_AZUREML_DATASTORE": "lake"})
+    assert "datastore=lake data_datastore=lake" in settings.describe()
 
 
 def test_the_cost_settings_are_read_by_components_cost_from_the_same_variables():
@@ -257,6 +272,11 @@ def test_use_development_storage_means_azurites_well_known_account():
         (
             {"RETRAIN_AZUREML_DATASTORE": "retrain-checkpoints"},
             "RETRAIN_AZUREML_DATASTORE",
+            "expected a datastore name (letters, digits, '_'), such as workspaceblobstore",
+        ),
+        (
+            {"RETRAIN_AZUREML_DATA_DATASTORE": "landing/raw"},
+            "RETRAIN_AZUREML_DATA_DATASTORE 'landing/raw'",
             "expected a datastore name (letters, digits, '_'), such as workspaceblobstore",
         ),
         (

@@ -9,10 +9,13 @@ import re
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Where the front door's settings are named: AppSettings.from_environ reads them through these modules.
+# Where the front door's settings are named: AppSettings.from_environ reads them through these modules
+# (the two Azure ML datastores' names are kept beside the code that uses them, as the cost settings' are).
 SETTINGS_SOURCES = (
     *sorted((REPO_ROOT / "function_app" / "settings").glob("*.py")),
     REPO_ROOT / "components" / "cost.py",
+    REPO_ROOT / "components" / "builder.py",
+    REPO_ROOT / "components" / "azureml" / "data_assets.py",
 )
 SETTING_NAME = re.compile(r"[\"'](RETRAIN_[A-Z0-9]+(?:_[A-Z0-9]+)*)[\"']")
 # RETRAIN_MODELS and RETRAIN_MODELS_DIR choose the served models (function_app/settings/models.py).

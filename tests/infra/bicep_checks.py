@@ -40,6 +40,9 @@ DEPLOYMENT_VALUES = {
     "AZURE_RESOURCE_GROUP": "rg-example",
     "AZUREML_WORKSPACE": "mlw-example",
 }
+# The datastores azureml.bicep creates, named in infra/main.bicep's `datastores` (setting -> key there) and
+# handed to the Function App as that module's outputs: their names are checked as the app reads them.
+DATASTORE_SETTINGS = {"RETRAIN_AZUREML_DATASTORE": "checkpoints", "RETRAIN_AZUREML_DATA_DATASTORE": "landing"}
 # Microsoft's built-in roles (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles),
 # copied from that page: the reference each of infra/roles.json's GUIDs is checked against.
 BUILT_IN_ROLES = {
@@ -56,6 +59,7 @@ REQUIRED_ASSIGNMENTS = {
     ("functionAppPrincipalId", "AzureML Data Scientist", "workspace"),
     ("functionAppPrincipalId", "Monitoring Metrics Publisher", "applicationInsights"),
     ("computePrincipalId", "Storage Blob Data Contributor", "checkpoints"),
+    ("computePrincipalId", "Storage Blob Data Reader", "landing"),
     ("topicPrincipalId", "Storage Blob Data Contributor", "deadLetter"),
     ("driftPrincipalId", "EventGrid Data Sender", "driftTopic"),
 }
@@ -273,6 +277,8 @@ def check_app_settings(infra: Path) -> list[str]:
         "function_app/settings/"
         for name in unknown
     ]
+    datastores = parse(infra / "main.bicep")["variables"]["datastores"]["value"]
+    deployment = {**DEPLOYMENT_VALUES, **{name: datastores[key] for name, key in DATASTORE_SETTINGS.items()}}
     environ = {}
     for name, value in front_door.items():
         if isinstance(value, str):
@@ -280,7 +286,7 @@ def check_app_settings(infra: Path) -> list[str]:
         elif value == {"parameter": "servedModels"}:
             environ[name] = routing["servedModels"]
         else:
-            environ[name] = DEPLOYMENT_VALUES.get(name, "deployment-value")
+            environ[name] = deployment.get(name, "deployment-value")
     try:
         loaded, _ = _load(environ)
     except (SettingsError, PipelineError) as error:

@@ -105,6 +105,15 @@ def test_a_setting_that_changes_nothing_fails(planted):
     ]
 
 
+def test_one_datastore_for_data_and_checkpoints_fails(planted):
+    infra = planted("main.bicep", "landing: 'retrain_landing'", "landing: 'retrain_checkpoints'")
+
+    assert check_app_settings(infra) == [
+        "RETRAIN_AZUREML_DATA_DATASTORE is set, but the front door behaves the same without it; expected "
+        "only settings it needs"
+    ]
+
+
 def test_the_computes_are_the_yamls():
     assert check_computes(INFRA) == []
 
