@@ -199,6 +199,7 @@ output AZURE_LOCATION string = location
 output RETRAIN_FUNCTION_APP string = functionApp.outputs.name
 output RETRAIN_STORAGE_ACCOUNT string = storage.outputs.name
 output RETRAIN_LANDING_URL string = '${storage.outputs.blobEndpoint}${containers.landing}'
+output RETRAIN_LEDGER_URL string = '${storage.outputs.blobEndpoint}${containers.ledger}'
 output RETRAIN_AZUREML_DATASTORE string = datastores.checkpoints
 output RETRAIN_AZUREML_DATA_DATASTORE string = datastores.landing
 output RETRAIN_DRIFT_TOPIC_ENDPOINT string = eventGrid.outputs.driftTopicEndpoint

@@ -11,7 +11,9 @@
 //   drift compute      EventGrid Data Sender on the drift topic (when deployed)
 //   storage topic      Storage Blob Data Contributor on dead-letter (identity-based dead-lettering)
 //   workspace topic    Storage Blob Data Contributor on dead-letter
-//   deployer           AzureML Data Scientist on the workspace (`retrain publish` in the postprovision hook)
+//   deployer           AzureML Data Scientist on the workspace (`retrain publish` in the postprovision hook);
+//                      Storage Blob Data Contributor on landing (the README's first upload) and Storage Blob
+//                      Data Reader on ledger (`retrain ledger`: what became of it)
 
 param storageAccountName string
 param containers object
@@ -65,6 +67,11 @@ resource checkpoints 'Microsoft.Storage/storageAccounts/blobServices/containers@
 resource landing 'Microsoft.Storage/storageAccounts/blobServices/containers@2026-09-01' existing = {
   parent: blobService
   name: containers.landing
+}
+
+resource ledger 'Microsoft.Storage/storageAccounts/blobServices/containers@2026-09-01' existing = {
+  parent: blobService
+  name: containers.ledger
 }
 
 resource deadLetter 'Microsoft.Storage/storageAccounts/blobServices/containers@2026-09-01' existing = {
@@ -159,6 +166,26 @@ resource deployerWorkspace 'Microsoft.Authorization/roleAssignments@2022-04-01' 
   name: guid(workspace.id, principalId, dataScientist)
   properties: {
     roleDefinitionId: dataScientist
+    principalId: principalId
+    principalType: 'User'
+  }
+}
+
+resource deployerLanding 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(principalId)) {
+  scope: landing
+  name: guid(landing.id, principalId, blobContributor)
+  properties: {
+    roleDefinitionId: blobContributor
+    principalId: principalId
+    principalType: 'User'
+  }
+}
+
+resource deployerLedger 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(principalId)) {
+  scope: ledger
+  name: guid(ledger.id, principalId, blobReader)
+  properties: {
+    roleDefinitionId: blobReader
     principalId: principalId
     principalType: 'User'
   }

@@ -62,6 +62,9 @@ REQUIRED_ASSIGNMENTS = {
     ("computePrincipalId", "Storage Blob Data Reader", "landing"),
     ("topicPrincipalId", "Storage Blob Data Contributor", "deadLetter"),
     ("driftPrincipalId", "EventGrid Data Sender", "driftTopic"),
+    # The deployer: the README's first upload, and `retrain ledger` to see what became of it.
+    ("principalId", "Storage Blob Data Contributor", "landing"),
+    ("principalId", "Storage Blob Data Reader", "ledger"),
 }
 _TIERS = {"low_priority": "LowPriority", "dedicated": "Dedicated"}
 _IDENTITIES = {"system_assigned": "SystemAssigned", "user_assigned": "UserAssigned"}
