@@ -139,8 +139,9 @@ class PipelineBuild:
     registered_components: bool = False
     allow_latest_data: bool = False
     # The task as the steps see it (a task file by its place in the code snapshot, `user_tasks/...`), its
-    # options as JSON text, the local task file the snapshot must carry, and that staged snapshot
-    # (components/code_snapshot.py), which every component's `code` then points at.
+    # options as JSON text, the local task file the snapshot must carry, and the staged code snapshot
+    # (components/code_snapshot.py; with or without a task file), which every component's `code` then
+    # points at.
     task: str = DEFAULT_TASK
     task_options: str = "{}"
     task_file: Path | None = None
@@ -344,12 +345,14 @@ def _component(step: StepSpec, build: PipelineBuild) -> Any:
         # Another version than the YAML's can only be one published earlier: reference it, never guess it.
         return f"{_AZUREML}{declared.name}:{version}"
     component = load_component(source=declared.path)
-    if build.task_file is not None:
-        if build.code_folder is None:
-            raise SpecError(
-                f"task file {build.task_file}: the job needs a code snapshot that holds it; stage one with "
-                "components.code_snapshot.with_code_snapshot before building"
-            )
+    if build.task_file is not None and build.code_folder is None:
+        raise SpecError(
+            f"task file {build.task_file}: the job needs a code snapshot that holds it; stage one with "
+            "components.code_snapshot.with_code_snapshot before building"
+        )
+    if (
+        build.code_folder is not None
+    ):  # a staged snapshot of the components' code (components/code_snapshot.py)
         component.code = str(build.code_folder)
     return component
 

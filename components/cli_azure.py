@@ -401,7 +401,7 @@ def _schedule(args: argparse.Namespace, connectors: Connectors, out: IO[str] | N
     workspace = _workspace(args, connectors)
     build = replace(build, registry_lock=resolve_registry_lock(workspace, datastore, settings.parameters))
     with tempfile.TemporaryDirectory(prefix="retrain-code-") as scratch:
-        build = with_code_snapshot(build, Path(scratch))
+        build = with_code_snapshot(build, Path(scratch), upload=True)
         schedule = build_schedule(schedule_name, args.cron, args.time_zone, build)
         record = create_schedule(workspace, schedule)
     print(f"scheduled {record.name}: {schedule.trigger.expression!r} ({args.time_zone})", file=out)

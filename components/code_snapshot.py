@@ -1,4 +1,4 @@
-"""The code snapshot of a job whose task is a user's file: the components' code plus that file.
+"""The code snapshot a job or a publish uploads: the components' kept files, plus a user's task file if any.
 
 Azure ML uploads each component's `code` folder, filtered by its `.amlignore`, and runs the step's command in
 it; ours keeps only `training/`. A task file elsewhere (`models/house_task.py`) would not be there, so the
@@ -8,6 +8,11 @@ builder stages a folder holding the same kept files plus the task file under `us
 
 A staged folder is named by the hash of what it holds and written whole or not at all (staged beside it,
 then renamed), so the same code and task file reuse one folder, and a folder of that name is complete.
+
+Every upload goes from a staged folder, task file or not: azure-ai-ml hashes a `code` folder by walking all of
+it before applying `.amlignore`, and the checkout's root holds `.venv` and `node_modules` (~150k files, ~30 s
+a walk, once per component). A staged folder holds exactly the kept files (the same names and bytes, so the
+same content hash and the same uploaded set), and its walk costs nothing.
 """
 
 from __future__ import annotations
@@ -34,18 +39,20 @@ _KEEP_USER_TASKS = (
 )
 
 
-def snapshot_files(code_root: Path, task_file: Path) -> dict[PurePosixPath, Path]:
+def snapshot_files(code_root: Path, task_file: Path | None) -> dict[PurePosixPath, Path]:
     """What the snapshot holds: each relative name and the file it is copied from."""
     files = {relative: code_root / relative for relative in kept_files(code_root, ignore_rules_of(code_root))}
-    files[PurePosixPath(USER_TASKS_FOLDER, task_file.name)] = task_file
+    if task_file is not None:
+        files[PurePosixPath(USER_TASKS_FOLDER, task_file.name)] = task_file
     return files
 
 
-def _ignore_file(code_root: Path) -> tuple[str, str] | None:
-    """The snapshot's ignore file: the code folder's own (same name), with `user_tasks/` kept."""
+def _ignore_file(code_root: Path, keep_user_tasks: bool) -> tuple[str, str] | None:
+    """The snapshot's ignore file: the code folder's own (same name), keeping `user_tasks/` if asked."""
     for name in IGNORE_FILES:
         if (code_root / name).is_file():
-            return name, (code_root / name).read_text() + _KEEP_USER_TASKS
+            text = (code_root / name).read_text()
+            return name, text + _KEEP_USER_TASKS if keep_user_tasks else text
     return None
 
 
@@ -58,13 +65,14 @@ def snapshot_name(files: dict[PurePosixPath, Path], ignore: tuple[str, str] | No
     return digest.hexdigest()[:16]
 
 
-def stage_code_snapshot(task_file: Path, parent: Path, code_root: Path = REPO_ROOT) -> Path:
-    """A folder under `parent` with the code snapshot of `code_root` plus `task_file` in `user_tasks/`."""
-    task_file = Path(task_file)
-    if not task_file.is_file():
-        raise SubmissionError(f"task file {task_file}: no such file; expected the model's task file")
+def stage_code_snapshot(task_file: Path | None, parent: Path, code_root: Path = REPO_ROOT) -> Path:
+    """A folder under `parent` with the code snapshot of `code_root`, plus `task_file` in `user_tasks/`."""
+    if task_file is not None:
+        task_file = Path(task_file)
+        if not task_file.is_file():
+            raise SubmissionError(f"task file {task_file}: no such file; expected the model's task file")
     files = snapshot_files(code_root, task_file)
-    ignore = _ignore_file(code_root)
+    ignore = _ignore_file(code_root, keep_user_tasks=task_file is not None)
     target = Path(parent) / snapshot_name(files, ignore)
     if target.is_dir():
         return target
@@ -85,8 +93,11 @@ def stage_code_snapshot(task_file: Path, parent: Path, code_root: Path = REPO_RO
     return target
 
 
-def with_code_snapshot(build: PipelineBuild, parent: Path, code_root: Path = REPO_ROOT) -> PipelineBuild:
-    """`build` with its code folder staged under `parent` when its task is a file; unchanged otherwise."""
-    if build.task_file is None:
+def with_code_snapshot(
+    build: PipelineBuild, parent: Path, code_root: Path = REPO_ROOT, *, upload: bool = False
+) -> PipelineBuild:
+    """`build` with its code folder staged under `parent` when its task is a file, or, for a build whose code
+    is about to be uploaded (`upload`), whenever its components are not registered ones; else unchanged."""
+    if build.task_file is None and not (upload and not build.registered_components):
         return build
     return replace(build, code_folder=stage_code_snapshot(build.task_file, parent, code_root))

@@ -4,14 +4,20 @@ The environment goes first, because every component names it (`azureml:retrain-t
 component that names another environment version than environment.yml's is refused before anything is
 registered: publishing half a release would leave the workspace with components that do not run. The
 three computes (components/compute/*.yml) are created or updated on request.
+
+Each component's code is uploaded from a staged snapshot of its `code` folder (components/code_snapshot.py),
+written once per publish: exactly the files `.amlignore` keeps, so azure-ai-ml's walk of the folder does not
+cross the checkout's `.venv` and `node_modules`.
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from components.code_snapshot import stage_code_snapshot
 from components.errors import SpecError
 from components.specs import (
     COMPONENTS_DIR,
@@ -68,9 +74,15 @@ def publish(
     check_components(specs, environment)
     records = [workspace.create_environment(load_environment(source=environment_file))]
     log.info("published environment %s", environment)
-    for spec in specs:
-        records.append(workspace.create_component(load_component(source=spec.path)))
-        log.info("published component %s", spec.reference)
+    with tempfile.TemporaryDirectory(prefix="retrain-code-") as scratch:
+        staged: dict[Path, Path] = {}  # a component's code folder -> its snapshot, staged once
+        for spec in specs:
+            component = load_component(source=spec.path)
+            if spec.code not in staged:
+                staged[spec.code] = stage_code_snapshot(None, Path(scratch), spec.code)
+            component.code = str(staged[spec.code])
+            records.append(workspace.create_component(component))
+            log.info("published component %s", spec.reference)
     if computes:
         for path in COMPUTE_FILES.values():
             records.append(workspace.create_compute(load_compute(source=path)))

@@ -136,9 +136,10 @@ class AzureMLSubmitter:
             registered_components=self.settings.registered_components,
             registry_lock=resolve_registry_lock(self.workspace, self.settings.datastore, request.parameters),
         )
-        # A task file travels in a staged code snapshot, which exists until the job (and its code) is sent.
+        # The code (and a task file) travels in a staged snapshot, which exists until the job and its code
+        # are sent: an upload from the checkout would walk all of it, .venv and node_modules included.
         with tempfile.TemporaryDirectory(prefix="retrain-code-") as scratch:
-            build = with_code_snapshot(build, Path(scratch))
+            build = with_code_snapshot(build, Path(scratch), upload=True)
             job = build_pipeline_job(build)
             compute_name = str(job.jobs[TRAIN_STEP].compute).removeprefix("azureml:")
             if self.settings.check_quota:

@@ -290,7 +290,7 @@ class WorkspaceFarSide:
                         {
                             "id": f"/subscriptions/{self.subscription}/providers/{ML_PROVIDER}/locations/"
                             f"{location}/usages/{row.name.replace(' ', '')}",
-                            "aml_workspace_location": location,
+                            "amlWorkspaceLocation": location,  # the spec's Usage wire name
                             "type": row.type,
                             "unit": "Count",
                             "currentValue": row.current,

@@ -5,14 +5,15 @@ requests to management.azure.com and the workspace's blob storage; the process's
 (tests/components/loopback_arm.py), which answers as Azure ML's REST API documents (loopback_azureml.py) and
 relays blob requests to Azurite. Only the AAD token is faked on this side.
 
-Each path and api-version below was checked against azure-rest-api-specs,
-specification/machinelearningservices/resource-manager/Microsoft.MachineLearningServices (stable/2024-04-01
-for the shapes; preview/<version>/ for the versions azure-ai-ml 1.35.2 actually sends, named per route).
+Every ARM request a test records must match exactly one row of ROUTES (method, path template, api-version):
+the operation as Azure's REST specification (github.com/Azure/azure-rest-api-specs) documents it for the
+api-version azure-ai-ml 1.35.2 sends, so a request to an undocumented route or version fails the test.
 """
 
 from __future__ import annotations
 
-import shutil
+import re
+from dataclasses import dataclass
 
 import pytest
 from loopback_arm import ARM_HOST, AzureStandIn, FixedToken
@@ -25,7 +26,7 @@ from components.azureml.workspace import MLClientWorkspace, WorkspaceRef
 from components.builder import PipelineBuild
 from components.local.fingerprint import ignore_rules_of, kept_files
 from components.request import QUEUED, DataRef, RunRequest
-from components.specs import COMPONENTS_DIR, REPO_ROOT
+from components.specs import REPO_ROOT
 
 SUB, RG, WS = "6c1b7b0e-3f2a-4d8e-9a51-0f2e4b7c9d13", "rg-retrain", "mlw-retrain"
 WORKSPACE = (
@@ -43,6 +44,150 @@ ENVIRONMENTS = "2023-04-01-preview"  # Environment Versions - Create Or Update
 COMPONENTS = "2024-01-01-preview"  # Component Versions - Get / Create Or Update
 SCHEDULES = "2023-06-01-preview"  # Schedules - Create Or Update (long-running), then Get
 DATA = "2023-04-01-preview"  # Data Containers - Get; Data Versions - Get
+
+
+SPECS = "specification/machinelearningservices/resource-manager/Microsoft.MachineLearningServices"
+_WS = "/subscriptions/{subscriptionId}/resourceGroups/{resourceGroupName}/providers/" + (
+    "Microsoft.MachineLearningServices/workspaces/{workspaceName}"
+)
+_LOC = "/subscriptions/{subscriptionId}/providers/Microsoft.MachineLearningServices/locations/{location}"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One operation as a spec file documents it (`spec`: its path under SPECS), or None with the evidence
+    for a request azure-ai-ml sends that no spec documents."""
+
+    operation: str
+    method: str
+    template: str
+    api_version: str
+    spec: str | None
+
+    def matches(self, sent) -> bool:
+        pattern = re.escape(self.template).replace(r"\{", "{").replace(r"\}", "}")
+        pattern = re.sub(r"\{[A-Za-z]+\}", "[^/]+", pattern)
+        return (
+            sent.method == self.method
+            and sent.api_version == self.api_version
+            and re.fullmatch(pattern, sent.path) is not None
+        )
+
+
+# Read in the spec files named (paths, methods, success codes): Workspaces_Get 200; Compute_Get,
+# Usages_List, VirtualMachineSizes_List 200; Code versions List (with the `hash`/`hashVersion` query), Get
+# 200, CreateOrUpdate 200/201, CreateOrGetPendingUpload 200; Jobs_Get 200, Jobs_CreateOrUpdate 200/201;
+# Schedules_Get 200, Schedules_CreateOrUpdate 200/201 (201 with Azure-AsyncOperation and
+# x-ms-async-operation-timeout, long-running, final state from the original URI). The other rows' files exist
+# at those versions with the same path families as stable/2023-04-01/mfe.json.
+ROUTES = (
+    Route("Workspaces_Get", "GET", _WS, WORKSPACES, "preview/2024-10-01-preview/workspaceRP.json"),
+    Route(
+        "Datastores_Get",
+        "GET",
+        f"{_WS}/datastores/{{name}}",
+        WORKSPACES,
+        "preview/2024-10-01-preview/mfe.json",
+    ),
+    Route(
+        "Compute_Get",
+        "GET",
+        f"{_WS}/computes/{{computeName}}",
+        COMPUTE,
+        "preview/2023-08-01-preview/machineLearningServices.json",
+    ),
+    Route(
+        "VirtualMachineSizes_List",
+        "GET",
+        f"{_LOC}/vmSizes",
+        COMPUTE,
+        "preview/2023-08-01-preview/machineLearningServices.json",
+    ),
+    Route(
+        "Usages_List",
+        "GET",
+        f"{_LOC}/usages",
+        COMPUTE,
+        "preview/2023-08-01-preview/machineLearningServices.json",
+    ),
+    Route("CodeVersions_List", "GET", f"{_WS}/codes/{{name}}/versions", CODES, "stable/2023-04-01/mfe.json"),
+    Route(
+        "CodeVersions_Get",
+        "GET",
+        f"{_WS}/codes/{{name}}/versions/{{version}}",
+        CODES,
+        "stable/2023-04-01/mfe.json",
+    ),
+    Route(
+        "CodeVersions_CreateOrUpdate",
+        "PUT",
+        f"{_WS}/codes/{{name}}/versions/{{version}}",
+        CODES,
+        "stable/2023-04-01/mfe.json",
+    ),
+    Route(
+        "CodeVersions_CreateOrGetPendingUpload",
+        "POST",
+        f"{_WS}/codes/{{name}}/versions/{{version}}/startPendingUpload",
+        CODES,
+        "stable/2023-04-01/mfe.json",
+    ),
+    Route(
+        "EnvironmentVersions_CreateOrUpdate",
+        "PUT",
+        f"{_WS}/environments/{{name}}/versions/{{version}}",
+        ENVIRONMENTS,
+        "preview/2023-04-01-preview/mfe.json",
+    ),
+    Route(
+        "ComponentVersions_CreateOrUpdate",
+        "PUT",
+        f"{_WS}/components/{{name}}/versions/{{version}}",
+        COMPONENTS,
+        "preview/2024-01-01-preview/mfe.json",
+    ),
+    Route("DataContainers_Get", "GET", f"{_WS}/data/{{name}}", DATA, "preview/2023-04-01-preview/mfe.json"),
+    Route(
+        "DataVersions_Get",
+        "GET",
+        f"{_WS}/data/{{name}}/versions/{{version}}",
+        DATA,
+        "preview/2023-04-01-preview/mfe.json",
+    ),
+    Route("Jobs_Get", "GET", f"{_WS}/jobs/{{id}}", JOBS, "preview/2024-01-01-preview/mfe.json"),
+    Route("Jobs_CreateOrUpdate", "PUT", f"{_WS}/jobs/{{id}}", JOBS, "preview/2024-01-01-preview/mfe.json"),
+    Route(
+        "Schedules_Get", "GET", f"{_WS}/schedules/{{name}}", SCHEDULES, "preview/2023-06-01-preview/mfe.json"
+    ),
+    Route(
+        "Schedules_CreateOrUpdate",
+        "PUT",
+        f"{_WS}/schedules/{{name}}",
+        SCHEDULES,
+        "preview/2023-06-01-preview/mfe.json",
+    ),
+    # Not in the published spec: the Azure-AsyncOperation URL the service hands back for a schedule's PUT,
+    # polled as ARM's async-operation contract says (GET it until `status` is terminal). No spec file has
+    # a mfeOperationsStatus path (2023-06-01-preview's location paths are usages, vmSizes, updateQuotas and
+    # quotas); azure-ai-ml follows whatever URL the 201 names, so the route is the stand-in's and ARM's.
+    Route(
+        "mfeOperationsStatus (async operation; not in the published spec)",
+        "GET",
+        f"{_LOC}/mfeOperationsStatus/{{operationId}}",
+        SCHEDULES,
+        None,
+    ),
+)
+
+
+def documented(sent) -> list[str]:
+    """The operation of each ARM request, each matching exactly one row of ROUTES."""
+    operations = []
+    for request in arm(sent):
+        rows = [route.operation for route in ROUTES if route.matches(request)]
+        assert len(rows) == 1, f"{request.line}: matches {rows or 'no'} documented route"
+        operations.append(rows[0])
+    return operations
 
 
 @pytest.fixture(scope="module")
@@ -68,29 +213,12 @@ def workspace(far_side):
         yield MLClientWorkspace(WorkspaceRef(SUB, RG, WS), credential=FixedToken())
 
 
-def _release(root):
-    """The components and the code they upload (`code: ..`), in a folder of their own.
-
-    azure-ai-ml hashes a code folder by walking all of it before applying .amlignore; the checkout's root
-    holds .venv and node_modules (150k files, ~30 s a walk), so the test publishes the same YAMLs and kept
-    files from a copy."""
-    shutil.copytree(COMPONENTS_DIR, root / "components", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    for relative in kept_files(REPO_ROOT, ignore_rules_of(REPO_ROOT)):
-        (root / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(REPO_ROOT / relative, root / relative)
-    shutil.copyfile(REPO_ROOT / ".amlignore", root / ".amlignore")
-    return root / "components"
-
-
 @pytest.fixture(scope="module")
-def published(workspace, far_side, tmp_path_factory):
+def published(workspace, far_side):
     """`retrain publish` once: what it returned and the requests it sent."""
     _, server = far_side
     server.take()
-    components = _release(tmp_path_factory.mktemp("release"))
-    records = publish(
-        workspace, components_dir=components, environment_file=components / "environment" / "environment.yml"
-    )
+    records = publish(workspace)  # from the checkout itself, as `azd up`'s hook runs it
     return records, server.take()
 
 
@@ -101,6 +229,11 @@ def arm(sent):
 def test_publish_registers_the_environment_then_each_component_on_one_uploaded_snapshot(published, azurite):
     records, sent = published
     lines = [request.line for request in arm(sent)]
+    assert set(documented(sent)) == {
+        "EnvironmentVersions_CreateOrUpdate", "CodeVersions_List", "CodeVersions_Get",
+        "CodeVersions_CreateOrGetPendingUpload", "CodeVersions_CreateOrUpdate",
+        "ComponentVersions_CreateOrUpdate",
+    }  # fmt: skip
 
     assert (
         lines[0]
@@ -169,6 +302,7 @@ def test_a_submission_sends_the_pinned_pipeline_job_on_the_published_components(
     submission = AzureMLSubmitter(workspace, AzureSettings(registered_components=True)).submit(request)
 
     sent = server.take()
+    documented(sent)
     job_path = f"{WORKSPACE}/jobs/{request.job_name(0)}"
     lines = [item.line for item in sent]
     assert lines[:5] == [
@@ -228,7 +362,9 @@ def test_a_second_submission_finds_the_job_and_sends_nothing_else(published, wor
     submission = AzureMLSubmitter(workspace, AzureSettings(registered_components=True)).submit(request)
 
     assert submission.details["duplicate"] is True
-    lines = [item.line for item in server.take()]
+    sent = server.take()
+    documented(sent)
+    lines = [item.line for item in sent]
     assert [line for line in lines if line.startswith("PUT")] == [
         f"PUT {ARM_HOST}{WORKSPACE}/jobs/{request.job_name(0)}?api-version={JOBS}"
     ]
@@ -260,6 +396,9 @@ def test_a_schedule_is_created_as_a_long_running_operation_with_its_cron_and_job
     )
 
     sent = server.take()
+    assert documented(sent)[2:4] == [
+        "Schedules_CreateOrUpdate", "mfeOperationsStatus (async operation; not in the published spec)",
+    ]  # fmt: skip
     schedule = f"{WORKSPACE}/schedules/retrain-digits"
     lines = [item.line for item in sent]
     assert lines[:2] == [  # `digits-raw@latest` resolved to the asset's latest version

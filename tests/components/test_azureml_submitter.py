@@ -68,7 +68,14 @@ def test_importing_the_azure_side_does_not_import_azure_ai_ml():
 
 
 def test_a_first_submission_checks_quota_then_sends_the_validated_job():
-    workspace = RecordingWorkspace()
+    class ValidatingWorkspace(RecordingWorkspace):
+        """Validates the job as MLClient does, while its staged code snapshot exists (it is gone after)."""
+
+        def create_job(self, job):
+            self.validation = job._validate()
+            return super().create_job(job)
+
+    workspace = ValidatingWorkspace()
 
     submission = AzureMLSubmitter(workspace).submit(make_request())
 
@@ -79,7 +86,7 @@ def test_a_first_submission_checks_quota_then_sends_the_validated_job():
     assert workspace.called("get_compute") == ["gpu-spot"]
     assert workspace.called("vm_sizes") == ["westeurope"]
     (job,) = workspace.sent
-    assert job._validate().passed
+    assert workspace.validation.passed, workspace.validation.error_messages
     sent = job._to_dict()
     assert sent["name"] == name(0)
     assert sent["tags"]["trigger.etag"] == "0x8DC"

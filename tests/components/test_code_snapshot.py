@@ -101,6 +101,32 @@ def test_the_azure_ml_submitter_sends_the_job_while_its_snapshot_holds_the_task_
     assert not Path(folder).exists()  # a temporary stage, gone once the job (and its code) was sent
 
 
+def test_a_built_in_task_s_code_is_uploaded_from_a_stage_of_exactly_the_kept_files(tmp_path):
+    """azure-ai-ml walks a code folder whole before .amlignore: the checkout's .venv costs ~10 s a walk."""
+
+    class SeeingWorkspace(RecordingWorkspace):
+        def create_job(self, job):
+            self.code = {str(step.component.code) for step in job.jobs.values()}
+            self.files = {
+                folder: {
+                    path.relative_to(folder).as_posix() for path in Path(folder).rglob("*") if path.is_file()
+                }
+                for folder in self.code
+            }
+            self.kept = {folder: uploaded(Path(folder)) for folder in self.code}
+            return super().create_job(job)
+
+    workspace = SeeingWorkspace()
+    digits = RunRequest(model_name="digits", data=DataRef(VERSION, f"azureml:digits-raw:{VERSION}"))
+    AzureMLSubmitter(workspace, AzureSettings(check_quota=False)).submit(digits)
+
+    (folder,) = workspace.code
+    assert folder != str(REPO_ROOT)
+    assert workspace.files[folder] == uploaded(REPO_ROOT) | {".amlignore"}  # the kept files and the rules
+    assert workspace.kept[folder] == uploaded(REPO_ROOT)
+    assert not Path(folder).exists()  # a temporary stage, gone once the job (and its code) was sent
+
+
 def test_published_components_cannot_carry_a_task_file(tmp_path):
     task_file = write_task_file(tmp_path / "models")
     with pytest.raises(SubmissionError, match=r"registered components run the code they were published"):
