@@ -339,7 +339,12 @@ def read_split_table(data_dir: Path, manifest: Manifest, name: str) -> pa.Table:
         raise InputError(f"{path}: cannot read the {name} split ({error.strerror}); {RERUN_HINT}") from error
     if hashlib.sha256(data).hexdigest() != entry.file_sha256:
         raise InputError(f"{path}: sha256 differs from the manifest, the file was changed; {RERUN_HINT}")
-    table = pq.read_table(pa.BufferReader(data))
+    # ParquetFile reads on this thread and is closed here. `pq.read_table` would scan through Arrow's async
+    # dataset threads, and one of them could drop the last reference to `data` (a Python buffer) while the
+    # interpreter exits: it then needs the GIL, is told to exit instead, and the process aborts ("terminate
+    # called without an active exception", exit -6) after its work was done.
+    with pq.ParquetFile(pa.BufferReader(data)) as parquet:
+        table = parquet.read(use_threads=False)
     expected = manifest.schema.prepared_arrow_schema()
     if table.schema.remove_metadata() != expected:
         raise InputError(f"{path}: columns differ from the manifest's schema; {RERUN_HINT}")
