@@ -59,3 +59,34 @@ def test_an_edited_manifest_is_not_trusted(prepared):
 
     with pytest.raises(InputError, match=r"manifest was edited"):
         Manifest.from_json(json.dumps(document))
+
+
+def test_reading_a_split_starts_no_arrow_thread_that_could_outlive_the_interpreter(prepared_data):
+    """A split is read on the calling thread: no Arrow worker thread exists to drop the last reference to its
+    Python buffer during interpreter exit, which aborted a finished process (exit -6). Counted in a fresh
+    interpreter, whose thread pools nothing else has started."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from training.tasks.tabular.schema import read_manifest, read_split_table\n"
+        "def threads(): return len(os.listdir('/proc/self/task'))\n"
+        "folder = Path(sys.argv[1])\n"
+        "manifest = read_manifest(folder)\n"
+        "before = threads()\n"
+        "splits = [read_split_table(folder, manifest, name) for name in ('train', 'validation', 'test')]\n"
+        "rows = sum(split.num_rows for split in splits)\n"
+        "print(before, threads(), rows)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(prepared_data)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    before, after, rows = map(int, result.stdout.split())
+    assert rows > 0
+    assert after == before, f"reading the splits started {after - before} thread(s)"
