@@ -33,7 +33,7 @@ from components.request import FAILED, TERMINAL_STATES, DataRef, RunRequest, Sub
 from function_app.events.triggers import COALESCED, KIND_BLOB, REJECTED, SUBMITTED
 from function_app.ledger.ledger import PENDING, Claim, Ledger
 from function_app.ledger.records import SUBMITTING, InputPin, LedgerBusyError, SubmissionRecord
-from function_app.pinning import ASSET_PREFIX, DataPinner, PinError, batch_manifest
+from function_app.pinning import ASSET_PREFIX, DataPinner, PinError, Vanished, batch_manifest
 from function_app.policy.rules import (
     FlushVerdict,
     ModelState,
@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 # The durable steps of a flush, in order, as `on_step` hears them (tests stop a flush at each).
 STEPS = ("state-saved", "record-created", "claims-taken", "submitted")
 BASIS = "basis"  # a submission on a request's own data: the submission whose manifest is the landing data
+# The tag of a claim whose file was gone or changed when its batch was pinned: dropped, never retried.
+DROPPED = "dropped"
 OUTCOME_KEYS = ("registered_version", "decision", "reasons", "failed_step", "log_tail", "run_id")
 
 
@@ -95,11 +97,18 @@ class Flusher:
                 log.debug("flush %s: not now (%s)", model, verdict.reason)
                 return []
             submission_id = f"s-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
-            new_state, items = start_submission(view, submission_id, now)
             try:
-                manifest, named = self._data(route, state, items)
+                manifest, named = self._data(route, state, view.pending)
             except PinError as error:
-                return [self._refuse(model, submission_id, pending, items, str(error), now)]
+                return [self._refuse(model, submission_id, pending, view.pending, str(error), now)]
+            dropped: tuple[Vanished, ...] = ()
+            if manifest is not None and not any(item.data_uri for item in view.pending):
+                manifest, pending, dropped = self._drop_vanished(model, manifest, pending)
+                if not pending:  # recorded on the claims; nothing started, so no budget is spent
+                    self.verdicts[model] = FlushVerdict(False, _nothing_left(dropped))
+                    return []
+                view = replace(view, pending=tuple(_item(claim) for claim in pending))
+            new_state, items = start_submission(view, submission_id, now)
             if not self._ledger.save_state(model, new_state, version):
                 raise LedgerBusyError(f"model {model!r}: its state changed under the flush lease; retry")
             self._on_step("state-saved")
@@ -114,7 +123,10 @@ class Flusher:
                 inputs=_inputs(manifest, items),
                 events=tuple(claim.record.id for claim in pending),
                 # A request's own data is not the landing data: the next batch builds on this one's basis.
-                details={BASIS: self._basis_id(state)} if any(item.data_uri for item in items) else {},
+                details={
+                    **({BASIS: self._basis_id(state)} if any(item.data_uri for item in items) else {}),
+                    **({DROPPED: [gone.line() for gone in dropped]} if dropped else {}),
+                },
             )
             if not self._ledger.create_submission(record):
                 raise LedgerBusyError(f"submission {submission_id} was recorded by another flush; stopping")
@@ -158,6 +170,29 @@ class Flusher:
             return None, None
         return batch_manifest(blobs, previous, route.scope), None
 
+    def _drop_vanished(
+        self, model: str, manifest: DataManifest, pending: list[Claim]
+    ) -> tuple[DataManifest | None, list[Claim], tuple[Vanished, ...]]:
+        """The batch without the files gone or changed since they were listed (deleted or replaced
+        landing data is ordinary): each is named in one line, and its claims end `DROPPED` with the reason,
+        so they are never retried (a replaced file's newer event brings its new version). Returns the
+        manifest left (None if no file is), the claims left, and what was dropped."""
+        vanished = self._pinner.vanished(manifest, model)
+        if not vanished:
+            return manifest, pending, ()
+        why = {gone.file.source: gone.line() for gone in vanished}
+        for gone in vanished:
+            log.warning("flush %s: dropped from the batch: %s", model, gone.line())
+        dropped = [claim for claim in pending if (_source(claim) or "") in why]
+        self._ledger.retag(
+            dropped,
+            lambda event: event.with_decision(REJECTED, f"dropped from the batch: {why[_blob_url(event)]}"),
+            DROPPED,
+        )
+        kept = [claim for claim in pending if (_source(claim) or "") not in why]
+        files = tuple(file for file in manifest.files if file.source not in why)
+        return (DataManifest(files) if files else None), kept, vanished
+
     def _previous_manifest(self, state: ModelState) -> DataManifest | None:
         """The manifest of every blob landed so far: the last finished submission's, or, when that one
         trained on a request's own data, the one it names as its basis."""
@@ -185,7 +220,10 @@ class Flusher:
         manifest: DataManifest | None,
         named: DataRef | None,
     ) -> SubmissionRecord:
-        data = named if manifest is None else self._pinner.pin(manifest, route.name)
+        try:
+            data = named if manifest is None else self._pinner.pin(manifest, route.name)
+        except PinError as error:  # a file went after the batch was checked: this one fails, once
+            return self._pin_failed(record, str(error))
         assert data is not None  # the record has a data version only when there is data
         request, estimate = with_estimate(
             RunRequest(
@@ -252,6 +290,16 @@ class Flusher:
         )
         log.warning("submission %s of %s not started: %s", submission_id, model, reason)
         return record
+
+    def _pin_failed(self, record: SubmissionRecord, reason: str) -> SubmissionRecord:
+        """The batch's data could not be pinned as checked (a file went in the moment between): nothing
+        reached the submitter; the submission fails naming the file, and its claims return to pending,
+        where the next flush drops that file."""
+        failed = record.with_status(FAILED, self._clock(), details={**record.details, "reason": reason})
+        self._ledger.update_submission(failed)
+        log.warning("submission %s of %s not started: %s", record.id, record.model_name, reason)
+        self._end(record.model_name, record.id, FAILED)
+        return failed
 
     def _finish_without_data(self, record: SubmissionRecord) -> SubmissionRecord:
         failed = record.with_status(
@@ -345,6 +393,23 @@ class Flusher:
 def _item(claim: Claim) -> PendingItem:
     assert claim.record.item is not None  # Ledger.claim refuses a claim without one
     return claim.record.item
+
+
+def _source(claim: Claim) -> str | None:
+    """The blob URL a claim brings (a manifest file's source), if it brings one."""
+    blob = _item(claim).blob
+    return None if blob is None else blob.url
+
+
+def _blob_url(event: Any) -> str:
+    return event.item.blob.url
+
+
+def _nothing_left(dropped: tuple[Vanished, ...]) -> str:
+    first = dropped[0].line()
+    more = f" and {len(dropped) - 1} more" if len(dropped) > 1 else ""
+    gone = "every file of the batch is gone or changed since its event"
+    return f"nothing left to submit: {gone} ({first}{more})"
 
 
 def _inputs(manifest: DataManifest | None, items: tuple[PendingItem, ...]) -> tuple[InputPin, ...]:

@@ -6,15 +6,21 @@ data version changes exactly when some blob does. Where the submitter runs decid
 downloaded folder (local), a server-side snapshot registered as a data asset (Azure ML), or only the
 snapshot's planned path (dry run). Every copy is conditioned on the listed eTag: a blob replaced meanwhile
 fails the pin instead of mixing versions.
+
+Data is cleaned up and replaced after upload as a matter of course, so before a batch is pinned its pinner
+says which listed files are no longer there at their listed version (`vanished`): the flush drops those
+and pins the rest. A pin that still meets one (it went in the moment between) fails in one line naming it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote, unquote
@@ -30,7 +36,7 @@ from components.data_version import (
 from components.request import DataRef
 from function_app.policy.rules import PendingBlob
 from function_app.settings.storage import BlobScope
-from training.common import file_sha256
+from training.common import displayable_url, file_sha256, mask_secrets
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
@@ -56,6 +62,56 @@ def _etag_of_hex(sha256_hex: str) -> str:
 
 class PinError(Exception):
     """The data a batch lists cannot be pinned as listed; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Vanished:
+    """A file a manifest lists that is no longer there at its listed version: `where` names it for people
+    (a landing file's path, a blob's URL without secrets), `why` says what became of it."""
+
+    file: DataFile
+    where: str
+    why: str
+
+    def line(self) -> str:
+        return f"{self.where}: {self.why}"
+
+
+def vanished_blobs(container: ContainerClient, manifest: DataManifest) -> tuple[Vanished, ...]:
+    """The files of `manifest` (blobs of `container`) that are gone or carry another eTag now: one listing
+    of the narrowest folder holding them all, not a request per file."""
+    names = {_blob_name(container, file): file for file in manifest.files}
+    common = posixpath.commonpath([posixpath.dirname(name) for name in names])
+    folder = f"{common}/" if common else ""
+    now = {blob.name: str(blob.etag).strip('"') for blob in container.list_blobs(name_starts_with=folder)}
+    found = []
+    for name, file in names.items():
+        listed, current = file.fingerprint.removeprefix("etag:"), now.get(name)
+        if current is None:
+            found.append(Vanished(file, f"blob {displayable_url(file.source)}", _gone(listed)))
+        elif current != listed:
+            found.append(Vanished(file, f"blob {displayable_url(file.source)}", _changed(listed, current)))
+    return tuple(found)
+
+
+def _blob_name(container: ContainerClient, file: DataFile) -> str:
+    """The name in `container` of a manifest's blob (its source is the blob's URL)."""
+    marker = f"/{container.container_name}/"
+    if marker not in file.source:
+        raise PinError(
+            f"blob {displayable_url(file.source)}: not in the landing container {container.container_name}; "
+            "expected the blobs its events were routed by"
+        )
+    return unquote(file.source.split(marker, 1)[1].split("?", 1)[0])
+
+
+def _gone(etag: str) -> str:
+    return f"gone since its event (expected at eTag {etag})"
+
+
+def _changed(etag: str, now: str | None = None) -> str:
+    current = f", now {now}" if now else ""
+    return f"changed since its event (eTag {etag}{current}); its newer event brings it"
 
 
 def batch_manifest(
@@ -92,6 +148,10 @@ def _name_below(url: str, scope: BlobScope | None) -> str:
 
 class DataPinner(Protocol):
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef: ...
+
+    def vanished(self, manifest: DataManifest, model_name: str) -> tuple[Vanished, ...]:
+        """The files of `manifest` that are gone or changed now, which `pin` would fail on."""
+        ...
 
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         """The manifest of the blobs in the folder `url` with one of `suffixes` (directly in it, or down to
@@ -147,6 +207,9 @@ class PlannedSnapshot:
             )
         return listed_manifest(self._container(), url, suffixes, self._depth)
 
+    def vanished(self, manifest: DataManifest, model_name: str) -> tuple[Vanished, ...]:
+        return ()  # a dry run copies nothing, so nothing it lists can fail a copy
+
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         path = f"{SNAPSHOTS_ROOT}/{model_name}/{manifest.version}/"
         return DataRef(manifest.version, f"azureml://datastores/{self._datastore}/paths/{path}")
@@ -191,13 +254,21 @@ class DownloadedFolder:
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         return listed_manifest(self._container, url, suffixes, self._depth)
 
+    def vanished(self, manifest: DataManifest, model_name: str) -> tuple[Vanished, ...]:
+        return vanished_blobs(self._container, manifest)
+
     def _download(self, file: DataFile) -> bytes:
         from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
 
-        name = file.source.split(f"/{self._container.container_name}/", 1)[1]
-        blob = self._container.get_blob_client(unquote(name))
+        blob = self._container.get_blob_client(_blob_name(self._container, file))
         etag = file.fingerprint.removeprefix("etag:")
-        return blob.download_blob(etag=etag, match_condition=MatchConditions.IfNotModified).readall()
+        try:
+            return blob.download_blob(etag=etag, match_condition=MatchConditions.IfNotModified).readall()
+        except ResourceNotFoundError:
+            raise PinError(f"blob {displayable_url(file.source)}: {_gone(etag)}") from None
+        except ResourceModifiedError:
+            raise PinError(f"blob {displayable_url(file.source)}: {_changed(etag)}") from None
 
 
 class LandingFolderCopy:
@@ -242,16 +313,25 @@ class LandingFolderCopy:
             )
         return DataManifest(tuple(files))
 
+    def vanished(self, manifest: DataManifest, model_name: str) -> tuple[Vanished, ...]:
+        found = []
+        for file in manifest.files:
+            path, listed = self._folder / file.name, file.fingerprint.removeprefix("etag:")
+            if not path.is_file():
+                found.append(Vanished(file, f"landing file {path}", _gone(listed)))
+            elif content_etag(path) != listed:
+                found.append(Vanished(file, f"landing file {path}", _changed(listed)))
+        return tuple(found)
+
     def _copy(self, file: DataFile) -> bytes:
         path = self._folder / file.name
         listed = file.fingerprint.removeprefix("etag:")
-        if not path.is_file():
-            raise PinError(f"landing file {path}: gone since its event; expected it at eTag {listed}")
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise PinError(f"landing file {path}: {_gone(listed)}") from None
         if etag_of_bytes(data) != listed:
-            raise PinError(
-                f"landing file {path}: changed since its event (eTag {listed}); its newer event pins it"
-            )
+            raise PinError(f"landing file {path}: {_changed(listed)}")
         return data
 
 
@@ -275,6 +355,9 @@ class RegisteredSnapshot:
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         return listed_manifest(self._container, url, suffixes, self._depth)
 
+    def vanished(self, manifest: DataManifest, model_name: str) -> tuple[Vanished, ...]:
+        return vanished_blobs(self._container, manifest)
+
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
         from components.azureml.data_assets import (
             DATA_DATASTORE_SETTING,
@@ -290,6 +373,9 @@ class RegisteredSnapshot:
             check_data_datastore(self._workspace, self._datastore, self._container, DATA_DATASTORE_SETTING)
         except SubmissionError as error:
             raise PinError(str(error)) from None
-        prefix = copy_snapshot(self._container, manifest, f"{SNAPSHOTS_ROOT}/{model_name}")
+        try:
+            prefix = copy_snapshot(self._container, manifest, f"{SNAPSHOTS_ROOT}/{model_name}")
+        except DataError as error:  # a blob gone or replaced since the batch was checked: named in it
+            raise PinError(mask_secrets(str(error).splitlines()[0])) from None
         register_data_asset(self._workspace, build_data_asset(model_name, manifest, self._datastore, prefix))
         return DataRef(manifest.version, data_asset_reference(model_name, manifest.version))

@@ -20,6 +20,7 @@ from function_app.pinning import (
     PinError,
     PlannedSnapshot,
     RegisteredSnapshot,
+    Vanished,
 )
 from function_app.service import FrontDoor, utc_now
 from function_app.settings.app import (
@@ -45,6 +46,9 @@ class ModelPinners:
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         return self.pinner(model_name).folder_manifest(url, suffixes, model_name)
 
+    def vanished(self, manifest: DataManifest, model_name: str) -> tuple[Vanished, ...]:
+        return self.pinner(model_name).vanished(manifest, model_name)
+
     def pinner(self, model_name: str) -> DataPinner:
         """The pinner of `model_name`; a PinError for a model not served here."""
         pinner = self._pinners.get(model_name)
@@ -62,6 +66,9 @@ class NoLandingContainer:
             f"model {model_name!r} has no landing container to pin {manifest.version} from; expected "
             f"[trigger] account and container in its file (or {BLOB_ACCOUNT} and {BLOB_CONTAINER})"
         )
+
+    def vanished(self, manifest: DataManifest, model_name: str) -> tuple[Vanished, ...]:
+        return ()  # nothing is landed here: `pin` refuses the manifest, naming why
 
     def folder_manifest(self, url: str, suffixes: tuple[str, ...], model_name: str) -> DataManifest:
         raise PinError(
