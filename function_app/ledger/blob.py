@@ -28,7 +28,7 @@ from azure.core.exceptions import (
 from azure.storage.blob import BlobLeaseClient, BlobServiceClient, ContainerClient, ContentSettings
 
 from function_app.ledger.records import LedgerError
-from function_app.ledger.store import Listed, Stored, check_name, check_tag
+from function_app.ledger.store import Listed, Stored, check_name, check_tag, quarantine_name
 from training.common import BlobLocation, LeaseRenewal, check_prefix, mask_secrets, parse_blob_url
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,36 @@ class BlobRecordStore:
                 _quoted(blob.etag),
                 (blob.metadata or {}).get(_TAG_KEY, ""),
             )
+
+    def quarantine(self, name: str, version: str) -> str | None:
+        # A listed name as it is (a stray blob's name need not be a record's); the copy is a read and a
+        # create-if-absent (records are small), the delete is conditioned on the version read.
+        source, target = f"{self._folder}{name}", quarantine_name(name, version)
+        with self._storage_errors("quarantine", source):
+            try:
+                data = self._container.download_blob(
+                    source, etag=version, match_condition=MatchConditions.IfNotModified
+                ).readall()
+            except ResourceNotFoundError as err:
+                if _is_container_missing(err):
+                    raise
+                return target  # another reader moved it first
+            except ResourceModifiedError:
+                return None
+            with contextlib.suppress(ResourceExistsError):  # another reader copied it first
+                self._container.upload_blob(
+                    self._name(target), data, overwrite=False, content_settings=_OCTETS
+                )
+            try:
+                self._container.delete_blob(
+                    source, etag=version, match_condition=MatchConditions.IfNotModified
+                )
+            except ResourceNotFoundError as err:
+                if _is_container_missing(err):
+                    raise
+            except ResourceModifiedError:
+                pass  # rewritten meanwhile: what is there now is read again next time
+        return target
 
     @contextlib.contextmanager
     def hold(self, name: str) -> Iterator[_BlobLease | None]:

@@ -12,12 +12,20 @@ flush lists the model's claims (names and tags only), reads the pending ones, an
 Flushing is single-writer per model: it runs under `flush_lease(model)` (a file lock locally, a blob lease
 in Azure), so a batch is never taken twice, and a crashed flush is recovered once, by the next holder.
 
+A record that cannot be read (truncated, empty, not the ledger's JSON, a stray file among the claims) costs
+that record, never its model: whoever meets it moves it aside to `quarantine/` (the record store's move,
+safe when two readers move it at once) with a warning naming it, and goes on with the rest; `snapshot`
+lists what is there. A damaged model state is rebuilt from the model's submissions (the claims are its
+pending items) and saved in its place.
+
 Layout: `claims/<model>/<id>.json`, `deliveries/<id>.json` (rejections), `submissions/<id>.json`,
-`models/<model>.json`, `leases/`.
+`models/<model>.json`, `leases/`, `quarantine/<name>.<version>`.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -26,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from function_app.ledger.records import (
+    DamagedRecord,
     EventRecord,
     LedgerBusyError,
     LedgerError,
@@ -36,13 +45,17 @@ from function_app.ledger.records import (
     check_record_id,
     encode,
     parse_record,
+    rebuild_state,
     submission_replaceable,
 )
-from function_app.ledger.store import Hold, RecordStore
+from function_app.ledger.store import QUARANTINE, UNREADABLE, Hold, Listed, RecordStore, Stored
 from function_app.policy.state import ModelState
 from training.common import mask_secrets
 
+log = logging.getLogger(__name__)
+
 CLAIMS, DELIVERIES, SUBMISSIONS, MODELS = "claims", "deliveries", "submissions", "models"
+_CLAIM_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.json")  # a claim's name in its model's folder
 PENDING = ""  # a pending claim's tag
 MAX_UPDATE_ATTEMPTS = 16  # compare-and-set rounds on one submission before giving up as busy (transient)
 _IO_THREADS = 16  # a flush reads and retags its batch's claims in parallel: round trips, not CPU
@@ -84,11 +97,13 @@ class Ledger:
             raise LedgerError(f"event record {record.id} exists; expected a fresh id from new_delivery_id()")
 
     def claim_of(self, model_name: str, record_id: str) -> Claim | None:
+        """The claim of `record_id`; None if there is none, or it could not be read (moved aside)."""
         name = self._claim_name(model_name, record_id)
         stored = self.store.read(name)
         if stored is None:
             return None
-        return Claim(self._parse(name, stored.data, EventRecord.from_dict), stored.version, stored.tag)
+        record = self._readable(name, stored, EventRecord.from_dict)
+        return None if record is None else Claim(record, stored.version, stored.tag)
 
     def event(self, record_id: str, model_names: Iterable[str]) -> EventRecord | None:
         """The event recorded under `record_id`: a claim of one of `model_names`, or a delivery."""
@@ -99,11 +114,17 @@ class Ledger:
                 return claim.record
         name = f"{DELIVERIES}/{record_id}.json"
         stored = self.store.read(name)
-        return None if stored is None else self._parse(name, stored.data, EventRecord.from_dict)
+        return None if stored is None else self._readable(name, stored, EventRecord.from_dict)
 
     def claims(self, model_name: str, tag: str = PENDING) -> list[Claim]:
         """The model's claims with `tag` (PENDING: the batch waiting for a flush), oldest first."""
-        listed = [entry for entry in self.store.list(f"{CLAIMS}/{model_name}/") if entry.tag == tag]
+        folder = f"{CLAIMS}/{model_name}/"
+        listed = []
+        for entry in self.store.list(folder):
+            if entry.tag == UNREADABLE or not _CLAIM_FILE.fullmatch(entry.name.removeprefix(folder)):
+                self._quarantine(entry.name, entry.version, "not a claim of this model")
+            elif entry.tag == tag:
+                listed.append(entry)
         found = self._parallel(lambda entry: self.claim_of(model_name, _record_id(entry.name)), listed)
         claims = [claim for claim in found if claim is not None and claim.tag == tag]
         return sorted(claims, key=lambda claim: (claim.record.received_at, claim.record.id))
@@ -124,12 +145,19 @@ class Ledger:
     def load_state(self, model_name: str) -> tuple[ModelState, str | None]:
         """The model's state and its version; (an empty state, None) if it has never been saved."""
         name = f"{MODELS}/{model_name}.json"
-        stored = self.store.read(name)
-        if stored is None:
-            return ModelState.empty(model_name), None
-        state = self._parse(name, stored.data, lambda data: ModelState.from_dict(data["state"]))
-        check_model(model_name, state)
-        return state, stored.version
+        for _ in range(MAX_UPDATE_ATTEMPTS):
+            stored = self.store.read(name)
+            if stored is None:
+                return ModelState.empty(model_name), None
+            state = self._readable(name, stored, lambda data: _state_of(model_name, data))
+            if state is not None:
+                return state, stored.version
+            # Moved aside: rebuilt from the submissions it summarises, and saved in its place. A reader
+            # racing to do the same may win the create: its state is then read.
+            state = self._rebuilt_state(model_name)
+            if self.save_state(model_name, state, None):
+                log.warning("model %s: its state was rebuilt from its submissions", model_name)
+        raise LedgerBusyError(f"model {model_name!r}: its state kept changing while it was rebuilt; retry")
 
     def save_state(self, model_name: str, state: ModelState, version: str | None) -> bool:
         """Save `state` if the stored one is still `version` (None: none is stored). The pending and
@@ -170,17 +198,16 @@ class Ledger:
         raise LedgerBusyError(f"submission {record.id} changed under {MAX_UPDATE_ATTEMPTS} updates; retry")
 
     def snapshot(self) -> dict[str, Any]:
-        """`{"events": [...], "submissions": [...]}`, oldest first; each entry is its record's to_dict."""
+        """`{"events": [...], "submissions": [...], "quarantined": [...]}`: events and submissions oldest
+        first, each its record's to_dict; the names of the records moved aside, this time or before."""
         events = [
-            self._parse(entry.name, self._read(entry.name), EventRecord.from_dict)
+            event
             for area in (CLAIMS, DELIVERIES)
-            for entry in self.store.list(f"{area}/")
+            for event in self._records(f"{area}/", EventRecord.from_dict)
         ]
-        submissions = [
-            self._parse(entry.name, self._read(entry.name), SubmissionRecord.from_dict)
-            for entry in self.store.list(f"{SUBMISSIONS}/")
-        ]
-        return build_snapshot(events, submissions)
+        submissions = self._records(f"{SUBMISSIONS}/", SubmissionRecord.from_dict)
+        quarantined = [entry.name for entry in self.store.list(f"{QUARANTINE}/")]
+        return build_snapshot(events, submissions, quarantined)
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -189,16 +216,46 @@ class Ledger:
         stored = self.store.read(name)
         if stored is None:
             return None
-        return self._parse(name, stored.data, SubmissionRecord.from_dict), stored.version
+        record = self._readable(name, stored, SubmissionRecord.from_dict)
+        return None if record is None else (record, stored.version)
 
-    def _read(self, name: str) -> bytes:
-        stored = self.store.read(name)
-        if stored is None:
-            raise LedgerBusyError(f"ledger record {name} vanished while being read; retry")
-        return stored.data
+    def _records(self, prefix: str, parse: Callable[[Any], _Record]) -> list[_Record]:
+        """Every readable record under `prefix` (one that went meanwhile, or was moved aside, is left out)."""
 
-    def _parse(self, name: str, data: bytes, parse: Callable[[Any], _Record]) -> _Record:
-        return parse_record(f"{self.location.rstrip('/')}/{name}", data, parse)
+        def one(entry: Listed) -> _Record | None:
+            if entry.tag == UNREADABLE:
+                self._quarantine(entry.name, entry.version, "not a ledger record")
+                return None
+            stored = self.store.read(entry.name)
+            return None if stored is None else self._readable(entry.name, stored, parse)
+
+        return [record for record in self._parallel(one, list(self.store.list(prefix))) if record is not None]
+
+    def _rebuilt_state(self, model_name: str) -> ModelState:
+        return rebuild_state(model_name, self._records(f"{SUBMISSIONS}/", SubmissionRecord.from_dict))
+
+    def _readable(self, name: str, stored: Stored, parse: Callable[[Any], _Record]) -> _Record | None:
+        """The record parsed; None when it cannot be, after moving it aside."""
+        try:
+            if stored.tag == UNREADABLE:
+                raise DamagedRecord(self._display(name), "not a ledger record")
+            return parse_record(self._display(name), stored.data, parse)
+        except DamagedRecord as damaged:
+            self._quarantine(name, stored.version, damaged.reason)
+            return None
+
+    def _quarantine(self, name: str, version: str, reason: str) -> None:
+        moved = self.store.quarantine(name, version)
+        if moved is not None:
+            log.warning(
+                "ledger record %s is unreadable (%s); moved aside to %s",
+                self._display(name),
+                reason,
+                self._display(moved),
+            )
+
+    def _display(self, name: str) -> str:
+        return f"{self.location.rstrip('/')}/{name}"
 
     @staticmethod
     def _claim_name(model_name: str, record_id: str) -> str:
@@ -214,6 +271,12 @@ class Ledger:
             return [work(item) for item in items]
         with ThreadPoolExecutor(max_workers=min(_IO_THREADS, len(items))) as pool:
             return list(pool.map(work, items))
+
+
+def _state_of(model_name: str, data: Any) -> ModelState:
+    state = ModelState.from_dict(data["state"])
+    check_model(model_name, state)  # another model's state in this one's place is damage too
+    return state
 
 
 def _json(record: Any) -> bytes:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from function_app.ledger.records import LedgerError
-from function_app.ledger.store import Listed, Stored, check_name, check_tag
+from function_app.ledger.store import UNREADABLE, Listed, Stored, check_name, check_tag, quarantine_name
 from training.common import create_atomically, write_atomically
 
 _TAG_LINE = b"#tag="
@@ -52,12 +52,12 @@ class LocalRecordStore:
             raw = path.read_bytes()
         except FileNotFoundError:
             return None
-        data, tag = _decode(raw, path)
+        data, tag = _decode(raw)
         return Stored(data, _version(raw), tag)
 
     def replace(self, name: str, data: bytes, version: str, tag: str = "") -> bool:
         path = self._path(name)
-        with self._lock(f"r-{int(hashlib.sha256(name.encode()).hexdigest(), 16) % _STRIPES}"):
+        with self._lock(_stripe(name)):
             try:
                 current = path.read_bytes()
             except FileNotFoundError:
@@ -82,7 +82,24 @@ class LocalRecordStore:
                 raw = path.read_bytes()
             except FileNotFoundError:
                 continue
-            yield Listed(relative, _version(raw), _decode(raw, path)[1])
+            yield Listed(relative, _version(raw), _decode(raw)[1])
+
+    def quarantine(self, name: str, version: str) -> str | None:
+        path = self._folder / name
+        if not path.resolve().is_relative_to(self._folder.resolve()):
+            raise LedgerError(f"ledger record {name!r}: not in the ledger folder {self._folder}")
+        target = quarantine_name(name, version)
+        with self._lock(_stripe(name)):  # the lock `replace` takes: the record cannot change meanwhile
+            try:
+                raw = path.read_bytes()
+            except FileNotFoundError:
+                return target  # another reader moved it first
+            if _version(raw) != version:
+                return None
+            create_atomically(self._path(target), _encode(raw, ""), sync_folder=True)  # False: copied already
+            path.unlink(missing_ok=True)
+            _sync(path.parent)  # the delete survives a crash, as a write does
+        return target
 
     @contextlib.contextmanager
     def hold(self, name: str) -> Iterator[_FileLease | None]:
@@ -121,11 +138,25 @@ def _encode(data: bytes, tag: str) -> bytes:
     return _TAG_LINE + check_tag(tag).encode() + b"\n" + data
 
 
-def _decode(raw: bytes, path: Path) -> tuple[bytes, str]:
+def _decode(raw: bytes) -> tuple[bytes, str]:
+    """A record file's bytes and tag; a file without its tag line (empty, truncated, put there by hand) is
+    all bytes and UNREADABLE, for the ledger to move aside."""
     head, newline, data = raw.partition(b"\n")
     if not head.startswith(_TAG_LINE) or not newline:
-        raise LedgerError(f"ledger record {path} is unreadable (no tag line); expected the ledger's format")
+        return raw, UNREADABLE
     return data, head[len(_TAG_LINE) :].decode("ascii", "replace")
+
+
+def _sync(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _stripe(name: str) -> str:
+    return f"r-{int(hashlib.sha256(name.encode()).hexdigest(), 16) % _STRIPES}"
 
 
 def _version(raw: bytes) -> str:

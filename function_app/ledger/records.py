@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, TERMINAL_STATES
 from function_app.events.triggers import DECISIONS, KINDS, SUBMITTED, TriggerRequest
-from function_app.policy.state import ModelState, PendingItem, PolicyError
+from function_app.policy.state import ModelState, PendingItem, PolicyError, utc_day
 
 SUBMITTING = "Submitting"  # recorded before the submitter has accepted the job
 SUBMISSION_STATUSES = (SUBMITTING, QUEUED, RUNNING, COMPLETED, FAILED, CANCELED)
@@ -32,6 +32,15 @@ class LedgerError(Exception):
 
 class LedgerBusyError(LedgerError):
     """A record kept changing under a compare-and-set update; transient: retry the event."""
+
+
+class DamagedRecord(LedgerError):
+    """A stored record that cannot be read (truncated, empty, not the ledger's JSON): the ledger moves it
+    aside rather than let it stop its model. `reason` is why, in a few words."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"ledger record {name} is unreadable ({reason}); expected the ledger's JSON")
+        self.reason = reason
 
 
 def event_id_for_key(dedupe_key: str) -> str:
@@ -316,22 +325,52 @@ def parse_record(name: str, data: bytes, parse: Callable[[Any], _Record]) -> _Re
     """A stored record, or a one-line LedgerError naming it."""
     try:
         return parse(json.loads(data))
-    except (ValueError, KeyError, TypeError, LedgerError, PolicyError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError, LedgerError, PolicyError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise LedgerError(
-            f"ledger record {name} is unreadable ({reason}); expected the ledger's JSON"
-        ) from None
+        raise DamagedRecord(name, reason) from None
 
 
 def encode(payload: Mapping[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode() + b"\n"  # compact: the C encoder
 
 
-def build_snapshot(events: list[EventRecord], submissions: list[SubmissionRecord]) -> dict[str, Any]:
+def build_snapshot(
+    events: list[EventRecord], submissions: list[SubmissionRecord], quarantined: list[str]
+) -> dict[str, Any]:
     return {
         "events": [e.to_dict() for e in sorted(events, key=lambda e: (e.received_at, e.id))],
         "submissions": [s.to_dict() for s in sorted(submissions, key=lambda s: (s.created_at, s.id))],
+        "quarantined": sorted(quarantined),
     }
+
+
+def rebuild_state(model_name: str, submissions: list[SubmissionRecord]) -> ModelState:
+    """A model's state as its submissions have it, for one whose stored state was damaged: the newest
+    unfinished submission in flight, the newest finished one (that pinned data, if any did) as the last,
+    and every submission started on the newest one's UTC day counted in that day's budget (a refused one
+    included: counting one too many can only delay a run, never overspend). Its pending items are the
+    claims, which the state never holds."""
+    ours = sorted((s for s in submissions if s.model_name == model_name), key=lambda s: (s.created_at, s.id))
+    if not ours:
+        return ModelState.empty(model_name)
+    newest = ours[-1]
+    day = utc_day(newest.created_at)
+    in_flight = next((s for s in reversed(ours) if not s.finished), None)
+    finished = [s for s in ours if s.finished]
+    pinned = [s for s in finished if s.data_version is not None]
+    last = max(pinned or finished, key=lambda s: (s.updated_at, s.id)) if finished else None
+    return ModelState(
+        model_name=model_name,
+        in_flight_id=in_flight.id if in_flight else None,
+        in_flight_since=in_flight.created_at if in_flight else None,
+        in_flight_kind=in_flight.kind if in_flight else None,
+        last_submission_at=newest.created_at,
+        runs_day=day,
+        runs_today=sum(1 for s in ours if utc_day(s.created_at) == day),
+        last_finished_id=last.id if last else None,
+        last_finished_at=last.updated_at if last else None,
+        last_outcome=last.status if last else None,
+    )
 
 
 def check_model(model_name: str, state: ModelState) -> None:

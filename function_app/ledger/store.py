@@ -4,13 +4,16 @@
     read(name)                         the record's bytes, version and tag; None when absent
     replace(name, data, version, tag)  replace if still `version`; False when another writer got there first
     list(prefix)                       every record's name, version and tag under a prefix, without its bytes
+    quarantine(name, version)          move a record that cannot be read to `quarantine/`, if still `version`
     hold(name)                         the single-writer lease: a file lock locally, a blob lease in Azure
 
 A record is replaced whole and atomically: a reader sees the old one or the new one. The tag is a short
 word stored beside the bytes (blob metadata in Azure) that `list` returns without reading any record: it
 is how a flush finds the claims still pending among every claim ever made, at one listing call per 5,000.
 Transient storage failures raise their own errors, so that Event Grid retries; what the user must fix is
-a one-line `LedgerError`.
+a one-line `LedgerError`. A record that cannot be decoded at all (a local file without its tag line) is
+read and listed with the tag UNREADABLE, which no record can be given, so that the ledger moves it aside
+instead of stopping at it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Protocol
 
 from function_app.ledger.records import LedgerError
 
+QUARANTINE = "quarantine"  # where records that cannot be read are moved, under their own names
+UNREADABLE = "?"  # the tag of a record that cannot be decoded; check_tag refuses it, so none is written
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127}){0,3}")
 _TAG = re.compile(r"[A-Za-z0-9._-]{0,128}")
 
@@ -63,6 +68,13 @@ class RecordStore(Protocol):
 
     def list(self, prefix: str) -> Iterator[Listed]: ...
 
+    def quarantine(self, name: str, version: str) -> str | None:
+        """Move the record `name` (as listed: it may be a stray name no record would have) to
+        `quarantine_name(name, version)`: copy it there, then delete it if it is still `version`. Two
+        readers may move one record at once: the copy is created if absent and the delete is conditional.
+        The quarantined name; None when the record changed from `version` (it is left where it is)."""
+        ...
+
     def hold(self, name: str) -> AbstractContextManager[Hold | None]:
         """Enter to try to take the lease `name` without waiting: the Hold, or None when another holder
         has it. A holder that dies loses it (the lock with its process; a blob lease when it expires)."""
@@ -76,6 +88,20 @@ def check_name(name: str) -> str:
             "or '-'"
         )
     return name
+
+
+def quarantine_name(name: str, version: str) -> str:
+    """Where the record `name` at `version` is kept once moved aside: `quarantine/<name>.<version>`, each
+    part made a valid name part (a stray file's name may not be one), so two damaged versions of one
+    record are both kept."""
+    parts = [_name_part(part) for part in name.split("/") if part][-3:] or ["record"]
+    stamp = _name_part(version.strip('"'))[:16]
+    return check_name("/".join([QUARANTINE, *parts[:-1], f"{parts[-1][:100]}.{stamp}"]))
+
+
+def _name_part(text: str) -> str:
+    part = re.sub(r"[^A-Za-z0-9._-]", "_", text)[:110]
+    return part if part[:1].isalnum() else f"x{part}"
 
 
 def check_tag(tag: str) -> str:

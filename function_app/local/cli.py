@@ -14,7 +14,7 @@ and prints each decision line, which names the blob; `trigger` sends the handler
 what the HTTP request would carry and, once a forced request submitted, what its status URL tells; `flush`
 runs the timer's flush (`--now` ignores the quiet period). A submission is printed with its run's status
 and the gate's decision beside it (components/outcome.py). `ledger` prints every event's decision and every
-submission, with its estimated cost.
+submission, with its estimated cost, and the records moved aside to `quarantine/` as unreadable.
 
 Settings come from the environment (`args.environ`), as app settings reach a Function App. Exit codes: 0
 done (rejections are decisions too); 1 a delivery or flush failed (transient: run it again, the ledger
@@ -356,4 +356,9 @@ def ledger_command(args: argparse.Namespace) -> int:
         )
         if record.get("estimate"):
             print(f"    {record['estimate']['summary']}")
+    quarantined = snapshot["quarantined"]
+    if quarantined:  # unreadable records moved aside: read them, then delete them when done
+        print(f"quarantined ({len(quarantined)}):")
+        for name in quarantined:
+            print(f"  {name}")
     return EXIT_OK

@@ -21,7 +21,7 @@ from function_app.ledger import blob
 from function_app.ledger.blob import BlobRecordStore
 from function_app.ledger.local import LocalRecordStore
 from function_app.ledger.records import LedgerError
-from function_app.ledger.store import Listed, RecordStore
+from function_app.ledger.store import UNREADABLE, Listed, RecordStore, quarantine_name
 
 THREADS = 8
 PREFIX = "retrain/ledger"
@@ -198,14 +198,29 @@ def test_readers_never_see_half_a_record(backend):
         assert [path.name for path in (Path(store.location)).rglob("*.tmp")] == []
 
 
-def test_a_corrupt_local_record_is_reported_by_name(tmp_path):
+def test_a_local_record_without_its_tag_line_is_read_and_listed_as_unreadable(tmp_path):
     store = LocalRecordStore(tmp_path / "ledger")
     (tmp_path / "ledger" / "models").mkdir()
     (tmp_path / "ledger" / "models" / "digits.json").write_bytes(b'{"state": "torn')
-    for action in (lambda: store.read("models/digits.json"), lambda: list(store.list("models/"))):
-        with pytest.raises(LedgerError, match=r"ledger record .*models/digits\.json is unreadable") as caught:
-            action()
-        assert "\n" not in str(caught.value)
+    stored = store.read("models/digits.json")
+    assert (stored.data, stored.tag) == (b'{"state": "torn', UNREADABLE)
+    assert [(entry.name, entry.tag) for entry in store.list("models/")] == [
+        ("models/digits.json", UNREADABLE)
+    ]
+    moved = store.quarantine("models/digits.json", stored.version)
+    assert moved == quarantine_name("models/digits.json", stored.version)
+    assert store.read("models/digits.json") is None and store.read(moved).data == b'{"state": "torn'
+    assert store.quarantine("models/digits.json", stored.version) == moved  # moved already: the same place
+
+
+def test_a_record_changed_since_it_was_read_is_not_moved_aside(backend):
+    store = backend.open()
+    store.create("claims/digits/k-1.json", b"{torn")
+    old = store.read("claims/digits/k-1.json").version
+    store.replace("claims/digits/k-1.json", b"{}", old)
+    assert store.quarantine("claims/digits/k-1.json", old) is None
+    assert store.read("claims/digits/k-1.json").data == b"{}"
+    assert list(store.list("quarantine/")) == []
 
 
 def test_a_hold_is_had_once_and_again_after_release(backend):
