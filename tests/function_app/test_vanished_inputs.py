@@ -140,10 +140,21 @@ def test_a_vanished_landing_file_is_dropped_named_and_the_rest_trains(landing, t
     assert later.status == "Completed"
     names = [f.name for f in DataManifest.from_json(later.details["manifest"]).files]
     assert names == ["b.csv", "d.csv", "e.csv"]
+
+    # A file an earlier run trained on, cleaned up since: the next run goes without it, saying so.
+    data.delete("e.csv")
+    data.put("f.csv", _csv(8))
+    data.deliver(door)
+    caplog.clear()
+    [after_cleanup] = door.flush(ignore_quiet=True)
+    names = [f.name for f in DataManifest.from_json(after_cleanup.details["manifest"]).files]
+    assert names == ["b.csv", "d.csv", "f.csv"]
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "e.csv: gone since its event" in line
     submissions = ledger.snapshot()["submissions"]
-    assert [s["status"] for s in submissions] == ["Completed"] * 3  # not one Failed
-    assert len(JobBoard(board).jobs()) == 3
-    assert ledger.load_state(MODEL)[0].runs_on(datetime.now(UTC)) == 3
+    assert [s["status"] for s in submissions] == ["Completed"] * 4  # not one Failed
+    assert len(JobBoard(board).jobs()) == 4
+    assert ledger.load_state(MODEL)[0].runs_on(datetime.now(UTC)) == 4
 
 
 def test_a_file_gone_between_the_check_and_the_pin_fails_one_submission_in_one_line(tmp_path, caplog):
