@@ -271,12 +271,13 @@ def _unbound_component_inputs(spec: PipelineSpec) -> dict[str, tuple[str, str, s
     }
 
 
-def _step_literals(step: StepSpec, build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]:
-    unbound = _unbound_component_inputs(spec)
+def _step_literals(step: StepSpec, build: PipelineBuild) -> dict[str, Any]:
+    # Every step that declares an input left unbound gets the parameter (the gate policy goes to prep,
+    # which checks it first, and to register, which applies it), as the local runner gives it.
     literals = {
-        name: _coerce(name, value, unbound[name])
+        name: _coerce(name, value, (step.name, name, step.component.inputs[name].type))
         for name, value in build.parameters.items()
-        if name in unbound and unbound[name][0] == step.name
+        if name in step.component.inputs and name not in step.inputs
     }
     if build.registry_lock and REGISTRY_LOCK_INPUT in step.component.inputs:
         literals.setdefault(REGISTRY_LOCK_INPUT, build.registry_lock)  # a `registry_lock` parameter wins
@@ -386,7 +387,7 @@ def _node(step: StepSpec, build: PipelineBuild, spec: PipelineSpec) -> Any:
         component=_component(step, build),
         inputs={
             **{name: _binding(value) for name, value in step.inputs.items()},
-            **_step_literals(step, build, spec),
+            **_step_literals(step, build),
         },
         outputs=_outputs(step, build),
         compute=compute_name(compute) if compute else None,

@@ -4,29 +4,47 @@ before any data is pinned or any step started.
 components/ imports neither torch nor training/, so the check runs where the steps run: as a process,
 `python -m training.cli check-model` (training/gate/check.py), in the components' code folder and with
 the caller's environment. A task that fails to load or lacks a part, and a gate metric the task does not
-declare, are one line naming the task and what is wrong, raised as a SubmissionError. A passed check is
+declare, are one line naming the task and what is wrong, raised as a SubmissionError (PreflightRefused:
+the check ran and refused, so it always will for the same file, options and policy). A passed check is
 remembered for the same task file content, options and policy, so `retrain run` checking before it pins
-the data and the runner checking again cost one process.
+the data and the runner checking again cost one process. `RecordedPreflight` keeps the verdicts on a task
+file in a folder, so that the front door's flushes, each perhaps in its own process, check a version of a
+user's task file once (function_app/task_check.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from components.errors import SubmissionError
 from components.run_inputs import GATE_INPUTS
 from components.specs import REPO_ROOT
+from training.common import file_sha256, write_atomically
 
 CHECK_COMMAND = ("-m", "training.cli", "check-model")
 DEFAULT_WHERE = "the gate policy"
 PREFLIGHT_TIMEOUT_S = 600.0  # a cold import of torch on a busy machine; the check itself is instant
 _ERROR_PREFIX = "retrain: error: "
+# The code whose rules decide a verdict: a recorded verdict is kept only while these files are unchanged.
+CHECK_CODE = (
+    "training/gate/check.py",
+    "training/gate/policy.py",
+    "training/metrics.py",
+    "training/tasks/base.py",
+    "training/tasks/loader.py",
+)
+
+
+class PreflightRefused(SubmissionError):
+    """The check ran and refused the task or its gate policy (not: it could not run): the same task file
+    content, options and policy are refused again, so the verdict may be kept."""
 
 
 @dataclass(frozen=True)
@@ -72,12 +90,13 @@ def check_arguments(request: TaskRun, where: str = DEFAULT_WHERE) -> list[str]:
     return arguments
 
 
-def _failure_line(stderr: str, returncode: int) -> str:
+def _failure_line(stderr: str, returncode: int) -> tuple[str, bool]:
+    """The check's one-line reason, and whether it is the check's own refusal (its `retrain: error:`)."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line.removeprefix(_ERROR_PREFIX) for line in lines if line.startswith(_ERROR_PREFIX)]
     if errors:
-        return errors[-1]
-    return lines[-1] if lines else f"the check exited with code {returncode} and said nothing"
+        return errors[-1], True
+    return (lines[-1] if lines else f"the check exited with code {returncode} and said nothing"), False
 
 
 class SubprocessPreflight:
@@ -115,23 +134,75 @@ class SubprocessPreflight:
                 f"preflight of task {request.task!r}: could not run the check ({error})"
             ) from None
         if done.returncode != 0:
-            raise SubmissionError(f"preflight: {_failure_line(done.stderr, done.returncode)}")
+            line, refused = _failure_line(done.stderr, done.returncode)
+            raise (PreflightRefused if refused else SubmissionError)(f"preflight: {line}")
         result = _parse(done.stdout, request.task)
         self._passed[memo] = result
         return result
 
 
+class RecordedPreflight:
+    """A preflight whose verdicts on a task file are kept in `folder`, one file per version of the task
+    file (its sha256), options, policy and check code: whichever process asks, a version is checked once,
+    and a refusal is answered from the record, at no cost. A built-in or module task's verdict is not kept
+    (no hash here covers its code), nor a check that could not run (it says nothing of the task)."""
+
+    def __init__(self, inner: Preflight, folder: Path, code_root: Path = REPO_ROOT) -> None:
+        self._inner, self.folder = inner, Path(folder)
+        self._code = hashlib.sha256(
+            "\n".join(f"{name}={file_sha256(Path(code_root, name))}" for name in CHECK_CODE).encode()
+        ).hexdigest()
+
+    def check(self, request: TaskRun, where: str = DEFAULT_WHERE) -> PreflightResult:
+        if request.task_sha256 is None:
+            return self._inner.check(request, where)
+        key = json.dumps([self._code, request.task_sha256, *check_arguments(request, "")])
+        path = self.folder / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+        recorded = _recorded(path)
+        if recorded is not None and "refused" in recorded:
+            raise PreflightRefused(str(recorded["refused"]))
+        if recorded is not None:
+            try:
+                return _result(recorded["passed"])
+            except (KeyError, TypeError):
+                pass  # a damaged record: check again, and write it anew
+        try:
+            result = self._inner.check(request, where)
+        except PreflightRefused as refusal:
+            _keep(path, {"refused": str(refusal)})
+            raise
+        _keep(path, {"passed": {**asdict(result), "metrics": dict(result.metrics)}})
+        return result
+
+
+def _keep(path: Path, verdict: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps(verdict, sort_keys=True).encode())
+
+
+def _recorded(path: Path) -> dict[str, Any] | None:
+    """A kept verdict, or None: none kept, or one that does not read (then checked again)."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _result(found: Mapping[str, Any]) -> PreflightResult:
+    return PreflightResult(
+        task=found["task"],
+        name=found["name"],
+        raw_suffixes=tuple(found["raw_suffixes"]),
+        metrics=dict(found["metrics"]),
+        primary_metric=found["primary_metric"],
+    )
+
+
 def _parse(stdout: str, task: str) -> PreflightResult:
     lines = [line for line in stdout.splitlines() if line.strip()]
     try:
-        found = json.loads(lines[-1])
-        return PreflightResult(
-            task=found["task"],
-            name=found["name"],
-            raw_suffixes=tuple(found["raw_suffixes"]),
-            metrics=dict(found["metrics"]),
-            primary_metric=found["primary_metric"],
-        )
+        return _result(json.loads(lines[-1]))
     except (IndexError, ValueError, KeyError, TypeError):
         raise SubmissionError(
             f"preflight of task {task!r}: the check printed no result ({stdout.strip()[-200:]!r}); expected "

@@ -46,6 +46,7 @@ from function_app.policy.rules import (
     start_submission,
 )
 from function_app.settings.models import ModelRoute
+from function_app.task_check import NoTaskCheck, TaskCheck
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class Flusher:
         policy: PolicySettings,
         run_settings: tuple[Mapping[str, str], int, int, CostSettings],
         on_step: Callable[[str], None] | None = None,
+        task_check: TaskCheck | None = None,
     ) -> None:
         self._ledger = ledger
         self._submitter = submitter
@@ -75,6 +77,7 @@ class Flusher:
         self._policy = policy
         self._parameters, self._processes, self._nodes, self._cost = run_settings
         self._on_step = on_step or (lambda step: None)
+        self._task_check = task_check or NoTaskCheck()
         self.verdicts: dict[str, FlushVerdict] = {}  # each model's last verdict, for `retrain flush` to say
 
     def flush(self, route: ModelRoute, ignore_quiet: bool = False) -> list[SubmissionRecord]:
@@ -96,6 +99,9 @@ class Flusher:
             if not verdict.submit:
                 log.debug("flush %s: not now (%s)", model, verdict.reason)
                 return []
+            refusal = self._task_check.refusal(route, {**route.parameters, **self._parameters})
+            if refusal is not None:  # before anything is recorded or counted in the budget
+                return self._hold(model, pending, refusal)
             submission_id = f"s-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
             try:
                 manifest, named = self._data(route, state, view.pending)
@@ -300,6 +306,20 @@ class Flusher:
         log.warning("submission %s of %s not started: %s", record.id, record.model_name, reason)
         self._end(record.model_name, record.id, FAILED)
         return failed
+
+    def _hold(self, model: str, pending: list[Claim], reason: str) -> list[SubmissionRecord]:
+        """A batch whose task refuses its gate policy: no submission, no budget spent. Its claims stay
+        pending, each saying why (written once per reason), and go with the next flush once the task is
+        fixed."""
+        held = f"held: {reason}"
+        self.verdicts[model] = FlushVerdict(False, held)
+        self._ledger.retag(
+            [claim for claim in pending if claim.record.reason != held],
+            lambda event: event.with_decision(event.decision, held, None),
+            PENDING,
+        )
+        log.warning("flush %s: %s", model, held)
+        return []
 
     def _finish_without_data(self, record: SubmissionRecord) -> SubmissionRecord:
         failed = record.with_status(

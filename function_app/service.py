@@ -48,6 +48,7 @@ from function_app.policy.rules import (
     on_arrival,
 )
 from function_app.settings.app import AppSettings
+from function_app.task_check import TaskCheck
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class FrontDoor:
         pinner: DataPinner,
         clock: Callable[[], datetime] = utc_now,
         on_step: Callable[[str], None] | None = None,
+        task_check: TaskCheck | None = None,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
@@ -105,7 +107,7 @@ class FrontDoor:
         )
         run = (settings.pipeline_parameters, settings.processes_per_node, settings.nodes, settings.cost)
         self._states: dict[str, tuple[datetime, ModelState]] = {}  # model -> (read at, state)
-        self._flusher = Flusher(ledger, submitter, pinner, clock, self._policy, run, on_step)
+        self._flusher = Flusher(ledger, submitter, pinner, clock, self._policy, run, on_step, task_check)
 
     # -- events -------------------------------------------------------------------------------------------
 

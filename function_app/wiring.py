@@ -26,12 +26,14 @@ from function_app.service import FrontDoor, utc_now
 from function_app.settings.app import (
     BLOB_ACCOUNT,
     BLOB_CONTAINER,
+    LOCAL,
     PIPELINE_PARAMETERS,
     AppSettings,
     BlobScope,
     SettingsError,
 )
 from function_app.settings.models import ModelRoute
+from function_app.task_check import PreflightTaskCheck
 
 
 class ModelPinners:
@@ -90,7 +92,9 @@ def landing_container(settings: AppSettings, scope: BlobScope) -> Any:
     return ContainerClient(scope.endpoint.url, scope.container, credential=DefaultAzureCredential())
 
 
-def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> tuple[Submitter, DataPinner]:
+def _submitter_and_pinner(
+    settings: AppSettings, environ: Mapping[str, str], task_check: PreflightTaskCheck | None
+) -> tuple[Submitter, DataPinner]:
     if settings.submitter == "dry-run":
         from components.dry_run import DryRunSubmitter
 
@@ -132,7 +136,9 @@ def _submitter_and_pinner(settings: AppSettings, environ: Mapping[str, str]) -> 
     from components.local import RunnerOptions
     from components.submitters.local import LocalSubmitter
 
-    submitter = LocalSubmitter(RunnerOptions(state_root=settings.home), dict(environ))
+    # The runner checks the task as the flush did, with the same kept verdicts: one check per version.
+    preflight = task_check.preflight if task_check is not None else None
+    submitter = LocalSubmitter(RunnerOptions(state_root=settings.home), dict(environ), preflight=preflight)
     if settings.landing_folder is not None:
         # The folder plays the one served model's prefix (AppSettings refuses it with several models).
         [route] = settings.models
@@ -164,8 +170,11 @@ def build_front_door(
 ) -> FrontDoor:
     _check_pipeline_parameters(settings)
     ledger = open_ledger(settings.ledger_location.spec, settings.storage_connection_string)
-    chosen, pinner = _submitter_and_pinner(settings, environ)
-    return FrontDoor(settings, ledger, submitter or chosen, pinner, clock or utc_now, on_step)
+    # Runs train here only with the local submitter: there a user's task is checked before each flush
+    # spends anything (function_app/task_check.py); on Azure ML, by the pipeline's first step.
+    task_check = PreflightTaskCheck.kept_in(settings.home, environ) if settings.submitter == LOCAL else None
+    chosen, pinner = _submitter_and_pinner(settings, environ, task_check)
+    return FrontDoor(settings, ledger, submitter or chosen, pinner, clock or utc_now, on_step, task_check)
 
 
 def _check_pipeline_parameters(settings: AppSettings) -> None:

@@ -44,10 +44,15 @@ def _sample_data(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> int:
     from training.data.splits import SplitFractions
+    from training.gate.policy import policy_of
     from training.tasks.loader import load_task
 
     split = SplitFractions.parse(args.split)
     task = load_task(args.task, task_options_from_args(args))
+    # The pipeline's first step checks the gate policy before any data is prepared: on Azure ML no
+    # preflight runs before the job, and a metric the task does not report would otherwise fail register
+    # after a whole training.
+    policy_of(task, **registry_cli.policy_options(args), where=f"the gate policy (task {args.task!r})")
     version = task.prepare(args.raw, args.out, previous=args.previous, split=split)
     log.info("prepared data version %s in %s", version, args.out)
     return 0
@@ -110,6 +115,7 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
         metavar="TRAIN,VALIDATION,TEST",
         help="fractions of rows per split, adding up to 1 (default 0.8,0.1,0.1)",
     )
+    registry_cli.add_policy_options(prep)  # checked against the task's metrics before anything is prepared
     prep.set_defaults(handler=_prepare)
 
     train = commands.add_parser("train", help="train with checkpoint/resume, on one or more processes")

@@ -18,6 +18,7 @@ from components.errors import SubmissionError
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.local.launch import ProcessStarted
 from components.outcome import gate_details
+from components.preflight import Preflight
 from components.request import RunRequest, Submission
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,15 @@ class LocalSubmitter:
         progress: TextIO | None = None,
         force_rerun: bool = False,
         on_process_started: ProcessStarted | None = None,
+        preflight: Preflight | None = None,
     ) -> None:
+        # `preflight`: the caller's, when it has checked the task already (the front door's flush).
         self._runner = LocalRunner(
-            options, environ, progress or _LoggingStream(), on_process_started=on_process_started
+            options,
+            environ,
+            progress or _LoggingStream(),
+            on_process_started=on_process_started,
+            preflight=preflight,
         )
         self._runs = RunStore(Path(options.state_root) / "runs")
         self._force_rerun = force_rerun

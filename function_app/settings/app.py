@@ -24,6 +24,7 @@ from components.azureml.data_assets import DATA_DATASTORE_SETTING
 from components.builder import DATASTORE_SETTING, DEFAULT_DATASTORE, check_datastore_name
 from components.cost import CostSettings, CostSettingsError
 from components.errors import SubmissionError
+from function_app.settings.gates import check_gate_policies
 from function_app.settings.models import ModelRoute, check_served_models
 from function_app.settings.served import MODEL_NAME, MODELS, served_models
 from function_app.settings.storage import (
@@ -153,6 +154,7 @@ class AppSettings:
             object.__setattr__(self, "models", (ModelRoute(self.model_name, self.blob),))
         object.__setattr__(self, "models", tuple(self.models))
         check_served_models(self.models)
+        check_gate_policies(self.models, self.pipeline_parameters, PIPELINE_PARAMETERS)
         if self.submitter == AZUREML:
             self._check_every_model_has_a_scope()
         self._check_emulator_connection()

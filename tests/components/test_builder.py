@@ -97,7 +97,7 @@ def test_registered_components_reference_the_published_versions():
     job = build_pipeline_job(PipelineBuild.for_request(make_request(), registered_components=True))
     components = {name: step["component"] for name, step in job._to_dict()["jobs"].items()}
     assert components == {
-        "prep": "azureml:retrain_prep:3",
+        "prep": "azureml:retrain_prep:4",
         "train": "azureml:retrain_train:4",
         "evaluate": "azureml:retrain_evaluate:4",
         "register": "azureml:retrain_register:4",
@@ -188,7 +188,7 @@ def test_the_built_job_agrees_with_pipeline_yml(built, from_yaml):
 
 
 def test_the_same_component_version_as_the_yaml_uses_the_yaml():
-    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "3"})))
+    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "4"})))
     assert job._to_dict()["jobs"]["prep"]["component"]["command"].startswith("python -m training.cli prepare")
 
 
@@ -256,3 +256,31 @@ def test_importing_the_builder_does_not_import_azure_ai_ml():
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_the_first_step_gets_the_gate_policy_and_checks_it_before_preparing_data():
+    # On Azure ML no preflight runs before the job: prep, the first step, checks the policy the register
+    # step will apply, so a metric the task does not report fails on the CPU cluster, not after training.
+    gate = {
+        "primary_metric": "accuracy",
+        "min_improvement": "0.01",
+        "floors": "loss=1.5",
+        "max_regression": "recall_*=0.1",
+        "first_model_floors": "accuracy=0.9",
+    }
+    jobs = build_pipeline_job(PipelineBuild.for_request(make_request(parameters=gate)))._to_dict()["jobs"]
+
+    assert load_pipeline_spec().order[0] == "prep"
+    expected = {**gate, "min_improvement": 0.01}
+    for step in ("prep", "register"):
+        assert {name: jobs[step]["inputs"][name] for name in gate} == expected, step
+    command = jobs["prep"]["component"]["command"]
+    assert command.startswith("python -m training.cli prepare ")
+    for flag, name in (
+        ("--primary-metric", "primary_metric"),
+        ("--min-improvement", "min_improvement"),
+        ("--floors", "floors"),
+        ("--max-regression", "max_regression"),
+        ("--first-model-floors", "first_model_floors"),
+    ):
+        assert f"{flag} " in command and f"${{{{inputs.{name}}}}}" in command

@@ -77,7 +77,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _policy(args: argparse.Namespace) -> dict[str, Any]:
+def policy_options(args: argparse.Namespace) -> dict[str, Any]:
     """The gate options given; the rest are the task's defaults (training.gate.policy.policy_for_task)."""
     return {
         "primary_metric": args.primary_metric,
@@ -116,7 +116,7 @@ def _register(args: argparse.Namespace) -> int:
         environment_version=args.environment_version,
         pipeline_job=pipeline_job,
         experiment=args.mlflow_experiment,
-        gate=_policy(args),
+        gate=policy_options(args),
         task_ref=task_ref,
         task_options=task_options,
     )
@@ -279,7 +279,8 @@ def _add_lock_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_policy_options(parser: argparse.ArgumentParser) -> None:
+def add_policy_options(parser: argparse.ArgumentParser) -> None:
+    """The register step's gate policy options (`retrain prepare` takes them too, to check them first)."""
     policy = parser.add_argument_group("gate policy")
     policy.add_argument(
         "--primary-metric", metavar="METRIC", help=f"one of the task's metrics ({_GATE_DEFAULT})"
@@ -358,7 +359,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     _add_task_options(register)
     _add_registry_options(register, model_name_required=True)
     _add_lock_options(register)
-    _add_policy_options(register)
+    add_policy_options(register)
     register.set_defaults(handler=_register)
 
     models = commands.add_parser("models", help="registered versions with aliases, metrics and lineage")

@@ -14,13 +14,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from training.errors import InputError
+from training.metrics import DEFAULT, FAMILY, MetricSet, check_policy_metrics, parse_bounds
 
 if TYPE_CHECKING:
-    from training.tasks.base import MetricSet, Task
+    from training.tasks.base import Task
 
 ALL_RECALLS = "recall_*"  # in max_regression: every per-class recall
-DEFAULT = "default"  # an option's value meaning: the task's default
-FAMILY = "*"  # a bound whose name ends in it covers every metric with that prefix (`recall_*`)
 
 
 def non_finite(metrics: Mapping[str, Any]) -> list[str]:
@@ -30,25 +29,6 @@ def non_finite(metrics: Mapping[str, Any]) -> list[str]:
         if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
             bad.append(name)
     return sorted(bad)
-
-
-def parse_bounds(text: str, option: str) -> dict[str, float]:
-    """`accuracy=0.9,loss=0.3` -> {'accuracy': 0.9, 'loss': 0.3}; '' or 'none' -> {}."""
-    if text.strip().lower() in ("", "none"):
-        return {}
-    bounds: dict[str, float] = {}
-    for part in text.split(","):
-        name, separator, value = part.partition("=")
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not separator or not name.strip() or not math.isfinite(number):
-            raise InputError(
-                f"{option} {text!r}: expected METRIC=NUMBER[,METRIC=NUMBER...], e.g. accuracy=0.9"
-            )
-        bounds[name.strip()] = number
-    return bounds
 
 
 def _format_bounds(bounds: Mapping[str, float]) -> str:
@@ -326,16 +306,7 @@ def validate_policy_metrics(policy: GatePolicy, metrics: MetricSet, where: str =
         *(("max_regression", name) for name in policy.max_regression),
         *(("first_model_floors", name) for name in policy.first_model_floors),
     ]
-    for field_name, metric in named:
-        if metrics.find(metric) is None:
-            raise InputError(
-                f"{where}: {field_name} names metric {metric!r}, which the task does not report; "
-                f"expected one of {metrics.describe()}"
-            )
-    if policy.primary_metric.endswith(FAMILY):
-        raise InputError(
-            f"{where}: primary_metric {policy.primary_metric!r} is a family of metrics; name one metric"
-        )
+    check_policy_metrics(metrics, named, where)
 
 
 Bounds = str | Mapping[str, float] | None

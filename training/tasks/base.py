@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -47,69 +47,12 @@ from torch import nn
 from training.data.splits import SPLIT_NAMES, SplitFractions
 from training.errors import InputError
 
-Direction = Literal["higher", "lower"]
-DIRECTIONS: tuple[Direction, ...] = ("higher", "lower")
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One score a task reports. `name` ending in `*` declares a family (`recall_*`: one per class)."""
-
-    name: str
-    direction: Direction
-    description: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.name or not isinstance(self.name, str):
-            raise InputError(f"metric name {self.name!r}: expected a non-empty string")
-        if self.direction not in DIRECTIONS:
-            raise InputError(
-                f"metric {self.name!r}: direction {self.direction!r}; expected 'higher' or 'lower'"
-            )
-
-    @property
-    def is_family(self) -> bool:
-        return self.name.endswith("*")
-
-    def covers(self, name: str) -> bool:
-        return name.startswith(self.name[:-1]) if self.is_family else name == self.name
-
-
-@dataclass(frozen=True)
-class MetricSet:
-    """The metrics a task declares; looks up directions, including family members such as `recall_3`."""
-
-    metrics: tuple[Metric, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "metrics", tuple(self.metrics))
-        if not self.metrics:
-            raise InputError("a task must declare at least one metric")
-        names = [metric.name for metric in self.metrics]
-        if len(set(names)) != len(names):
-            raise InputError(f"a task declares a metric twice: {sorted(names)}")
-
-    def find(self, name: str) -> Metric | None:
-        exact = [metric for metric in self.metrics if metric.name == name]
-        if exact:
-            return exact[0]
-        families = [metric for metric in self.metrics if metric.is_family and metric.covers(name)]
-        return families[0] if families else None
-
-    def direction(self, name: str) -> Direction:
-        metric = self.find(name)
-        if metric is None:
-            raise InputError(f"metric {name!r} is not one of this task's: {self.describe()}")
-        return metric.direction
-
-    def higher_is_better(self, name: str) -> bool:
-        return self.direction(name) == "higher"
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(metric.name for metric in self.metrics)
-
-    def describe(self) -> str:
-        return ", ".join(f"{metric.name} ({metric.direction} is better)" for metric in self.metrics)
+# The contract's metric types, re-exported: they live torch-free (training/metrics.py), where the front door
+# reads the built-in tasks' declarations too.
+from training.metrics import DIRECTIONS as DIRECTIONS
+from training.metrics import Direction as Direction
+from training.metrics import Metric as Metric
+from training.metrics import MetricSet
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,10 @@ import math
 import torch
 from torch import nn
 
-from training.tasks.base import Metric, MetricSet
+from training.metrics import BUILTIN_TASK_METRICS, RECALL_PREFIX
 
-RECALL_PREFIX = "recall_"
-
-CLASSIFICATION_METRICS = MetricSet(
-    (
-        Metric("accuracy", "higher", "share of rows whose predicted class is the label"),
-        Metric("macro_f1", "higher", "F1 averaged over the classes present in labels or predictions"),
-        Metric("loss", "lower", "mean cross-entropy"),
-        Metric(f"{RECALL_PREFIX}*", "higher", "recall of one class, by its index (recall_3)"),
-    )
-)
+# The tabular task's declaration (training/metrics.py): the classifier's metrics.
+CLASSIFICATION_METRICS = BUILTIN_TASK_METRICS["tabular"].metrics
 
 
 @torch.no_grad()

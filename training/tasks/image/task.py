@@ -28,7 +28,8 @@ from torch import nn
 
 from training.data.splits import SPLIT_NAMES, SplitFractions
 from training.errors import InputError
-from training.tasks.base import FeatureTable, Metric, MetricSet, TaskData, TensorSplit
+from training.metrics import BUILTIN_TASK_METRICS
+from training.tasks.base import FeatureTable, TaskData, TensorSplit
 from training.tasks.classification import score_classifier
 from training.tasks.image.features import prepared_features, raw_folder_features
 from training.tasks.image.manifest import RERUN_HINT, read_manifest, read_split
@@ -38,14 +39,8 @@ from training.tasks.image.raw_images import RAW_SUFFIXES
 
 log = logging.getLogger(__name__)
 
-METRICS = MetricSet(
-    (
-        Metric("accuracy", "higher", "the share of images classified right"),
-        Metric("macro_f1", "higher", "F1 averaged over the classes, each counting the same"),
-        Metric("loss", "lower", "mean cross-entropy"),
-        Metric("recall_*", "higher", "each class's recall, keyed by class index (recall_0, ...)"),
-    )
-)
+DECLARED = BUILTIN_TASK_METRICS["image"]  # torch-free, where the front door reads it too
+METRICS = DECLARED.metrics
 MIN_SIDE, MAX_SIDE = 8, 1024
 MAX_WIDTH = 256
 EXAMPLE_IMAGES = 4
@@ -57,7 +52,7 @@ class ImageTask:
     name = "image"
     raw_suffixes: tuple[str, ...] = RAW_SUFFIXES
     metrics = METRICS
-    default_primary_metric = "macro_f1"
+    default_primary_metric = DECLARED.default_primary_metric
 
     def __init__(
         self, size: int | list[int] = 32, width: int = 32, dropout: float = 0.1, augment: bool = True

@@ -25,8 +25,9 @@ from torch import nn
 
 from training.data.splits import SPLIT_NAMES, SplitFractions
 from training.errors import InputError
+from training.metrics import BUILTIN_TASK_METRICS
 from training.tasks.base import FeatureTable, MetricSet, TaskData, TensorSplit
-from training.tasks.classification import CLASSIFICATION_METRICS, metrics_from_logits
+from training.tasks.classification import metrics_from_logits
 from training.tasks.tabular.dataset import load_prepared
 from training.tasks.tabular.model import ModelConfig, TabularClassifier
 from training.tasks.tabular.prepare import deduplicate, prepare
@@ -45,6 +46,7 @@ DIGITS_OPTIONS: dict[str, Any] = {
     "feature_columns": list(DIGITS_SCHEMA.feature_columns),
     "n_classes": DIGITS_SCHEMA.n_classes,
 }
+DECLARED = BUILTIN_TASK_METRICS["tabular"]  # torch-free, where the front door reads it too
 INFO_KEYS = ("n_features", "n_classes", "feature_columns", "feature_mean", "feature_std", "classes")
 EXAMPLE_ROWS = 5
 REFERENCE_SPLIT = "train"
@@ -59,8 +61,8 @@ class TabularTask:
 
     name = "tabular"
     raw_suffixes: tuple[str, ...] = RAW_SUFFIXES
-    metrics: MetricSet = CLASSIFICATION_METRICS
-    default_primary_metric = "macro_f1"
+    metrics: MetricSet = DECLARED.metrics
+    default_primary_metric = DECLARED.default_primary_metric
 
     def __init__(
         self,

@@ -1,0 +1,136 @@
+"""A user's task file whose gate policy names a metric the task does not report is refused by the flush
+before anything is recorded or spent: no submission, no run counted in the day's budget, no training. Its
+claims stay pending and say why. The check (the real preflight, a `python -m training.cli check-model`
+process) runs once per version of the file, whichever front door flushes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import corpus
+from conftest import app_settings
+
+from components.preflight import RecordedPreflight, SubprocessPreflight
+from components.run_settings import RunSettings
+from function_app.ledger.ledger import PENDING
+from function_app.pinning import content_etag
+from function_app.settings.app import AppSettings
+from function_app.wiring import build_front_door
+
+# A complete task as far as the preflight looks; each import of the file (one per check process) adds a
+# line to the counter file next to it.
+TASK_FILE = """
+from pathlib import Path
+
+from training.tasks.base import Metric, MetricSet
+
+with open(Path(__file__).with_name("imports"), "a") as counter:
+    counter.write("imported\\n")
+
+
+class Flowers:
+    name = "flowers"
+    raw_suffixes = (".csv",)
+    metrics = MetricSet((Metric("accuracy", "higher"), Metric("loss", "lower")))
+    default_primary_metric = "accuracy"
+
+    def options(self): return {}
+    def prepare(self, raw, out, *, previous, split): raise NotImplementedError
+    def load(self, data_dir): raise NotImplementedError
+    def build_model(self, info): raise NotImplementedError
+    def loss(self, model, batch): raise NotImplementedError
+    def score(self, model, split): raise NotImplementedError
+    def input_example(self, data): raise NotImplementedError
+    def predict(self, model, info, inputs): raise NotImplementedError
+    def drift_features(self, source, *, prepared): raise NotImplementedError
+"""
+
+
+def _checks(task_file: Path) -> int:
+    counter = task_file.with_name("imports")
+    return len(counter.read_text().splitlines()) if counter.exists() else 0
+
+
+def _served(tmp_path: Path, gate: str) -> tuple[dict[str, str], Path]:
+    """Local-submitter settings serving `flowers`, a user's task file with this [gate], and the file."""
+    task_file = tmp_path / "tasks" / "flowers_task.py"
+    task_file.parent.mkdir(parents=True)
+    task_file.write_text(TASK_FILE)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "flowers.toml").write_text(
+        f'[task]\nref = "{task_file}:Flowers"\n\n[gate]\n{gate}\n\n'
+        '[trigger]\nprefix = "flowers"\nsuffixes = [".csv"]\n'
+    )
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "batch-0001.csv").write_text("x,label\n1,a\n")
+    home = tmp_path / "home"
+    environ = app_settings(
+        home,
+        RETRAIN_SUBMITTER="local",
+        RETRAIN_MODELS="flowers",
+        RETRAIN_MODELS_DIR=str(models),
+        RETRAIN_LANDING_FOLDER=str(landing),
+    )
+    for single in ("RETRAIN_MODEL_NAME", "RETRAIN_BLOB_PREFIX"):
+        environ.pop(single)
+    return environ, task_file
+
+
+def _front_door(environ: dict[str, str]):
+    """A front door as a fresh process starts one (nothing remembered in memory)."""
+    return build_front_door(AppSettings.from_environ(environ), environ)
+
+
+def test_a_task_file_whose_policy_names_a_metric_it_lacks_is_held_by_the_flush_at_no_cost(tmp_path):
+    environ, task_file = _served(tmp_path, 'primary_metric = "f1"')
+    front = _front_door(environ)
+    landed = Path(environ["RETRAIN_LANDING_FOLDER"]) / "batch-0001.csv"
+    event = corpus.blob_created(
+        name="flowers/batch-0001.csv", eTag=content_etag(landed), envelope={"id": "e-1"}
+    )
+    front.deliver(event)
+
+    assert front.flush(ignore_quiet=True) == []
+
+    reason = front.verdicts()["flowers"].reason
+    assert reason.startswith("held: preflight: ") and "\n" not in reason
+    assert "primary_metric names metric 'f1', which the task does not report" in reason
+    assert "expected one of accuracy (higher is better), loss (lower is better)" in reason
+    snapshot = front.ledger_snapshot()
+    assert snapshot["submissions"] == []  # nothing recorded
+    state, _ = front.ledger.load_state("flowers")
+    assert (state.runs_today, state.in_flight_id, state.last_submission_at) == (0, None, None)  # no budget
+    (claim,) = front.ledger.claims("flowers", PENDING)  # still pending, saying why
+    assert claim.record.reason == reason and claim.record.submission is None
+    assert not (Path(environ["RETRAIN_HOME"]) / "runs").exists()  # nothing ran
+    assert _checks(task_file) == 1
+
+    # Another flush, from another process: the kept verdict answers; no check runs, nothing is rewritten.
+    again = _front_door(environ)
+    assert again.flush(ignore_quiet=True) == []
+    assert again.verdicts()["flowers"].reason == reason
+    assert _checks(task_file) == 1
+    (unchanged,) = again.ledger.claims("flowers", PENDING)
+    assert unchanged.version == claim.version
+    assert again.ledger_snapshot()["submissions"] == []
+
+    # A new version of the file is checked anew (still refused: its policy is the same).
+    task_file.write_text(TASK_FILE + "\n# edited\n")
+    assert _front_door(environ).flush(ignore_quiet=True) == []
+    assert _checks(task_file) == 2
+    state, _ = front.ledger.load_state("flowers")
+    assert state.runs_today == 0
+
+
+def test_a_passed_check_is_kept_for_the_version_it_checked(tmp_path):
+    _, task_file = _served(tmp_path, "")
+    run = RunSettings(model_name="flowers", task=f"{task_file}:Flowers", parameters={"floors": "loss=2"})
+    folder = tmp_path / "verdicts"
+
+    first = RecordedPreflight(SubprocessPreflight(), folder).check(run)
+    kept = RecordedPreflight(SubprocessPreflight(), folder).check(run)  # another process's preflight
+
+    assert kept == first and first.primary_metric == "accuracy"
+    assert _checks(task_file) == 1

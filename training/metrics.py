@@ -1,0 +1,191 @@
+"""The metrics a task declares, the built-in tasks' own, and which metrics a gate policy may name.
+
+Torch-free (the standard library and training/errors.py only), because three places read it: the task
+contract (training/tasks/base.py re-exports `Metric` and `MetricSet`) and the built-in tasks, which take
+their declarations from `BUILTIN_TASK_METRICS`; the gate (training/gate/policy.py), which refuses a policy
+naming a metric its task does not report; and the front door, which checks every served model's policy
+against its built-in task's declarations at start-up, without importing torch (function_app/settings/
+gates.py). One declaration, read by the task classes and the start-up check alike, so they cannot disagree.
+A user's task declares its metrics in its own file, which needs torch to import: its policy is checked by
+the preflight (`python -m training.cli check-model`) instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+from training.errors import InputError
+
+Direction = Literal["higher", "lower"]
+DIRECTIONS: tuple[Direction, ...] = ("higher", "lower")
+FAMILY = "*"  # a metric or bound whose name ends in it covers every metric with that prefix (`recall_*`)
+DEFAULT = "default"  # a gate option's value meaning: the task's default
+BOUND_OPTIONS = ("floors", "max_regression", "first_model_floors")  # the policy's METRIC=NUMBER parts
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One score a task reports. `name` ending in `*` declares a family (`recall_*`: one per class)."""
+
+    name: str
+    direction: Direction
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise InputError(f"metric name {self.name!r}: expected a non-empty string")
+        if self.direction not in DIRECTIONS:
+            raise InputError(
+                f"metric {self.name!r}: direction {self.direction!r}; expected 'higher' or 'lower'"
+            )
+
+    @property
+    def is_family(self) -> bool:
+        return self.name.endswith(FAMILY)
+
+    def covers(self, name: str) -> bool:
+        return name.startswith(self.name[:-1]) if self.is_family else name == self.name
+
+
+@dataclass(frozen=True)
+class MetricSet:
+    """The metrics a task declares; looks up directions, including family members such as `recall_3`."""
+
+    metrics: tuple[Metric, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metrics", tuple(self.metrics))
+        if not self.metrics:
+            raise InputError("a task must declare at least one metric")
+        names = [metric.name for metric in self.metrics]
+        if len(set(names)) != len(names):
+            raise InputError(f"a task declares a metric twice: {sorted(names)}")
+
+    def find(self, name: str) -> Metric | None:
+        exact = [metric for metric in self.metrics if metric.name == name]
+        if exact:
+            return exact[0]
+        families = [metric for metric in self.metrics if metric.is_family and metric.covers(name)]
+        return families[0] if families else None
+
+    def direction(self, name: str) -> Direction:
+        metric = self.find(name)
+        if metric is None:
+            raise InputError(f"metric {name!r} is not one of this task's: {self.describe()}")
+        return metric.direction
+
+    def higher_is_better(self, name: str) -> bool:
+        return self.direction(name) == "higher"
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(metric.name for metric in self.metrics)
+
+    def describe(self) -> str:
+        return ", ".join(f"{metric.name} ({metric.direction} is better)" for metric in self.metrics)
+
+
+@dataclass(frozen=True)
+class DeclaredMetrics:
+    """What a task declares of its scores: its metrics and the one the gate compares by default."""
+
+    metrics: MetricSet
+    default_primary_metric: str
+
+    def __post_init__(self) -> None:
+        if self.metrics.find(self.default_primary_metric) is None:
+            raise InputError(
+                f"default primary metric {self.default_primary_metric!r}: expected one of "
+                f"{self.metrics.describe()}"
+            )
+
+
+RECALL_PREFIX = "recall_"
+
+# The built-in tasks' declarations (training/tasks/tabular, training/tasks/image read them from here).
+BUILTIN_TASK_METRICS: Mapping[str, DeclaredMetrics] = MappingProxyType(
+    {
+        "tabular": DeclaredMetrics(
+            MetricSet(
+                (
+                    Metric("accuracy", "higher", "share of rows whose predicted class is the label"),
+                    Metric(
+                        "macro_f1", "higher", "F1 averaged over the classes present in labels or predictions"
+                    ),
+                    Metric("loss", "lower", "mean cross-entropy"),
+                    Metric(f"{RECALL_PREFIX}*", "higher", "recall of one class, by its index (recall_3)"),
+                )
+            ),
+            "macro_f1",
+        ),
+        "image": DeclaredMetrics(
+            MetricSet(
+                (
+                    Metric("accuracy", "higher", "the share of images classified right"),
+                    Metric("macro_f1", "higher", "F1 averaged over the classes, each counting the same"),
+                    Metric("loss", "lower", "mean cross-entropy"),
+                    Metric(
+                        f"{RECALL_PREFIX}*",
+                        "higher",
+                        "each class's recall, keyed by class index (recall_0, ...)",
+                    ),
+                )
+            ),
+            "macro_f1",
+        ),
+    }
+)
+
+
+def parse_bounds(text: str, option: str) -> dict[str, float]:
+    """`accuracy=0.9,loss=0.3` -> {'accuracy': 0.9, 'loss': 0.3}; '' or 'none' -> {}."""
+    if text.strip().lower() in ("", "none"):
+        return {}
+    bounds: dict[str, float] = {}
+    for part in text.split(","):
+        name, separator, value = part.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not separator or not name.strip() or not math.isfinite(number):
+            raise InputError(
+                f"{option} {text!r}: expected METRIC=NUMBER[,METRIC=NUMBER...], e.g. accuracy=0.9"
+            )
+        bounds[name.strip()] = number
+    return bounds
+
+
+def check_policy_metrics(
+    metrics: MetricSet, named: Iterable[tuple[str, str]], where: str = "the gate policy"
+) -> None:
+    """Refuse a policy part (`named`: (part, metric) pairs) naming a metric the task does not report, or a
+    family as the primary metric: otherwise the gate would reject every candidate after a whole training,
+    for a typo. One line naming where the policy came from, the part, the metric and the task's metrics."""
+    for part, metric in named:
+        if metrics.find(metric) is None:
+            raise InputError(
+                f"{where}: {part} names metric {metric!r}, which the task does not report; "
+                f"expected one of {metrics.describe()}"
+            )
+        if part == "primary_metric" and metric.endswith(FAMILY):
+            raise InputError(f"{where}: primary_metric {metric!r} is a family of metrics; name one metric")
+
+
+def configured_metrics(parameters: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (part, metric) pairs a run's gate inputs name, as the register step reads them: the primary
+    metric, and each bound's metric; a part unset or 'default' names none (the task's defaults name only
+    metrics it reports). Malformed bounds raise InputError, as the register step would."""
+    named: list[tuple[str, str]] = []
+    primary = parameters.get("primary_metric")
+    if isinstance(primary, str) and primary.strip() not in ("", DEFAULT):
+        named.append(("primary_metric", primary.strip()))
+    for part in BOUND_OPTIONS:
+        text = parameters.get(part)
+        if text is None or str(text).strip().lower() == DEFAULT:
+            continue
+        named += [(part, metric) for metric in parse_bounds(str(text), f"--{part.replace('_', '-')}")]
+    return named
