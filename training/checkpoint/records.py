@@ -19,10 +19,10 @@ from training.errors import CheckpointError
 CHECKPOINT_FORMAT = "retrain-checkpoint/1"
 DATA_SUFFIX = ".pt"
 RECORD_SUFFIX = ".json"
-_NAME = re.compile(r"^step-(\d{10})-a(\d{3,})$")
+_NAME = re.compile(r"step-(\d{10})-a(\d{3,})")
 # Every object a save of that name may leave: its data or record, published or as a local store's hidden
 # temp file (`.<object>.tmp-<hex>`) of a write that never completed.
-_ANY_OBJECT = re.compile(r"^\.?step-\d{10}-a(\d{3,})(?:\.pt|\.json)(?:\.tmp-[0-9a-f]+)?$")
+_ANY_OBJECT = re.compile(r"\.?step-\d{10}-a(\d{3,})(?:\.pt|\.json)(?:\.tmp-[0-9a-f]+)?")
 
 REASON_INTERVAL = "interval"
 REASON_PREEMPTED = "preempted"
@@ -34,7 +34,7 @@ def checkpoint_name(step: int, attempt: int) -> str:
 
 
 def _order_key(name: str) -> tuple[int, int] | None:
-    match = _NAME.match(name)
+    match = _NAME.fullmatch(name)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
@@ -99,7 +99,7 @@ def next_attempt(object_names: Iterable[str]) -> int:
     and objects are never overwritten, so reusing attempt 1 would make that step's save fail. Names of
     other files are ignored.
     """
-    seen = [int(match.group(1)) for name in object_names if (match := _ANY_OBJECT.match(name))]
+    seen = [int(match.group(1)) for name in object_names if (match := _ANY_OBJECT.fullmatch(name))]
     return max(seen, default=0) + 1
 
 
