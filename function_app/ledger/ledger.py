@@ -12,8 +12,12 @@ flush lists the model's claims (names and tags only), reads the pending ones, an
 Flushing is single-writer per model: it runs under `flush_lease(model)` (a file lock locally, a blob lease
 in Azure), so a batch is never taken twice, and a crashed flush is recovered once, by the next holder.
 
-Layout: `claims/<model>/<id>.json`, `deliveries/<id>.json` (rejections), `submissions/<id>.json`,
-`models/<model>.json`, `leases/`.
+An HTTP request's Idempotency-Key is the front door's, not a model's: before its claim, the key's
+record (`keys/<id>.json`, created if absent) binds it to one model and one body, so the same key for
+another model or body is refused however the requests race.
+
+Layout: `claims/<model>/<id>.json`, `deliveries/<id>.json` (rejections), `keys/<id>.json` (Idempotency-Keys),
+`submissions/<id>.json`, `models/<model>.json`, `leases/`.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from function_app.policy.state import ModelState
 from training.common import mask_secrets
 
 CLAIMS, DELIVERIES, SUBMISSIONS, MODELS = "claims", "deliveries", "submissions", "models"
+KEYS = "keys"
 PENDING = ""  # a pending claim's tag
 MAX_UPDATE_ATTEMPTS = 16  # compare-and-set rounds on one submission before giving up as busy (transient)
 _IO_THREADS = 16  # a flush reads and retags its batch's claims in parallel: round trips, not CPU
@@ -60,6 +65,21 @@ class Claim:
     @property
     def pending(self) -> bool:
         return self.tag == PENDING
+
+
+@dataclass(frozen=True)
+class KeyOwner:
+    """The request an Idempotency-Key belongs to: its model and its body's fingerprint."""
+
+    model_name: str
+    fingerprint: str
+
+    @classmethod
+    def from_dict(cls, data: Any) -> KeyOwner:
+        model_name, fingerprint = data["model_name"], data["fingerprint"]
+        if not isinstance(model_name, str) or not isinstance(fingerprint, str):
+            raise TypeError("model_name and fingerprint must be text")
+        return cls(model_name, fingerprint)
 
 
 class Ledger:
@@ -100,6 +120,19 @@ class Ledger:
         name = f"{DELIVERIES}/{record_id}.json"
         stored = self.store.read(name)
         return None if stored is None else self._parse(name, stored.data, EventRecord.from_dict)
+
+    def key_owner(self, record_id: str, model_name: str, fingerprint: str) -> KeyOwner:
+        """What an Idempotency-Key (by its claim id) was first used for: this request's model and body
+        fingerprint when it is the first (created if absent: of two racing requests one wins), else the
+        earlier request's."""
+        name = f"{KEYS}/{check_record_id(record_id, 'idempotency key id')}.json"
+        owner = KeyOwner(model_name, fingerprint)
+        if self.store.create(name, encode({"model_name": model_name, "fingerprint": fingerprint})):
+            return owner
+        stored = self.store.read(name)
+        if stored is None:
+            raise LedgerBusyError(f"ledger record {name} vanished while being read; retry")
+        return self._parse(name, stored.data, KeyOwner.from_dict)
 
     def claims(self, model_name: str, tag: str = PENDING) -> list[Claim]:
         """The model's claims with `tag` (PENDING: the batch waiting for a flush), oldest first."""
