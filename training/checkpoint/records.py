@@ -118,16 +118,24 @@ def uncommitted_data(object_names: Iterable[str]) -> list[str]:
     )
 
 
-def objects_to_prune(object_names: Iterable[str], keep_last: int) -> list[str]:
+def objects_to_prune(
+    object_names: Iterable[str], keep_last: int, unreadable: Iterable[str] = ()
+) -> list[str]:
     """Objects that may go once the newest checkpoint is durable, records before their data.
 
-    Keeps the `keep_last` newest committed checkpoints. Data objects without a record are leftovers of
-    saves that never committed (the writer runs one save at a time, so none is in flight here).
+    Keeps the `keep_last` newest committed checkpoints, not counting those in `unreadable` (checkpoints
+    whose commit record does not parse): a junk record kept as one of two would leave one real
+    checkpoint, so it goes, with its data. Records are written atomically and appear only once complete,
+    so an unreadable one is no write in progress. Data objects without a record are leftovers of saves that
+    never committed (the writer runs one save at a time, so none is in flight here).
     """
     names = list(object_names)
-    committed = committed_checkpoints(names)
+    junk = set(unreadable)
+    committed = [name for name in committed_checkpoints(names) if name not in junk]
     kept = set(committed[:keep_last])
+    present = set(names)
     doomed_records = [name + RECORD_SUFFIX for name in committed[keep_last:]]
+    doomed_records += sorted(name + RECORD_SUFFIX for name in junk if name + RECORD_SUFFIX in present)
     doomed_data = [
         name
         for name in names
