@@ -55,18 +55,18 @@ CHECKPOINTS_OUTPUT = "checkpoints"
 REGISTRY_LOCK_INPUT = "registry_lock"
 
 _AZUREML = "azureml:"
-_PINNED_ASSET = re.compile(r"^azureml:(?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]*):(?P<version>[A-Za-z0-9_.-]+)$")
-_LATEST_ASSET = re.compile(r"^azureml:[A-Za-z0-9_][A-Za-z0-9_.-]*@latest$")
+_PINNED_ASSET = re.compile(r"azureml:(?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]*):(?P<version>[A-Za-z0-9_.-]+)")
+_LATEST_ASSET = re.compile(r"azureml:[A-Za-z0-9_][A-Za-z0-9_.-]*@latest")
 _DATA_URI_SCHEMES = ("azureml://", "https://", "wasbs://", "abfss://")
-_COMPUTE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{1,31}$")
-_DATASTORE_NAME = re.compile(r"^[A-Za-z0-9_]{1,255}$")
-_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_COMPUTE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{1,31}")
+_DATASTORE_NAME = re.compile(r"[A-Za-z0-9_]{1,255}")
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _EXPECTED = {"integer": "an integer", "number": "a number", "boolean": "true or false"}
 
 
 def check_datastore_name(name: str, where: str = "datastore") -> str:
     """`name` if it is an Azure ML datastore's name; `where` names the flag or setting it came from."""
-    if not _DATASTORE_NAME.match(name):
+    if not _DATASTORE_NAME.fullmatch(name):
         raise SubmissionError(
             f"{where} {name!r}: expected a datastore name (letters, digits, '_'), such as {DEFAULT_DATASTORE}"
         )
@@ -91,7 +91,7 @@ def compute_name(name: str) -> str:
     YAML yields, and `jobs.create_or_update` looks a node's compute up by exactly that string (a prefixed
     one is asked for as `computes/azureml:x` and is not found). The job's YAML form still says azureml:x."""
     plain = name.removeprefix(_AZUREML)
-    if not _COMPUTE_NAME.match(plain):
+    if not _COMPUTE_NAME.fullmatch(plain):
         raise SubmissionError(
             f"compute {name!r}: expected a compute name (a letter, then 2-32 letters, digits or '-'), "
             "optionally prefixed with 'azureml:'"
@@ -104,9 +104,9 @@ def compute_reference(name: str) -> str:
 
 
 def _check_data_uri(uri: str, allow_latest: bool) -> None:
-    if _PINNED_ASSET.match(uri) or uri.startswith(_DATA_URI_SCHEMES):
+    if _PINNED_ASSET.fullmatch(uri) or uri.startswith(_DATA_URI_SCHEMES):
         return
-    if allow_latest and _LATEST_ASSET.match(uri):
+    if allow_latest and _LATEST_ASSET.fullmatch(uri):
         return
     latest = ", azureml:<asset>@latest" if allow_latest else ""
     raise SubmissionError(
@@ -171,7 +171,7 @@ class PipelineBuild:
                 "counts of GPUs per node and of nodes"
             )
         for step, version in self.component_versions.items():
-            if not _VERSION.match(str(version)):
+            if not _VERSION.fullmatch(str(version)):
                 raise SubmissionError(
                     f"component version {step}={version!r}: expected a version such as '1' or '2.0.1'"
                 )
@@ -193,7 +193,7 @@ class PipelineBuild:
         """The build for one attempt of a request; `compute` overrides the request's per-step compute (the
         dedicated fallback). `pipeline_file` gives the defaults the checkpoint key resolves."""
         check_datastore_name(datastore)
-        pinned = _PINNED_ASSET.match(request.data.uri)
+        pinned = _PINNED_ASSET.fullmatch(request.data.uri)
         if pinned and pinned["version"] != request.data.version:
             raise SubmissionError(
                 f"data {request.data.uri!r} pins version {pinned['version']}, but the request's data version "
@@ -288,7 +288,7 @@ def _input_path(uri: str) -> str:
     """A data asset as azure-ai-ml holds it once loaded from YAML: without `azureml:` (its YAML form still
     shows it). Submitting resolves `name@latest` by looking the name up as given, so a prefixed one is asked
     for as `data/azureml:name` and is not found."""
-    return uri.removeprefix(_AZUREML) if _PINNED_ASSET.match(uri) or _LATEST_ASSET.match(uri) else uri
+    return uri.removeprefix(_AZUREML) if _PINNED_ASSET.fullmatch(uri) or _LATEST_ASSET.fullmatch(uri) else uri
 
 
 def _pipeline_inputs(build: PipelineBuild, spec: PipelineSpec) -> dict[str, Any]:

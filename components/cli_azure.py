@@ -77,7 +77,7 @@ SCHEDULES_FOLDER = "schedules"  # a dry run's schedules, under <state root>/dry-
 WorkspaceFactory = Callable[[WorkspaceRef], AzureMLWorkspace]
 ContainerFactory = Callable[[str], "ContainerClient"]
 
-_PINNED_DATA = re.compile(r"^azureml:(?P<asset>[A-Za-z0-9_][A-Za-z0-9_.-]*):(?P<version>[^:]+)$")
+_PINNED_DATA = re.compile(r"azureml:(?P<asset>[A-Za-z0-9_][A-Za-z0-9_.-]*):(?P<version>[^:]+)")
 _DATA_FORMS = (
     "expected azureml:<asset>:<data version> or a blob folder URL to snapshot "
     "(https://<account>.blob.core.windows.net/<container>/<prefix>/)"
@@ -252,7 +252,7 @@ def _workspace(args: argparse.Namespace, connectors: Connectors) -> AzureMLWorks
 
 def _pinned_data(data: str) -> DataRef | None:
     """--data as a pinned asset version; None for a blob folder URL (checked for form, not read)."""
-    pinned = _PINNED_DATA.match(data)
+    pinned = _PINNED_DATA.fullmatch(data)
     if pinned:
         return DataRef(pinned["version"], data)
     if not data.startswith(("https://", "http://")):

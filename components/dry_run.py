@@ -33,7 +33,7 @@ DRY_RUN_DIR = "dry-runs"
 JOB_FILE = "job.yml"
 REQUEST_FILE = "request.json"
 SUBMISSION_FILE = "submission.json"
-_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,254}$")
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,254}")
 
 
 def request_to_dict(request: RunRequest) -> dict[str, Any]:
@@ -108,7 +108,7 @@ class DryRunSubmitter:
         return submission
 
     def status(self, job_name: str) -> Submission:
-        if not _JOB_NAME.match(job_name):
+        if not _JOB_NAME.fullmatch(job_name):
             raise SubmissionError(f"job name {job_name!r}: expected letters, digits, '-' or '_'")
         folder = self.root / job_name
         if not (folder / SUBMISSION_FILE).exists():

@@ -48,16 +48,18 @@ if TYPE_CHECKING:
 MODELS_DIR_VARIABLE = "RETRAIN_MODELS_DIR"
 DEFAULT_MODELS_DIR = "models"
 CONFIG_SUFFIX = ".toml"
+# Far above any real configuration (the commented template is ~4 KiB), far below a memory problem.
+MAX_CONFIG_BYTES = 1024 * 1024
 
 _TOP_KEYS = ("name", "task", "gate", "pipeline", "trigger")
 _TASK_KEYS = ("ref", "options")
 _TRIGGER_KEYS = ("account", "container", "prefix", "suffixes", "depth")
-_METRIC = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-_FAMILY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*\*$")
-_ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
-_CONTAINER = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
-_PREFIX_SEGMENT = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._=-]+$")
-_SUFFIX = re.compile(r"^\.[a-z0-9]{1,10}$")
+_METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
+_FAMILY = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\*")
+_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
+_CONTAINER = re.compile(r"(?=.{3,63}\Z)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]")
+_PREFIX_SEGMENT = re.compile(r"(?!\.{1,2}\Z)[A-Za-z0-9._=-]+")
+_SUFFIX = re.compile(r"\.[a-z0-9]{1,10}")
 _METRIC_FORM = "a metric name such as accuracy or mse"
 
 
@@ -68,6 +70,11 @@ def models_dir(cwd: Path, environ: Mapping[str, str]) -> Path:
 
 
 def config_file(name: str, cwd: Path, environ: Mapping[str, str]) -> Path:
+    """`models/<name>.toml`; `name` is checked first, so no path is ever built from `../x` or a newline."""
+    try:
+        check_model_name(name)
+    except PipelineError as error:
+        raise ConfigError(str(error)) from None
     return models_dir(cwd, environ) / f"{name}{CONFIG_SUFFIX}"
 
 
@@ -187,7 +194,7 @@ class _Reader:
         self, table: Mapping[str, Any], key: str, label: str, pattern: re.Pattern[str], form: str
     ) -> str:
         value = table[key]
-        if not isinstance(value, str) or not pattern.match(value):
+        if not isinstance(value, str) or not pattern.fullmatch(value):
             raise self.fail(f"{label}.{key}" if label else key, f"is {_shown(value)}", form)
         return value
 
@@ -206,7 +213,7 @@ class _Reader:
             raise self.fail(f"[gate] {key}", f"is {_shown(value)}", "a table of METRIC = NUMBER")
         bounds = {}
         for metric, bound in value.items():
-            if not (_METRIC.match(metric) or (family and _FAMILY.match(metric))):
+            if not (_METRIC.fullmatch(metric) or (family and _FAMILY.fullmatch(metric))):
                 form = _METRIC_FORM + (', or a family such as "recall_*"' if family else "")
                 raise self.fail(f"[gate] {key}", f"names {metric!r}", form)
             bounds[metric] = self.number(bound, f"[gate] {key}.{metric}", minimum)
@@ -218,15 +225,41 @@ def _shown(value: Any) -> str:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The file's TOML, every way it can fail one line naming the file: read with a size bound (a
+    configuration is a few KiB; `--config /dev/zero` must not read until memory runs out)."""
     try:
         with path.open("rb") as handle:
-            return tomllib.load(handle)
+            data = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(
             f"{path}: no such file; expected a model configuration (`retrain init NAME` writes one)"
         ) from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder; expected a model configuration file (NAME.toml)") from None
+    except OSError as error:
+        raise ConfigError(
+            f"{path}: cannot be read ({error.strerror or error}); expected a readable model configuration"
+        ) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{path}: larger than {MAX_CONFIG_BYTES // 1024} KiB; expected a model configuration file "
+            "(a few KiB of TOML)"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path}: byte {error.start} is not UTF-8; expected TOML saved as UTF-8 text"
+        ) from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML ({error})") from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively: a deep one exhausts the stack.
+        raise ConfigError(
+            f"{path}: arrays or tables nested too deeply; expected TOML nested a few levels at most"
+        ) from None
 
 
 def _task(reader: _Reader, document: Mapping[str, Any]) -> TaskConfig:
@@ -293,7 +326,7 @@ def _pipeline(reader: _Reader, document: Mapping[str, Any], spec: PipelineSpec) 
 def _prefix(reader: _Reader, value: Any) -> str:
     trimmed = value.removesuffix("/") if isinstance(value, str) else None
     segments = trimmed.split("/") if trimmed else []
-    if trimmed is None or not all(_PREFIX_SEGMENT.match(segment) for segment in segments):
+    if trimmed is None or not all(_PREFIX_SEGMENT.fullmatch(segment) for segment in segments):
         raise reader.fail(
             "[trigger] prefix",
             f"is {_shown(value)}",
@@ -320,7 +353,7 @@ def _trigger(reader: _Reader, document: Mapping[str, Any]) -> TriggerScope:
         form = 'a non-empty list of file suffixes such as [".csv", ".parquet"] (lowercase, with the dot)'
         if not isinstance(value, list) or not value or not all(isinstance(s, str) for s in value):
             raise reader.fail("[trigger] suffixes", f"is {_shown(value)}", form)
-        bad = [suffix for suffix in value if not _SUFFIX.match(suffix)]
+        bad = [suffix for suffix in value if not _SUFFIX.fullmatch(suffix)]
         if bad or len(set(value)) != len(value):
             raise reader.fail("[trigger] suffixes", f"has {bad[0] if bad else 'a repeated suffix'!r}", form)
         suffixes = tuple(value)

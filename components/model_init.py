@@ -69,7 +69,16 @@ def render_task_file(model_name: str, task_path: str) -> str:
 
 def _write_new(path: Path, text: str) -> None:
     """Create `path` with `text`; never replace a file (O_EXCL), and leave nothing half-written."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise ConfigError(
+            f"{path}: exists already; expected a new model name, or remove the file first"
+        ) from None
+    except OSError as error:
+        raise ConfigError(
+            f"{path}: cannot be written ({error.strerror or error}); expected a writable folder"
+        ) from None
     try:
         with os.fdopen(descriptor, "w") as handle:
             handle.write(text)
@@ -91,7 +100,13 @@ def init_model(model_name: str, kind: str, folder: Path, shown_folder: str | Non
         raise ConfigError(
             f"{existing[0]}: exists already; expected a new model name, or remove the file first"
         )
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a parent that is a file, read-only, or not there to create (/proc/x)
+        raise ConfigError(
+            f"--dir {folder}: cannot be created ({error.strerror or error}); expected a folder that exists "
+            "or can be made"
+        ) from None
     if task_file is None:
         _write_new(config, render_config(model_name, kind))
         return InitResult(config)

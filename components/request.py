@@ -24,11 +24,12 @@ from components.task_ref import (
     parse_task_reference,
     task_file_sha256,
 )
+from training.common import quoted
 
 MODEL_NAME_FORM = "1-40 lowercase letters, digits or '-', starting with a letter"
-_MODEL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
-_DATA_VERSION = re.compile(r"^[a-z]{2}-[0-9a-f]{16}$")
-_TAG_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_MODEL_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
+_DATA_VERSION = re.compile(r"[a-z]{2}-[0-9a-f]{16}")
+_TAG_KEY = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _STEP_NAMES = ("prep", "train", "evaluate", "register")
 TRIGGER_TAG_PREFIX = "trigger."
 # The tags that pin a run: `tags()` sets them, and no job tag may stand in for them.
@@ -54,7 +55,7 @@ class DataRef:
     uri: str
 
     def __post_init__(self) -> None:
-        if not _DATA_VERSION.match(self.version):
+        if not _DATA_VERSION.fullmatch(self.version):
             raise SubmissionError(
                 f"data version {self.version!r}: expected a content-hashed version like 'rd-0123456789abcdef'"
             )
@@ -104,7 +105,7 @@ class RunRequest:
             unknown = sorted(set(mapping) - set(_STEP_NAMES))
             if unknown:
                 raise SubmissionError(f"{label} for {unknown}: expected steps among {list(_STEP_NAMES)}")
-        bad_tags = sorted(key for key in self.trigger if not _TAG_KEY.match(key))
+        bad_tags = sorted(key for key in self.trigger if not _TAG_KEY.fullmatch(key))
         if bad_tags:
             raise SubmissionError(f"trigger keys {bad_tags}: expected letters, digits, '_', '.' or '-'")
         _check_job_tags(self.job_tags)
@@ -153,8 +154,9 @@ def job_name_for(model_name: str, data_version: str, attempt: int = 0) -> str:
 
 def check_model_name(name: str, what: str = "model name") -> str:
     """A registered model's name, as a run request, a job name and a configuration file accept it."""
-    if not isinstance(name, str) or not _MODEL_NAME.match(name):
-        raise SubmissionError(f"{what} {name!r}: expected {MODEL_NAME_FORM}")
+    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
+        shown = quoted(name, 60) if isinstance(name, str) else f"{type(name).__name__} {quoted(name, 60)}"
+        raise SubmissionError(f"{what} {shown}: expected {MODEL_NAME_FORM}")
     return name
 
 
@@ -162,7 +164,7 @@ def _check_job_tags(tags: Mapping[str, str]) -> None:
     bad = sorted(
         str(key)
         for key, value in tags.items()
-        if not isinstance(key, str) or not _TAG_KEY.match(key) or not isinstance(value, str)
+        if not isinstance(key, str) or not _TAG_KEY.fullmatch(key) or not isinstance(value, str)
     )
     if bad:
         raise SubmissionError(

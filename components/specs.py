@@ -29,9 +29,9 @@ COMPUTE_FILES = {
     "gpu_dedicated": COMPUTE_DIR / "gpu-dedicated.yml",
 }
 
-_PARENT_INPUT = re.compile(r"^\$\{\{parent\.inputs\.(\w+)\}\}$")
-_STEP_OUTPUT = re.compile(r"^\$\{\{parent\.jobs\.(\w+)\.outputs\.(\w+)\}\}$")
-_PARENT_OUTPUT = re.compile(r"^\$\{\{parent\.outputs\.(\w+)\}\}$")
+_PARENT_INPUT = re.compile(r"\$\{\{parent\.inputs\.(\w+)\}\}")
+_STEP_OUTPUT = re.compile(r"\$\{\{parent\.jobs\.(\w+)\.outputs\.(\w+)\}\}")
+_PARENT_OUTPUT = re.compile(r"\$\{\{parent\.outputs\.(\w+)\}\}")
 _AZUREML_PREFIX = "azureml:"
 
 
@@ -220,15 +220,15 @@ def _binding(value: Any) -> Binding:
     if isinstance(value, dict):
         value = value.get("path", value.get("value"))
     if isinstance(value, str):
-        if match := _PARENT_INPUT.match(value):
+        if match := _PARENT_INPUT.fullmatch(value):
             return ParentInput(match[1])
-        if match := _STEP_OUTPUT.match(value):
+        if match := _STEP_OUTPUT.fullmatch(value):
             return StepOutput(match[1], match[2])
     return value
 
 
 def _output_setting(value: Any) -> OutputSetting:
-    if isinstance(value, str) and (match := _PARENT_OUTPUT.match(value)):
+    if isinstance(value, str) and (match := _PARENT_OUTPUT.fullmatch(value)):
         return OutputSetting(parent_output=match[1])
     if isinstance(value, dict):
         return OutputSetting(mode=value.get("mode"), path=value.get("path"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -21,7 +22,13 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from components.request import Submitter
-from function_app.events.http_retrain import IDEMPOTENCY_KEY, HttpRejection, parse_http_retrain
+from function_app.events.http_retrain import (
+    BAD_REQUEST,
+    IDEMPOTENCY_KEY,
+    HttpRejection,
+    has_idempotency_key,
+    parse_http_retrain,
+)
 from function_app.events.parsing import parse_blob_created, parse_drift_alert, parse_event
 from function_app.events.triggers import (
     ACCEPTED,
@@ -37,7 +44,13 @@ from function_app.events.triggers import (
 )
 from function_app.flush import OUTCOME_KEYS, Flusher
 from function_app.ledger.ledger import Ledger
-from function_app.ledger.records import EventRecord, LedgerError, SubmissionRecord, check_record_id
+from function_app.ledger.records import (
+    EventRecord,
+    LedgerError,
+    SubmissionRecord,
+    check_record_id,
+    event_id_for_key,
+)
 from function_app.pinning import DataPinner
 from function_app.policy.rules import (
     FlushVerdict,
@@ -49,10 +62,15 @@ from function_app.policy.rules import (
 )
 from function_app.settings.app import AppSettings
 from function_app.task_check import TaskCheck
+from training.common import quoted
 
 log = logging.getLogger(__name__)
 
 UNPROCESSABLE = 422
+_OTHER_BODY = (
+    f"the {IDEMPOTENCY_KEY} was used before with another request body; expected the same body to repeat "
+    "that request, or a new key for a new one"
+)
 STATE_FRESH = timedelta(seconds=2)  # how old a state may be that only words an Event Grid decision
 _REASONS = {
     ACCEPTED: "accepted for the next run",
@@ -175,18 +193,30 @@ class FrontDoor:
         with another body. A retry with the same key and body gets the first answer again."""
         now = self._clock()
         parsed = parse_http_retrain(body, headers, self.settings, now)
+        try:
+            base = status_base(url)  # checked before anything is claimed: a 500 after the claim is no answer
+        except ValueError as error:
+            parsed = HttpRejection(BAD_REQUEST, str(error))
         if isinstance(parsed, HttpRejection):
             self.ledger.record_delivery(EventRecord.delivery("http", REJECTED, parsed.reason, now))
             return HttpOutcome(parsed.status, {"error": parsed.reason})
         fingerprint = request_fingerprint(body)
+        if has_idempotency_key(parsed):
+            # Bound to one model and one body before any claim is written: claims live in their model's
+            # area, so only the key's own record sees a reuse for another model.
+            owner = self.ledger.key_owner(event_id_for_key(parsed.dedupe_key), parsed.model_name, fingerprint)
+            if owner.model_name != parsed.model_name:
+                reason = (
+                    f"the {IDEMPOTENCY_KEY} was used before for model {owner.model_name!r}; expected a new "
+                    f"key for a request for {parsed.model_name!r}"
+                )
+                return HttpOutcome(UNPROCESSABLE, {"error": reason})
+            if owner.fingerprint != fingerprint:
+                return HttpOutcome(UNPROCESSABLE, {"error": _OTHER_BODY})
         outcome = self._admit(parsed, now, fingerprint)
         first = outcome.earlier
         if outcome.decision == DUPLICATE and first is not None and first.fingerprint != fingerprint:
-            reason = (
-                f"the {IDEMPOTENCY_KEY} was used before with another request body; expected the same body to "
-                "repeat that request, or a new key for a new one"
-            )
-            return HttpOutcome(UNPROCESSABLE, {"error": reason})
+            return HttpOutcome(UNPROCESSABLE, {"error": _OTHER_BODY})  # a claim older than its key's record
         decision = first.decision if first is not None else outcome.decision
         if decision == COOLDOWN:
             return self._cooldown_answer(parsed.model_name, outcome.record_id, now)
@@ -202,7 +232,7 @@ class FrontDoor:
             "id": outcome.record_id,
             "decision": record.decision if record else outcome.decision,
             "reason": record.reason if record else outcome.reason,
-            "status_url": status_url(url, outcome.record_id),
+            "status_url": f"{base}/{outcome.record_id}" if base else outcome.record_id,
         }
         return HttpOutcome(202, answer)
 
@@ -268,12 +298,25 @@ def request_fingerprint(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def status_url(request_url: str, record_id: str) -> str:
-    """Where to ask what became of a request: its own URL without the query (a function key travels there)
-    or user info, plus the id."""
+def status_base(request_url: str) -> str:
+    """Where to ask what became of a request, less its id: the request's own URL without its query (a
+    function key travels there), fragment or user info ('' for none). An IPv6 host keeps its brackets. A
+    URL with no valid host and port (port 99999, a broken bracket) is a ValueError naming its host part,
+    raised before any claim is written."""
     if not request_url:
-        return record_id
-    parts = urlsplit(request_url)
+        return ""
+    authority = re.split(r"[/?#]", request_url.split("//", 1)[-1], maxsplit=1)[0]
+    host_part = authority.rpartition("@")[2]  # never the user info
+    try:
+        parts = urlsplit(request_url)
+        port = parts.port
+    except ValueError:
+        raise ValueError(
+            f"the request URL's host and port {quoted(host_part, 80)} do not parse; expected a host name "
+            "or [IPv6 address], and a port from 1 to 65535"
+        ) from None
     host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, f"{parts.path.rstrip('/')}/{record_id}", "", ""))
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))

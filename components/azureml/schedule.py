@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 SCHEDULE_SCHEMA = "https://azuremlschemas.azureedge.net/latest/schedule.schema.json"
 SCHEDULED_JOB_FILE = "pipeline.yml"
-_SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,254}$")
+_SCHEDULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,254}")
 # minute, hour, day of month, month, day of week: the five fields Azure ML's CronTrigger reads.
 _CRON_FIELDS = (
     ("minute", 0, 59),
@@ -38,11 +38,11 @@ _CRON_FIELDS = (
     ("month", 1, 12),
     ("day of week", 0, 6),
 )
-_CRON_ITEM = re.compile(r"^(?P<range>\*|\d+(?:-\d+)?)(?:/(?P<step>\d+))?$")
+_CRON_ITEM = re.compile(r"(?P<range>\*|\d+(?:-\d+)?)(?:/(?P<step>\d+))?")
 
 
 def _cron_item_ok(item: str, low: int, high: int) -> bool:
-    match = _CRON_ITEM.match(item)
+    match = _CRON_ITEM.fullmatch(item)
     if not match:
         return False
     if match["step"] is not None and int(match["step"]) < 1:
@@ -89,7 +89,7 @@ def build_schedule(name: str, cron: str, time_zone: str, build: PipelineBuild) -
     """A JobSchedule that creates the pipeline job of `build` (without a fixed job name) on `cron`."""
     from azure.ai.ml.entities import CronTrigger, JobSchedule
 
-    if not _SCHEDULE_NAME.match(name):
+    if not _SCHEDULE_NAME.fullmatch(name):
         raise SubmissionError(f"--name {name!r}: expected letters, digits, '-' or '_' for a schedule name")
     expression, zone = check_cron(cron), check_time_zone(time_zone)
     job = build_pipeline_job(replace(build, job_name=None))

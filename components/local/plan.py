@@ -81,7 +81,7 @@ _TYPE_FORMS = {
     "number": "a number",
     "boolean": "true or false",
 }
-_WHOLE = re.compile(r"^[+-]?[0-9]+$")
+_WHOLE = re.compile(r"[+-]?[0-9]+")
 
 
 def expected_form(port: Port) -> str:
@@ -120,7 +120,7 @@ def parse_text_value(text: str, port: Port) -> Any:
     """A value given as text (an app setting, `--param`) read by `port`'s type; ValueError if it cannot be
     (the bounds are `value_fits`'s to check)."""
     if port.type == "integer":
-        if not _WHOLE.match(text.strip()):
+        if not _WHOLE.fullmatch(text.strip()):
             raise ValueError(text)
         return int(text)
     if port.type == "number":

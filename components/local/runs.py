@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 STEP_STATES = (QUEUED, RUNNING, COMPLETED, FAILED, CANCELED)
-_RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+_RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
 
 
 def new_run_id(created_at: str) -> str:
@@ -135,7 +135,7 @@ class RunRecord:
     error: str | None = None
 
     def __post_init__(self) -> None:
-        if not _RUN_ID.match(self.run_id):
+        if not _RUN_ID.fullmatch(self.run_id):
             raise PipelineError(f"run id {self.run_id!r}: expected YYYYmmdd-HHMMSS-<6 hex digits>")
         object.__setattr__(self, "steps", tuple(self.steps))
         object.__setattr__(self, "parameters", _frozen(self.parameters))

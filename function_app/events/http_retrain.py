@@ -104,6 +104,11 @@ def parse_http_retrain(
     )
 
 
+def has_idempotency_key(request: TriggerRequest) -> bool:
+    """Whether the request came with an Idempotency-Key: without one, its dedupe key is its own fresh id."""
+    return request.dedupe_key != f"{KIND_HTTP}:{request.event_id}"
+
+
 def _refuse(status: int, reason: str) -> HttpRejection:
     log.debug("refused retrain request (%d): %s", status, reason)
     return HttpRejection(status, reason)

@@ -18,8 +18,12 @@ safe when two readers move it at once) with a warning naming it, and goes on wit
 lists what is there. A damaged model state is rebuilt from the model's submissions (the claims are its
 pending items) and saved in its place.
 
-Layout: `claims/<model>/<id>.json`, `deliveries/<id>.json` (rejections), `submissions/<id>.json`,
-`models/<model>.json`, `leases/`, `quarantine/<name>.<version>`.
+An HTTP request's Idempotency-Key is the front door's, not a model's: before its claim, the key's
+record (`keys/<id>.json`, created if absent) binds it to one model and one body, so the same key for
+another model or body is refused however the requests race.
+
+Layout: `claims/<model>/<id>.json`, `deliveries/<id>.json` (rejections), `keys/<id>.json` (Idempotency-Keys),
+`submissions/<id>.json`, `models/<model>.json`, `leases/`, `quarantine/<name>.<version>`.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from training.common import mask_secrets
 log = logging.getLogger(__name__)
 
 CLAIMS, DELIVERIES, SUBMISSIONS, MODELS = "claims", "deliveries", "submissions", "models"
+KEYS = "keys"
 _CLAIM_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.json")  # a claim's name in its model's folder
 PENDING = ""  # a pending claim's tag
 MAX_UPDATE_ATTEMPTS = 16  # compare-and-set rounds on one submission before giving up as busy (transient)
@@ -73,6 +78,21 @@ class Claim:
     @property
     def pending(self) -> bool:
         return self.tag == PENDING
+
+
+@dataclass(frozen=True)
+class KeyOwner:
+    """The request an Idempotency-Key belongs to: its model and its body's fingerprint."""
+
+    model_name: str
+    fingerprint: str
+
+    @classmethod
+    def from_dict(cls, data: Any) -> KeyOwner:
+        model_name, fingerprint = data["model_name"], data["fingerprint"]
+        if not isinstance(model_name, str) or not isinstance(fingerprint, str):
+            raise TypeError("model_name and fingerprint must be text")
+        return cls(model_name, fingerprint)
 
 
 class Ledger:
@@ -115,6 +135,23 @@ class Ledger:
         name = f"{DELIVERIES}/{record_id}.json"
         stored = self.store.read(name)
         return None if stored is None else self._readable(name, stored, EventRecord.from_dict)
+
+    def key_owner(self, record_id: str, model_name: str, fingerprint: str) -> KeyOwner:
+        """What an Idempotency-Key (by its claim id) was first used for: this request's model and body
+        fingerprint when it is the first (created if absent: of two racing requests one wins), else the
+        earlier request's."""
+        name = f"{KEYS}/{check_record_id(record_id, 'idempotency key id')}.json"
+        owner = KeyOwner(model_name, fingerprint)
+        for _ in range(2):  # a damaged key record is moved aside once; this request then owns the key
+            if self.store.create(name, encode({"model_name": model_name, "fingerprint": fingerprint})):
+                return owner
+            stored = self.store.read(name)
+            if stored is None:
+                break
+            found = self._readable(name, stored, KeyOwner.from_dict)
+            if found is not None:
+                return found
+        raise LedgerBusyError(f"ledger record {name} vanished while being read; retry")
 
     def claims(self, model_name: str, tag: str = PENDING) -> list[Claim]:
         """The model's claims with `tag` (PENDING: the batch waiting for a flush), oldest first."""

@@ -2,7 +2,7 @@
 
     retrain event FILE... [--trigger blob|drift]
     retrain watch [--folder PATH | --container] [--model NAME] [--once] [--interval SECONDS] [--flush]
-    retrain trigger [--data URI] [--reason TEXT] [--force] [--idempotency-key KEY]
+    retrain trigger [--model-name NAME] [--data URI] [--reason TEXT] [--force] [--idempotency-key KEY]
     retrain flush [--now]
     retrain ledger [--json]
 
@@ -128,6 +128,9 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     watch.set_defaults(handler=_reports_errors(watch_command))
 
     trigger = commands.add_parser("trigger", help="ask for a retraining, as POST /api/retrain does")
+    trigger.add_argument(
+        "--model-name", help="the served model to retrain (required when several are served)"
+    )
     trigger.add_argument("--data", help="a landing blob folder URL, or azureml:<asset>:rd-<16 hex>")
     trigger.add_argument("--reason", help="why (one line, at most 500 characters)")
     trigger.add_argument("--force", action="store_true", help="skip the cooldown and the debounce wait")
@@ -264,7 +267,7 @@ def trigger_command(args: argparse.Namespace) -> int:
 
     start(args.environ)
     body: dict[str, Any] = {
-        key: getattr(args, key) for key in ("data", "reason") if getattr(args, key) is not None
+        key: getattr(args, key) for key in ("model_name", "data", "reason") if getattr(args, key) is not None
     }
     if args.force:
         body["force"] = True

@@ -14,7 +14,7 @@ import torch
 from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.records import committed_checkpoints
+from training.checkpoint.records import checkpoint_name, committed_checkpoints, objects_to_prune
 from training.checkpoint.store import CheckpointStore
 from training.errors import CheckpointError
 
@@ -119,6 +119,48 @@ def test_only_the_newest_checkpoints_are_kept(target: StoreUnderTest) -> None:
         kept = committed_checkpoints(target.store.names())
         assert [int(name[5:15]) for name in kept] == list(range(step, max(0, step - 2), -1))
     assert len(target.store.names()) == 4  # two checkpoints, each data + record
+
+
+# -- a junk commit record (issue 20, item 13) ---------------------------------------------------------
+
+JUNK = checkpoint_name(9_999_999_999, 1)
+
+
+def _put(target: StoreUnderTest, name: str, data: bytes) -> None:
+    with target.store.writer(name) as sink:
+        sink.write(data)
+
+
+@pytest.mark.parametrize("junk", [b"", b"{not json", b'{"name": "other"}'], ids=["empty", "torn", "wrong"])
+def test_an_unreadable_record_is_not_kept_and_is_removed(target: StoreUnderTest, junk: bytes, caplog) -> None:
+    _put(target, JUNK + ".json", junk)  # newer than any real checkpoint: it would be first of the kept
+    _put(target, JUNK + ".pt", b"no checkpoint")
+    checkpointer = Checkpointer(target.store, keep_last=2)
+
+    with caplog.at_level(logging.WARNING):
+        for step in (1, 2, 3):
+            _save(checkpointer, step)
+
+    assert committed_checkpoints(target.store.names()) == [checkpoint_name(3, 1), checkpoint_name(2, 1)]
+    assert not any(name.startswith(JUNK) for name in target.store.names())
+    assert any(JUNK in message and "record is unreadable" in message for message in caplog.messages)
+    # Both kept checkpoints are real: the newest loads, and so does the one before it.
+    assert checkpointer.newest_valid().record.step == 3
+    assert checkpointer.load(checkpoint_name(2, 1)).record.step == 2
+
+
+def test_pruning_never_counts_an_unreadable_record_among_the_kept():
+    one, two, junk = (checkpoint_name(step, 1) for step in (1, 2, 9))
+    names = [f"{name}{suffix}" for name in (one, two, junk) for suffix in (".json", ".pt")]
+
+    # Records before data, so that no record is ever left naming data that is gone.
+    assert objects_to_prune(names, keep_last=2, unreadable=[junk]) == [f"{junk}.json", f"{junk}.pt"]
+    assert objects_to_prune(names, keep_last=1, unreadable=[junk]) == [
+        f"{one}.json",
+        f"{junk}.json",
+        f"{one}.pt",
+        f"{junk}.pt",
+    ]
 
 
 def test_keeping_fewer_than_two_is_refused(tmp_path: Path) -> None:

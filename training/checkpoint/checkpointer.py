@@ -40,7 +40,7 @@ from training.checkpoint.records import (
     uncommitted_data,
 )
 from training.checkpoint.staging import SnapshotStager
-from training.checkpoint.store import CheckpointStore, ObjectExistsError, storage_failure
+from training.checkpoint.store import CheckpointStore, ObjectExistsError, ObjectNotFoundError, storage_failure
 from training.checkpoint.stores import newest_record
 from training.errors import CheckpointError
 
@@ -263,7 +263,7 @@ class Checkpointer:
             raise
         seconds = self._clock() - started
         self._record_write(record, seconds)
-        self._prune()
+        self._prune(record.name)
         return record, seconds
 
     def _write_objects(self, state: dict[str, Any], meta: CheckpointMeta, name: str) -> CheckpointRecord:
@@ -293,14 +293,41 @@ class Checkpointer:
         self.stats.last_saved = record.name
         log.debug("checkpoint %s durable: %d bytes in %.3f s", record.name, record.size, seconds)
 
-    def _prune(self) -> None:
+    def _prune(self, written: str) -> None:
         # The new checkpoint is committed whatever happens here: a failure to remove old ones is only logged
         # (the next save's pruning tries again), never reported as a failed save.
         try:
-            for name in objects_to_prune(self.store.names(), self.keep_last):
+            names = self.store.names()
+            unreadable = self._unreadable_records(names, written)
+            for name in objects_to_prune(names, self.keep_last, unreadable):
                 self.store.delete(name)
         except Exception as error:
             log.warning("old checkpoints were not removed: %s", storage_failure(error, self.store.location))
+
+    def _unreadable_records(self, names: list[str], written: str) -> list[str]:
+        """The committed checkpoints, newest first until `keep_last` readable ones, whose record does not
+        parse (`written`, just written, is readable): each is removed with its data, with a warning. Only
+        a parse failure counts; a storage failure reading a record raises, and nothing is removed."""
+        unreadable, readable = [], 0
+        for name in committed_checkpoints(names):
+            if readable == self.keep_last:
+                break  # older ones are pruned whatever their records say
+            if name == written:
+                readable += 1
+                continue
+            try:
+                CheckpointRecord.from_bytes(self.store.read(name + RECORD_SUFFIX), name)
+            except ObjectNotFoundError:
+                continue  # removed meanwhile
+            except CheckpointError as error:
+                log.warning(
+                    "removing checkpoint %s in %s: its record is unreadable (%s); not kept as a checkpoint",
+                    name, self.store.location, error,
+                )  # fmt: skip
+                unreadable.append(name)
+                continue
+            readable += 1
+        return unreadable
 
     def discard_uncommitted(self) -> int:
         """Remove data objects whose commit record never came (see `uncommitted_data`); returns how many.

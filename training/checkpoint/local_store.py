@@ -18,7 +18,7 @@ from training.errors import CheckpointError
 log = logging.getLogger(__name__)
 
 # Object names never start with '.', so a leading dot cannot collide with a real object.
-_TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.tmp-[0-9a-f]+$")
+_TEMP_FILE = re.compile(r"\.(?P<name>.+)\.tmp-[0-9a-f]+")
 
 
 class LocalCheckpointStore:
@@ -85,7 +85,7 @@ class LocalCheckpointStore:
         Call it when no writer is active on this folder (at start-up, before resuming): a temp file of a
         write in progress looks exactly like a crashed one.
         """
-        leftovers = [entry for entry in self._scan() if entry.is_file() and _TEMP_FILE.match(entry.name)]
+        leftovers = [entry for entry in self._scan() if entry.is_file() and _TEMP_FILE.fullmatch(entry.name)]
         for entry in leftovers:
             with suppress(FileNotFoundError):
                 os.unlink(entry.path)

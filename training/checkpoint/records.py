@@ -19,10 +19,10 @@ from training.errors import CheckpointError
 CHECKPOINT_FORMAT = "retrain-checkpoint/1"
 DATA_SUFFIX = ".pt"
 RECORD_SUFFIX = ".json"
-_NAME = re.compile(r"^step-(\d{10})-a(\d{3,})$")
+_NAME = re.compile(r"step-(\d{10})-a(\d{3,})")
 # Every object a save of that name may leave: its data or record, published or as a local store's hidden
 # temp file (`.<object>.tmp-<hex>`) of a write that never completed.
-_ANY_OBJECT = re.compile(r"^\.?step-\d{10}-a(\d{3,})(?:\.pt|\.json)(?:\.tmp-[0-9a-f]+)?$")
+_ANY_OBJECT = re.compile(r"\.?step-\d{10}-a(\d{3,})(?:\.pt|\.json)(?:\.tmp-[0-9a-f]+)?")
 
 REASON_INTERVAL = "interval"
 REASON_PREEMPTED = "preempted"
@@ -34,7 +34,7 @@ def checkpoint_name(step: int, attempt: int) -> str:
 
 
 def _order_key(name: str) -> tuple[int, int] | None:
-    match = _NAME.match(name)
+    match = _NAME.fullmatch(name)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
@@ -99,7 +99,7 @@ def next_attempt(object_names: Iterable[str]) -> int:
     and objects are never overwritten, so reusing attempt 1 would make that step's save fail. Names of
     other files are ignored.
     """
-    seen = [int(match.group(1)) for name in object_names if (match := _ANY_OBJECT.match(name))]
+    seen = [int(match.group(1)) for name in object_names if (match := _ANY_OBJECT.fullmatch(name))]
     return max(seen, default=0) + 1
 
 
@@ -118,16 +118,24 @@ def uncommitted_data(object_names: Iterable[str]) -> list[str]:
     )
 
 
-def objects_to_prune(object_names: Iterable[str], keep_last: int) -> list[str]:
+def objects_to_prune(
+    object_names: Iterable[str], keep_last: int, unreadable: Iterable[str] = ()
+) -> list[str]:
     """Objects that may go once the newest checkpoint is durable, records before their data.
 
-    Keeps the `keep_last` newest committed checkpoints. Data objects without a record are leftovers of
-    saves that never committed (the writer runs one save at a time, so none is in flight here).
+    Keeps the `keep_last` newest committed checkpoints, not counting those in `unreadable` (checkpoints
+    whose commit record does not parse): a junk record kept as one of two would leave one real
+    checkpoint, so it goes, with its data. Records are written atomically and appear only once complete,
+    so an unreadable one is no write in progress. Data objects without a record are leftovers of saves that
+    never committed (the writer runs one save at a time, so none is in flight here).
     """
     names = list(object_names)
-    committed = committed_checkpoints(names)
+    junk = set(unreadable)
+    committed = [name for name in committed_checkpoints(names) if name not in junk]
     kept = set(committed[:keep_last])
+    present = set(names)
     doomed_records = [name + RECORD_SUFFIX for name in committed[keep_last:]]
+    doomed_records += sorted(name + RECORD_SUFFIX for name in junk if name + RECORD_SUFFIX in present)
     doomed_data = [
         name
         for name in names

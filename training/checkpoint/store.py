@@ -14,7 +14,7 @@ from typing import BinaryIO, Protocol, runtime_checkable
 from training.common import mask_secrets
 from training.errors import CheckpointError, RetrainError
 
-_OBJECT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 class ObjectExistsError(CheckpointError):

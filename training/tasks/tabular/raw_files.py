@@ -99,7 +99,8 @@ def header_columns(path: Path) -> list[str]:
     try:
         if path.suffix.lower() == ".parquet":
             return list(pq.read_schema(path).names)
-        with path.open(newline="", encoding="utf-8") as stream:
+        # utf-8-sig: a BOM (Excel's "CSV UTF-8") is not part of the first column's name; pyarrow drops it too.
+        with path.open(newline="", encoding="utf-8-sig") as stream:
             return next(csv.reader(stream), [])
     except UnicodeDecodeError as error:
         raise _not_utf8(path, _first_non_utf8(path)) from error
