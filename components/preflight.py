@@ -4,7 +4,8 @@ before any data is pinned or any step started.
 components/ imports neither torch nor training/, so the check runs where the steps run: as a process,
 `python -m training.cli check-model` (training/gate/check.py), in the components' code folder and with
 the caller's environment. A task that fails to load or lacks a part, and a gate metric the task does not
-declare, are one line naming the task and what is wrong, raised as a SubmissionError. A passed check is
+declare, are one line naming the task and what is wrong, raised as a SubmissionError; so is a trainer's
+parameter the trainer would refuse (training/train_rules.py), checked here in-process. A passed check is
 remembered for the same task file content, options and policy, so `retrain run` checking before it pins
 the data and the runner checking again cost one process.
 """
@@ -22,6 +23,8 @@ from typing import Any, Protocol
 from components.errors import SubmissionError
 from components.run_inputs import GATE_INPUTS
 from components.specs import REPO_ROOT
+from training.errors import InputError
+from training.train_rules import check_train_parameters
 
 CHECK_COMMAND = ("-m", "training.cli", "check-model")
 DEFAULT_WHERE = "the gate policy"
@@ -72,6 +75,16 @@ def check_arguments(request: TaskRun, where: str = DEFAULT_WHERE) -> list[str]:
     return arguments
 
 
+def check_parameter_values(request: TaskRun) -> None:
+    """The trainer's parameters of the request, by the trainer's own rules (training/train_rules.py): a
+    request that did not come through a checked configuration (a resubmission, a hand-made request) is
+    refused here, before any data is pinned or step started, not by the trainer under torchrun."""
+    try:
+        check_train_parameters(request.parameters)
+    except InputError as error:
+        raise SubmissionError(f"preflight: {error}") from None
+
+
 def _failure_line(stderr: str, returncode: int) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line.removeprefix(_ERROR_PREFIX) for line in lines if line.startswith(_ERROR_PREFIX)]
@@ -96,6 +109,7 @@ class SubprocessPreflight:
         self._passed: dict[tuple[Any, ...], PreflightResult] = {}
 
     def check(self, request: TaskRun, where: str = DEFAULT_WHERE) -> PreflightResult:
+        check_parameter_values(request)
         memo = (*check_arguments(request, ""), request.task_sha256)
         if memo in self._passed:
             return self._passed[memo]

@@ -17,10 +17,17 @@ ENTRY_SETTING = "PYTHON_SCRIPT_FILE_NAME"
 HEAVY_MODULES = ("torch", "mlflow", "azure.ai.ml")
 IMPORT_TIMEOUT_S = 60
 GIT_TIMEOUT_S = 30
-SHIPPED_TRAINING = ("training/__init__.py", "training/errors.py", "training/common.py", "training/spot.py")
+SHIPPED_TRAINING = (
+    "training/__init__.py",
+    "training/errors.py",
+    "training/common.py",
+    "training/spot.py",
+    "training/train_rules.py",
+)
 # What the front door loads of training/: the shared helpers (URL parsing, atomic writes, file hashing, the
-# spot model that components/cost.py estimates runs with).
-LOADED_TRAINING = ("training", "training.common", "training.errors", "training.spot")
+# spot model that components/cost.py estimates runs with, the trainer's parameter rules the pipeline's
+# parameters are checked by).
+LOADED_TRAINING = ("training", "training.common", "training.errors", "training.spot", "training.train_rules")
 
 
 def _settings_example() -> dict:
