@@ -301,7 +301,7 @@ def _gate(reader: _Reader, document: Mapping[str, Any]) -> GateConfig:
 
 
 def _pipeline(reader: _Reader, document: Mapping[str, Any], spec: PipelineSpec) -> dict[str, Any]:
-    from components.local.plan import check_parameters, expected_form, parameter_ports, value_fits
+    from components.local.plan import check_parameters, parameter_ports, parameter_refusal
 
     table = reader.table(document, "pipeline", "[pipeline]")
     for name in table:
@@ -318,8 +318,9 @@ def _pipeline(reader: _Reader, document: Mapping[str, Any], spec: PipelineSpec) 
     ports = parameter_ports(spec)
     for name, value in table.items():
         port = ports.get(name)
-        if port is not None and not value_fits(value, port):
-            raise reader.fail(f"[pipeline] {name}", f"is {_shown(value)}", expected_form(port))
+        refusal = parameter_refusal(name, value, port) if port is not None else None
+        if refusal is not None:
+            raise reader.fail(f"[pipeline] {name}", f"is {_shown(value)}", refusal)
     return table
 
 

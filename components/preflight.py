@@ -5,7 +5,8 @@ components/ imports neither torch nor training/, so the check runs where the ste
 `python -m training.cli check-model` (training/gate/check.py), in the components' code folder and with
 the caller's environment. A task that fails to load or lacks a part, and a gate metric the task does not
 declare, are one line naming the task and what is wrong, raised as a SubmissionError (PreflightRefused:
-the check ran and refused, so it always will for the same file, options and policy). A passed check is
+the check ran and refused, so it always will for the same file, options and policy); so is a trainer's
+parameter the trainer would refuse (training/train_rules.py), checked here in-process. A passed check is
 remembered for the same task file content, options and policy, so `retrain run` checking before it pins
 the data and the runner checking again cost one process. `RecordedPreflight` keeps the verdicts on a task
 file in a folder, so that the front door's flushes, each perhaps in its own process, check a version of a
@@ -27,6 +28,8 @@ from components.errors import SubmissionError
 from components.run_inputs import GATE_INPUTS
 from components.specs import REPO_ROOT
 from training.common import file_sha256, write_atomically
+from training.errors import InputError
+from training.train_rules import check_train_parameters
 
 CHECK_COMMAND = ("-m", "training.cli", "check-model")
 DEFAULT_WHERE = "the gate policy"
@@ -90,6 +93,16 @@ def check_arguments(request: TaskRun, where: str = DEFAULT_WHERE) -> list[str]:
     return arguments
 
 
+def check_parameter_values(request: TaskRun) -> None:
+    """The trainer's parameters of the request, by the trainer's own rules (training/train_rules.py): a
+    request that did not come through a checked configuration (a resubmission, a hand-made request) is
+    refused here, before any data is pinned or step started, not by the trainer under torchrun."""
+    try:
+        check_train_parameters(request.parameters)
+    except InputError as error:
+        raise PreflightRefused(f"preflight: {error}") from None
+
+
 def _failure_line(stderr: str, returncode: int) -> tuple[str, bool]:
     """The check's one-line reason, and whether it is the check's own refusal (its `retrain: error:`)."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
@@ -115,6 +128,7 @@ class SubprocessPreflight:
         self._passed: dict[tuple[Any, ...], PreflightResult] = {}
 
     def check(self, request: TaskRun, where: str = DEFAULT_WHERE) -> PreflightResult:
+        check_parameter_values(request)
         memo = (*check_arguments(request, ""), request.task_sha256)
         if memo in self._passed:
             return self._passed[memo]

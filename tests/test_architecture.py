@@ -11,15 +11,22 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The modules of training/ that components/ and function_app/ may import: the helpers every room needs
 # (URL parsing and masking, atomic writes, file hashing, the spot formula, the built-in tasks' metrics and
-# which metrics a gate policy may name) have one home. The Function App ships them with the package's
-# __init__, and nothing else of training/ (.funcignore).
-SHARED_TRAINING_MODULES = ("training.common", "training.spot", "training.errors", "training.metrics")
+# which metrics a gate policy may name, the trainer's parameter rules) have one home. The Function App ships
+# them with the package's __init__, and nothing else of training/ (.funcignore).
+SHARED_TRAINING_MODULES = (
+    "training.common",
+    "training.spot",
+    "training.errors",
+    "training.metrics",
+    "training.train_rules",
+)
 SHIPPED_TRAINING_FILES = (
     "training/__init__.py",
     "training/errors.py",
     "training/common.py",
     "training/spot.py",
     "training/metrics.py",
+    "training/train_rules.py",
 )
 
 

@@ -24,7 +24,6 @@ from components.local.cache import CacheEntry, cache_key
 from components.local.commands import format_value
 from components.local.fingerprint import code_hash, content_hash, environment_hash
 from components.local.launch import (
-    DIVERGED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     StepExecutor,
     StepLaunch,
@@ -337,8 +336,10 @@ class PipelineExecution:
                 f" (preempted {len(self.record.step(step.name).attempts)} times; the cap is "
                 f"{self.options.max_preemption_restarts} restarts)"
             )
-        elif exit_code == DIVERGED_EXIT_CODE and reported_reason(launch.reports, exit_code):
-            note = f" ({reported_reason(launch.reports, exit_code)})"  # "training diverged at step N: ..."
+        elif reported_reason(launch.reports, exit_code):
+            # The failed worker's own line from torchrun's error file: "training diverged at step N: ...",
+            # "task 'x': loss() returned ...", never torchrun's ChildFailedError.
+            note = f" ({reported_reason(launch.reports, exit_code)})"
         self._update_step(step.name, status=FAILED, duration_s=duration)
         failure = LocalStepFailed(
             self.record.run_id,

@@ -15,7 +15,9 @@ Each step starts in its own session (its own process group): a Ctrl-C at the ter
 only, and the runner forwards SIGTERM/SIGINT to the running step, which saves and exits as on eviction.
 Exit code 75 means preempted with the state saved: the step is started again (up to a cap) and resumes.
 Exit code 65 means the training diverged (a loss that is not finite): it is not started again, since it
-would diverge at the same step, and the failure quotes the worker's own reason from its report.
+would diverge at the same step. Whatever the code, a failure quotes the failed worker's own one-line reason
+from its report (training/engine/failure_report.py: a divergence, a bad input, a task breaking its
+contract, a crash), not torchrun's ChildFailedError.
 While a step runs, `<step folder>/pid` holds its process id (the torchrun launcher for a distributed step;
 its workers are its children).
 """

@@ -25,6 +25,7 @@ from components.request import RunRequest
 from components.run_inputs import DATA_INPUT, RESERVED_INPUTS, reserved_values
 from components.specs import ParentInput, PipelineSpec, Port, StepOutput, StepSpec
 from training.common import quoted
+from training.train_rules import TRAIN_RULES
 
 # The tabular model's sizes were train inputs before tasks existed; a parameter naming one gets a hint.
 TASK_MODEL_OPTIONS = ("hidden_width", "hidden_layers", "dropout")
@@ -133,6 +134,17 @@ def parse_text_value(text: str, port: Port) -> Any:
     return text
 
 
+def parameter_refusal(name: str, value: Any, port: Port) -> str | None:
+    """The form `name` expects when `value` (typed, or text as `parse_text_value` reads it) does not suit
+    its port or, for a trainer's parameter, the trainer's own rule (training/train_rules.py, which the
+    trainer checks by too: a learning rate of 0 passes the port's inclusive `min: 0`, not the trainer);
+    None when it does."""
+    rule = TRAIN_RULES.get(name)
+    if not value_fits(value, port) or (rule is not None and not rule.fits(value)):
+        return rule.expected if rule is not None else expected_form(port)
+    return None
+
+
 def check_parameter_texts(pipeline: PipelineSpec, parameters: Mapping[str, str]) -> None:
     """Parameters given as text (RETRAIN_PIPELINE_PARAMETERS): each names an input (`check_parameters`)
     and its text reads as a value of that input's type, within its bounds. Raises one-line errors."""
@@ -143,11 +155,12 @@ def check_parameter_texts(pipeline: PipelineSpec, parameters: Mapping[str, str])
         if port is None:
             continue  # a pipeline input no step reads: nothing says what it must be
         try:
-            fits = value_fits(parse_text_value(text, port), port)
+            value = parse_text_value(text, port)
         except ValueError:
-            fits = False
-        if not fits:
-            raise SubmissionError(f"parameter {name} is {quoted(text, 60)}; expected {expected_form(port)}")
+            value = text  # text fits no typed port: refused below, in the port's form
+        refusal = parameter_refusal(name, value, port)
+        if refusal is not None:
+            raise SubmissionError(f"parameter {name} is {quoted(text, 60)}; expected {refusal}")
 
 
 def pipeline_values(pipeline: PipelineSpec, request: RunRequest) -> dict[str, Any]:

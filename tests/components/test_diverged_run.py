@@ -46,10 +46,13 @@ def test_a_diverged_training_fails_the_run_at_train_and_registers_nothing(tmp_pa
     assert failed.value.exit_code == DIVERGED_EXIT_CODE
     reason = "(training diverged at step 5: its loss is inf; "
     assert failed.value.headline.startswith(f"step 'train' failed with exit code 65 {reason}")
-    # The run's line says where and why: the step's own error line is above torchrun's report in its log,
-    # so the line quotes the headline, with the worker's reason.
+    # The run's line says where and why: the worker's own error line, the last thing its step's log says
+    # (torchrun's ChildFailedError report no longer follows it).
     [said] = [line for line in out.getvalue().splitlines() if line.startswith("run ")]
-    assert said.startswith(f"run {failed.value.run_id}: Failed at train: ") and reason in said
+    assert said.startswith(f"run {failed.value.run_id}: Failed at train: {reason[1:]}")
+    # What the user sees (the run's lines, the failure with its log's tail): the reason, no traceback.
+    shown = out.getvalue() + str(failed.value)
+    assert "Traceback" not in shown and "ChildFailedError" not in shown, shown
     record = RunStore(state / "runs").list(limit=1)[0]
     assert (record.status, record.failed_step) == (FAILED, "train")
     assert {step.name: step.status for step in record.steps} == {

@@ -308,7 +308,7 @@ def test_an_explicit_file_names_the_model_and_a_different_model_name_is_refused(
         ({"parameters": {"task": "image"}}, r"parameter task: set by the run itself"),
         ({"parameters": {"hidden_width": "64"}}, r"parameter hidden_width: an option of the tabular task"),
         ({"parameters": {"epochs": "NaN"}}, r"parameter epochs is 'NaN'; expected a whole number >= 1"),
-        ({"parameters": {"learning_rate": "-1"}}, r"parameter learning_rate is '-1'; expected a number >= 0"),
+        ({"parameters": {"learning_rate": "-1"}}, r"parameter learning_rate is '-1'; expected a number > 0"),
     ],
 )
 def test_bad_command_line_values_are_one_line_errors(tmp_path, given, message):

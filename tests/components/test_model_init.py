@@ -7,6 +7,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +181,27 @@ def test_the_custom_task_prepares_and_trains_one_epoch_with_retrain(custom):
     metadata = json.loads((root / "model" / "metadata.json").read_text())
     assert metadata["config"]["task"] == ref and metadata["config"]["task_options"] == {"hidden_width": 8}
     assert (root / "model" / "model.pt").is_file()
+
+
+@pytest.mark.parametrize("target", ["nan", "inf", "-Infinity"])
+def test_the_custom_task_refuses_a_target_that_is_not_finite_in_one_line(custom, tmp_path, target):
+    from training.data.splits import SplitFractions
+    from training.errors import InputError
+    from training.tasks.loader import load_task
+
+    raw = tmp_path / "raw"
+    shutil.copytree(custom["raw"], raw)
+    lines = (raw / "batch-0002.csv").read_text().splitlines()
+    cells = lines[4].split(",")
+    lines[4] = ",".join([*cells[:-1], target])  # the fourth data row's y
+    (raw / "batch-0002.csv").write_text("\n".join(lines) + "\n")
+    task = load_task(f"{custom['task_file']}:HouseTask", {})
+
+    with pytest.raises(InputError) as refused:
+        task.prepare(raw, tmp_path / "prepared", previous=None, split=SplitFractions())
+
+    assert str(refused.value) == (
+        f"{raw / 'batch-0002.csv'}, line 5, column y: expected finite numbers in x0, x1, x2, x3, y, "
+        f"got {target!r}"
+    )
+    assert not (tmp_path / "prepared").exists()

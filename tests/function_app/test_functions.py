@@ -23,11 +23,20 @@ SHIPPED_TRAINING = (
     "training/common.py",
     "training/spot.py",
     "training/metrics.py",
+    "training/train_rules.py",
 )
 # What the front door loads of training/: the shared helpers (URL parsing, atomic writes, file hashing, the
 # spot model that components/cost.py estimates runs with, the built-in tasks' metrics its start-up checks
-# each served model's gate policy against).
-LOADED_TRAINING = ("training", "training.common", "training.errors", "training.metrics", "training.spot")
+# each served model's gate policy against, the trainer's parameter rules the pipeline's parameters are
+# checked by).
+LOADED_TRAINING = (
+    "training",
+    "training.common",
+    "training.errors",
+    "training.metrics",
+    "training.spot",
+    "training.train_rules",
+)
 
 
 def _settings_example() -> dict:

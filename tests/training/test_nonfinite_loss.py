@@ -98,6 +98,8 @@ def test_one_rank_s_non_finite_loss_stops_every_rank_and_retrain_train_exits_65(
     assert process.finish() == DIVERGED_EXIT_CODE
     [line] = error_lines(folders)
     assert line.startswith("retrain: error: training diverged at step 20: its loss is inf;")
+    output = (folders.logs / "attempt-1.log").read_text()
+    assert "Traceback" not in output and "ChildFailedError" not in output, output  # torchrun's, not shown
     assert diverged_event(process)["step"] == 20
     assert_stopped_cleanly(folders, newest_step=10)
 

@@ -80,9 +80,9 @@ def _fingerprint(folder: Path) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        (["--epochs", "0"], "--epochs 0: expected a positive integer"),
-        (["--keep-checkpoints", "1"], "--keep-checkpoints 1: keep at least 2"),
-        (["--checkpoint-every-steps", "-5"], "--checkpoint-every-steps -5: expected a positive integer"),
+        (["--epochs", "0"], "--epochs 0: expected a whole number >= 1"),
+        (["--keep-checkpoints", "1"], "--keep-checkpoints 1: expected a whole number >= 2"),
+        (["--checkpoint-every-steps", "-5"], "--checkpoint-every-steps -5: expected a whole number >= 1"),
         (["--nproc", "2", "--global-batch-size", "33"], "--global-batch-size 33 is not divisible by 2"),
         (["--global-batch-size", "5000"], "larger than the training split (1421 rows)"),
         (["--task-option", "dropout=1.5"], "--task 'tabular': dropout 1.5: expected a probability in [0, 1)"),

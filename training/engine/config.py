@@ -7,18 +7,16 @@ straight from command-line arguments and app settings.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from training.errors import InputError
+from training.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
+from training.train_rules import TRAIN_RULES
 
 PROGRESS_MODES = ("auto", "bar", "log", "jsonl", "none")
 
-# `--checkpoint-every-seconds auto`: the trainer measures its own checkpoint cost at its first saves and
-# takes Daly's optimum interval for that cost and `--mtbe-hours` (training/engine/checkpoint_interval.py).
-AUTO_INTERVAL = "auto"
 DEFAULT_CHECKPOINT_EVERY_SECONDS = 300.0
 
 # The mean time between evictions of the training job: any node's eviction stops it, so on N nodes it is a
@@ -58,10 +56,6 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _finite_number(value: object) -> bool:
-    return _is_number(value) and math.isfinite(value)
-
-
 def _shown(value: object) -> str:
     """A number as the user typed it (`-1`, not the parsed `-1.0`); anything else as it is."""
     return format(value, "g") if _is_number(value) else str(value)
@@ -93,30 +87,11 @@ class TrainConfig:
     mlflow_artifact_location: str | None = None
 
     def __post_init__(self) -> None:
-        _require(self.epochs >= 1, f"--epochs {self.epochs}: expected a positive integer")
-        _require(self.seed >= 0, f"--seed {self.seed}: expected a non-negative integer")
-        _require(self.learning_rate > 0, f"--learning-rate {self.learning_rate}: expected a positive number")
-        _require(self.weight_decay >= 0, f"--weight-decay {self.weight_decay}: expected 0 or more")
-        _require(self.warmup_steps >= 0, f"--warmup-steps {self.warmup_steps}: expected 0 or more")
-        _require(
-            self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
-            f"--checkpoint-every-steps {self.checkpoint_every_steps}: expected a positive integer",
-        )
-        _require(
-            self.checkpoint_every_seconds in (None, AUTO_INTERVAL)
-            or (_finite_number(self.checkpoint_every_seconds) and self.checkpoint_every_seconds > 0),
-            f"--checkpoint-every-seconds {_shown(self.checkpoint_every_seconds)}: expected a number of "
-            f"seconds > 0, '{AUTO_INTERVAL}' (chosen from the measured checkpoint cost) or 'off'",
-        )
-        _require(
-            _finite_number(self.mtbe_hours) and self.mtbe_hours > 0,
-            f"--mtbe-hours {_shown(self.mtbe_hours)}: expected a number of hours > 0",
-        )
-        _require(
-            self.keep_checkpoints >= 2,
-            f"--keep-checkpoints {self.keep_checkpoints}: keep at least 2, so that a corrupt newest "
-            "checkpoint still leaves one to resume from",
-        )
+        # The rules every room checks these parameters by (the configuration file, --param, the pre-run
+        # check): one definition, training/train_rules.py.
+        for name, rule in TRAIN_RULES.items():
+            value = getattr(self, name)
+            _require(rule.fits(value), f"{rule.flag} {_shown(value)}: expected {rule.expected}")
         _require(
             self.progress in PROGRESS_MODES,
             f"--progress {self.progress!r}: expected one of {', '.join(PROGRESS_MODES)}",

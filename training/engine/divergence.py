@@ -15,14 +15,11 @@ Nothing here imports torch: the launcher above torchrun reads the code without p
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-from training.engine.preemption import ELASTIC_ERROR_FILE_VARIABLE
+from training.engine.failure_report import report_to_launcher
 from training.errors import RetrainError
 
 # EX_DATAERR from sysexits.h: "the input data was incorrect in some way". Clear of 0 (completed), 1 (a
@@ -67,26 +64,4 @@ def is_finite(value: float | None) -> bool:
 def report_divergence_to_launcher(environ: Mapping[str, str], divergence: Divergence) -> None:
     """Tell torchrun (and whoever reads its error file) why this worker stopped; torchrun copies the first
     failed worker's report into its own error file, with that worker's exit code."""
-    path = environ.get(ELASTIC_ERROR_FILE_VARIABLE)
-    if not path:
-        return
-    report = {
-        "message": {
-            "message": divergence.message(),
-            "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))},
-            "errorCode": DIVERGED_EXIT_CODE,
-        }
-    }
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(report))
-
-
-def reported_divergence(error_file: Path) -> str | None:
-    """The message of a torchelastic error file (torchrun's copy of its first failed worker's) that reports
-    a divergence; None for any other report, or none."""
-    try:
-        message = json.loads(error_file.read_text())["message"]
-        code, text = message["errorCode"], message["message"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return text if code == DIVERGED_EXIT_CODE and isinstance(text, str) else None
+    report_to_launcher(environ, divergence.message(), DIVERGED_EXIT_CODE)

@@ -4,9 +4,11 @@ With `--nproc 1` the worker runs in-process. With more, torchrun starts one work
 (`--standalone`, gloo on CPU, NCCL on GPU) and this launcher forwards SIGTERM/SIGINT to it. torchrun
 itself exits non-zero when it is signalled, whatever its workers did, so the launcher reads the outcome
 from durable state: if the newest committed checkpoint is a preemption save of this launch, the run was
-preempted and the launcher exits with the documented code. A diverged run (training/engine/divergence.py)
-is told by torchrun's error file, which this launcher names: torchrun copies the first failed worker's
-report there, and the launcher prints its one line and exits with code 65.
+preempted and the launcher exits with the documented code. Any other failure is told by torchrun's error
+file, which this launcher names: torchrun copies the first failed worker's report there
+(training/engine/failure_report.py), and the launcher prints its one line and exits with its code: 65 for
+a divergence (training/engine/divergence.py), 2 for a bad input or a task that breaks its contract, 1 for a
+crash (whose traceback `retrain -v train` logs). torchrun's own traceback is never shown.
 
 No worker outlives this launcher. torchrun runs as training.engine.torchrun_agent, which the kernel
 kills when the launcher dies; each worker, whose parent torchrun is, then sees its parent gone and saves at
@@ -38,7 +40,8 @@ from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
 from training.checkpoint.stores import newest_record, open_checkpoint_lease, open_checkpoint_store
 from training.engine.batch_split import per_rank_batch_size
 from training.engine.config import TrainConfig
-from training.engine.divergence import TrainingDiverged, reported_divergence
+from training.engine.divergence import DIVERGED_EXIT_CODE, TrainingDiverged
+from training.engine.failure_report import WorkerFailed, read_report
 from training.engine.parent_watch import (
     PARENT_LOSS_DEADLINE_SECONDS,
     PARENT_PID_VARIABLE,
@@ -149,12 +152,17 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
         code, noticed = _run_torchrun(
             torchrun_command(config, nproc), {**environment, ELASTIC_ERROR_FILE_VARIABLE: str(error_file)}
         )
-        diverged = reported_divergence(error_file) if code != 0 else None
-    if diverged is not None:
-        raise TrainingDiverged(diverged)
+        report = read_report(error_file) if code != 0 else None
+    if report is not None and report.code == DIVERGED_EXIT_CODE:
+        raise TrainingDiverged(report.message)
     # A notice this launcher forwarded is honoured by every worker (exit 75) even when its save failed, which
     # they report; without one, a preemption save of this launch (torchrun itself killed) says the same.
     if code != 0 and (noticed or preempted_in_launch(config, launch_id, environ)):
         log.warning("training was preempted; run the same command again to resume")
         return PREEMPTED_EXIT_CODE
+    if report is not None:
+        # The failed worker's own line and code, as it would have said and exited without torchrun.
+        if report.callstack:
+            log.debug("the failed worker's traceback:\n%s", report.callstack)
+        raise WorkerFailed(report.message, report.code or code)
     return code

@@ -18,6 +18,7 @@ from torch import nn
 
 from training.common import write_atomically
 from training.errors import InputError
+from training.tasks.base import built_model
 
 if TYPE_CHECKING:
     from training.tasks.base import Task
@@ -90,7 +91,7 @@ def load_model_file(
     payload = read_model_payload(path)
     if task is None:
         task = load_task(str(payload["task"]), payload["task_options"], cwd=cwd)
-    model = task.build_model(payload["info"])
+    model = built_model(task, payload["info"])
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as error:

@@ -9,25 +9,30 @@ finishes its current step, agrees with the other ranks on the step to save, save
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from types import FrameType
+
+from training.engine.failure_report import ELASTIC_ERROR_FILE_VARIABLE, report_to_launcher
+
+__all__ = [
+    "ELASTIC_ERROR_FILE_VARIABLE",
+    "LAUNCH_ID_VARIABLE",
+    "PREEMPTED_EXIT_CODE",
+    "PreemptionNotice",
+    "report_preemption_to_launcher",
+]
 
 log = logging.getLogger(__name__)
 
 # EX_TEMPFAIL from sysexits.h: "temporary failure; the user is invited to retry". The run is resumable.
 PREEMPTED_EXIT_CODE = 75
 
-# torchrun gives each worker this file (under its --log-dir: <run>/attempt_<n>/<local rank>/error.json) for
-# reporting why it failed. torchrun's own exit code is 1 for any worker failure, and when torchrun itself is
-# signalled (an eviction signals every process) it reports only its own SignalException; the workers' files
-# are how a launcher above torchrun learns that they were preempted.
-ELASTIC_ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
-
+# torchrun exits 1 for any worker failure, and when it is itself signalled (an eviction signals every
+# process) it reports only its own SignalException: the workers' own reports (failure_report.py) are how a
+# launcher above torchrun learns that they were preempted.
 # The launcher names each launch; a preemption save records it, so the launcher can tell its own
 # preemption from an older one when torchrun's exit code says only "failed".
 LAUNCH_ID_VARIABLE = "RETRAIN_LAUNCH_ID"
@@ -75,15 +80,8 @@ class PreemptionNotice:
 
 def report_preemption_to_launcher(environ: Mapping[str, str]) -> None:
     """Tell torchrun (and whoever reads its error file) that this worker stopped because it was preempted."""
-    path = environ.get(ELASTIC_ERROR_FILE_VARIABLE)
-    if not path:
-        return
-    report = {
-        "message": {
-            "message": "Preempted: the eviction notice was honoured and the state saved; start again",
-            "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))},
-            "errorCode": PREEMPTED_EXIT_CODE,
-        }
-    }
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(report))
+    report_to_launcher(
+        environ,
+        "Preempted: the eviction notice was honoured and the state saved; start again",
+        PREEMPTED_EXIT_CODE,
+    )

@@ -39,6 +39,7 @@ from training.engine.checkpoint_interval import IntervalCalibration, IntervalCho
 from training.engine.config import TrainConfig
 from training.engine.train_state import checkpoint_state
 from training.errors import CheckpointError
+from training.tasks.base import TaskContractError, built_model
 
 if TYPE_CHECKING:
     from training.engine.distributed import DistContext
@@ -82,9 +83,11 @@ def _model_for_estimate(task: Task, info: Mapping[str, Any]) -> nn.Module:
     # launcher stays small beside the workers it starts. A model that cannot be built there is built for real.
     try:
         with torch.device("meta"):
-            return task.build_model(info)
+            return built_model(task, info)
+    except TaskContractError:
+        raise
     except Exception:
-        return task.build_model(info)
+        return built_model(task, info)
 
 
 def refuse_unfit_checkpoint_location(config: TrainConfig, environ: Mapping[str, str], task: Task) -> None:

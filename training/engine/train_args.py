@@ -20,6 +20,7 @@ from training.local_state import (
     default_mlflow_tracking_uri,
     state_root,
 )
+from training.train_rules import read_interval
 
 _DEFAULTS = {field.name: field.default for field in fields(TrainConfig)}
 
@@ -37,11 +38,9 @@ def _optional_number(kind: type):
 
 
 def _seconds_auto_or_off(text: str) -> float | str | None:
-    if text.lower() == AUTO_INTERVAL:
-        return AUTO_INTERVAL
     try:
-        return _optional_number(float)(text)
-    except argparse.ArgumentTypeError:
+        return read_interval(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected a number of seconds, '{AUTO_INTERVAL}' or 'off', got {text!r}"
         ) from None

@@ -24,7 +24,7 @@ from training.checkpoint.checkpointer import LoadedCheckpoint
 from training.engine.config import TrainConfig
 from training.engine.sampling import DataCursor
 from training.errors import InputError
-from training.tasks.base import Task
+from training.tasks.base import Task, built_model
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +98,7 @@ def build_training_objects(
     config: TrainConfig, task: Task, info: Mapping[str, Any], total_steps: int
 ) -> TrainingObjects:
     torch.manual_seed(config.seed)  # identical initial weights on every rank and every attempt
-    model = task.build_model(info)
-    if not isinstance(model, nn.Module):
-        raise InputError(
-            f"--task {config.task!r}: build_model returned {type(model).__name__}; expected a torch.nn.Module"
-        )
+    model = built_model(task, info)
     if not any(parameter.requires_grad for parameter in model.parameters()):
         raise InputError(f"--task {config.task!r}: build_model returned a model with no trainable parameters")
     optimizer = torch.optim.AdamW(

@@ -45,7 +45,7 @@ from training.engine.throughput import ThroughputMeter
 from training.engine.tracking import Tracker
 from training.engine.train_state import RunState, build_training_objects, restore
 from training.errors import CheckpointError
-from training.tasks.base import Task, TaskData
+from training.tasks.base import Task, TaskData, batch_loss
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ class Trainer(CheckpointSaving):
         torch.manual_seed(step_seed(self.config.seed, run.step, self.context.rank))
         batch = self._train_batches.batch(indices)
         self._network.train()
-        loss = self.task.loss(self._network, batch)
+        loss = batch_loss(self.task, self._network, batch)
         objects.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         # A snapshot still copying the previous checkpoint reads the weights the optimizer is about to change.

@@ -9,13 +9,14 @@ Exit codes:
   step, nothing was saved after it and no model written: lower the learning rate or check the data first;
 - 2 bad input: a one-line error on stderr (also: another attempt held the checkpoint location past
   RETRAIN_LEASE_WAIT_SECONDS, or this attempt lost its lease on it);
-- anything else a crash: the next start resumes from the last durable checkpoint.
+- 1 a crash: the next start resumes from the last durable checkpoint.
 
-A diverged or preempted worker also writes its code and reason into the error file torchrun gives it
-(TORCHELASTIC_ERROR_FILE); torchrun copies the first failed worker's into its own, which is how a launcher
-above torchrun (`retrain train --nproc N`, the local runner) tells them from a crash. Rank 0 prints the
-one-line error of a divergence, unless a `retrain train` launcher above torchrun will (it prints it from
-torchrun's error file, after every worker has ended).
+Every way out but success also writes its code and one-line reason into the error file torchrun gives the
+worker (TORCHELASTIC_ERROR_FILE, failure_report.py; a crash adds its traceback there, and prints none);
+torchrun copies the first failed worker's into its own, which is how a launcher above torchrun
+(`retrain train --nproc N`, the local runner) tells the user why, and tells a divergence or a preemption
+from a crash. The worker prints its one-line error too, unless a `retrain train` launcher above torchrun
+will (it prints it from torchrun's error file, after every worker has ended).
 
 When the process that started the worker dies (torchrun, or `retrain train` and torchrun with it, killed
 outright), the worker learns of it at once (parent_watch.py) and treats it as an eviction notice: the ranks
@@ -31,6 +32,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -48,6 +50,7 @@ from training.engine.divergence import (
     TrainingDiverged,
     report_divergence_to_launcher,
 )
+from training.engine.failure_report import report_to_launcher
 from training.engine.parent_watch import ParentWatch, expected_parent
 from training.engine.preemption import (
     LAUNCH_ID_VARIABLE,
@@ -66,6 +69,7 @@ from training.tasks.loader import load_task
 log = logging.getLogger("retrain.worker")
 
 JOB_RUN_ID_VARIABLE = "MLFLOW_RUN_ID"  # set by Azure ML: the job's own MLflow run
+CRASHED_EXIT_CODE = 1  # what Python exits with for an uncaught exception, and torchrun for a failed worker
 
 
 def configure_numerics(deterministic: bool) -> None:
@@ -176,8 +180,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         launch_id = os.environ.get(LAUNCH_ID_VARIABLE) or uuid.uuid4().hex[:12]
         return run_worker(config, launch_id, os.environ, watch_parent=True)
     except RetrainError as error:
-        print(f"retrain: error: {error}", file=sys.stderr)
-        return error.exit_code
+        return leave_failed(str(error), error.exit_code, os.environ)
+    except Exception as error:  # a crash: its traceback goes into the report, its one line to the user
+        rank = os.environ.get("RANK", "0")
+        log.debug("rank %s failed", rank, exc_info=True)
+        first = next(iter(str(error).strip().splitlines()), "")
+        reason = f"training failed on rank {rank}: {type(error).__name__}" + (f": {first}" if first else "")
+        return leave_failed(reason, CRASHED_EXIT_CODE, os.environ, traceback.format_exc())
+
+
+def leave_failed(reason: str, code: int, environ: Mapping[str, str], callstack: str = "") -> int:
+    """Report why this worker stops to whoever started torchrun (failure_report.py), and say it in one line
+    unless a `retrain train` launcher above torchrun will (it prints the first failed worker's, once)."""
+    report_to_launcher(environ, reason, code, callstack)
+    if LAUNCH_ID_VARIABLE not in environ:
+        print(f"retrain: error: {reason}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

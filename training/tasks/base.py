@@ -199,3 +199,43 @@ def missing_parts(task: object) -> list[str]:
     if not missing and task.metrics.find(task.default_primary_metric) is None:
         missing.append(f"default_primary_metric {task.default_primary_metric!r} among its metrics")
     return missing
+
+
+class TaskContractError(InputError):
+    """A task's method returned what the contract above does not allow: a bug in the task, named by its
+    method and what that method must return, instead of whatever failed with it later."""
+
+
+def _described(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        shape = "a 0-dim" if value.dim() == 0 else f"a shape {list(value.shape)}"
+        return f"{shape} {str(value.dtype).removeprefix('torch.')} tensor"
+    return f"a {type(value).__name__}"
+
+
+def _broken(task: object, method: str, got: str, must: str) -> TaskContractError:
+    name = getattr(task, "name", type(task).__name__)
+    return TaskContractError(
+        f"task {name!r}: {method}() returned {got}; it must return {must} (training/tasks/base.py)"
+    )
+
+
+def built_model(task: Task, info: Mapping[str, Any]) -> nn.Module:
+    """`task.build_model(info)`, refused in one line unless it is a torch.nn.Module."""
+    model = task.build_model(info)
+    if not isinstance(model, nn.Module):
+        raise _broken(task, "build_model", _described(model), "a torch.nn.Module (the model itself)")
+    return model
+
+
+def batch_loss(task: Task, model: nn.Module, batch: Any) -> torch.Tensor:
+    """`task.loss(model, batch)`, refused in one line unless it is the batch's loss as one trainable number.
+    Cheap enough for every step: it reads only the tensor's metadata, never its value (no device sync)."""
+    loss = task.loss(model, batch)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        must = "the batch's loss as one number: a 0-dim float tensor, e.g. the .mean() of per-sample losses"
+        raise _broken(task, "loss", _described(loss), must)
+    if not loss.requires_grad:
+        got = f"{_described(loss)} without gradients"
+        raise _broken(task, "loss", got, "a loss computed from the model's output, not detached from it")
+    return loss

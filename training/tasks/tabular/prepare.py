@@ -209,16 +209,43 @@ def _incremental(
 
 
 def with_class_count(schema: TableSchema, table: pa.Table, raw: Path) -> TableSchema:
-    """`schema` with an open class count fixed from the data: the largest label + 1."""
+    """`schema` with an open class count fixed from the data: the largest label + 1 of the range the labels
+    fill. A label far beyond the others (999999999 among 0..9) is refused naming its file and row: taken
+    as a class count, it would make the model's last layer a billion wide."""
     if schema.n_classes is not None:
         return schema
-    largest = pc.max(table.column(schema.label_column)).as_py()
-    if largest is None or largest < 1:
+    labels = table.column(schema.label_column).to_numpy()
+    count = inferred_class_count(labels)
+    if labels.max() >= count:
+        _refuse_beyond(table, schema, raw, labels >= count, count)
+    if count < 2:
         raise InputError(
-            f"{escaped(raw)}: the label column {schema.label_column!r} holds only class {largest}; expected "
-            "at least two classes (or set the task option n_classes)"
+            f"{escaped(raw)}: the label column {schema.label_column!r} holds only class {count - 1}; "
+            "expected at least two classes (or set the task option n_classes)"
         )
-    return dataclasses.replace(schema, n_classes=int(largest) + 1)
+    return dataclasses.replace(schema, n_classes=int(count))
+
+
+def inferred_class_count(labels: np.ndarray) -> int:
+    """The class count labels (integers >= 0) imply: the largest label L + 1 such that at least half of the
+    classes 0..L occur. Classes are indices, so the labels fill their range; one that leaves most of the
+    range below it empty is a typo or a code (999999999 for "unknown"), not a class."""
+    distinct = np.unique(labels)
+    dense = 2 * np.arange(1, len(distinct) + 1) >= distinct + 1
+    return int(distinct[dense].max()) + 1 if dense.any() else 0
+
+
+def _refuse_beyond(table: pa.Table, schema: TableSchema, raw: Path, beyond: np.ndarray, count: int) -> None:
+    """One line naming the first row (in file order) whose label is beyond the inferred classes."""
+    files = table.column(SOURCE_FILE_COLUMN).to_numpy(zero_copy_only=False)[beyond]
+    rows = table.column(SOURCE_ROW_COLUMN).to_numpy()[beyond]
+    first = min(range(len(rows)), key=lambda index: (files[index], rows[index]))
+    value = table.column(schema.label_column).to_numpy()[beyond][first]
+    raise InputError(
+        f"{escaped(raw / files[first])}: data row {rows[first]}, column {schema.label_column!r}: expected an "
+        f"integer class in [0, {count}), the range the other labels fill, got {value}; if the classes really "
+        "go that far, declare them with the task option n_classes (or classes)"
+    )
 
 
 def _raw_entry(item: RawFingerprint, rows: int) -> RawFileEntry:

@@ -1,0 +1,118 @@
+"""A pipeline parameter the trainer would refuse is refused, by the same rule (training/train_rules.py), at
+every room it enters: the model's configuration file, `--param`, the pre-run check and the trainer itself."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+import retrain_cli
+from components.errors import ConfigError, SubmissionError
+from components.local.plan import check_parameter_texts
+from components.model_config import load_model_config
+from components.preflight import SubprocessPreflight
+from components.specs import load_pipeline_spec
+from training.engine.config import TrainConfig
+from training.errors import InputError
+from training.train_rules import TRAIN_RULES
+
+PIPELINE = load_pipeline_spec()
+
+# (parameter, TOML value, the text of --param, the trainer's keyword value, the expected form)
+REFUSED = [
+    ("learning_rate", "0.0", "0.0", 0.0, "a number > 0"),
+    ("mtbe_hours", "0", "0", 0.0, "a number of hours > 0"),
+    ("checkpoint_every_seconds", '"banana"', "banana", "banana", "a number of seconds > 0, 'auto'"),
+]
+IDS = [name for name, *_ in REFUSED]
+
+
+@pytest.mark.parametrize(("name", "toml", "text", "value", "expected"), REFUSED, ids=IDS)
+def test_the_configuration_file_refuses_in_one_line_what_the_trainer_would(
+    tmp_path, name, toml, text, value, expected
+):
+    path = tmp_path / "iris.toml"
+    path.write_text(f"[pipeline]\n{name} = {toml}\n")
+    with pytest.raises(ConfigError) as raised:
+        load_model_config(path, PIPELINE)
+    assert str(raised.value).startswith(f"{path}: [pipeline] {name} is ")
+    assert f"; expected {expected}" in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("name", "toml", "text", "value", "expected"), REFUSED, ids=IDS)
+def test_param_and_app_settings_text_refuse_it_in_one_line(name, toml, text, value, expected):
+    with pytest.raises(SubmissionError, match=f"^parameter {name} is '{text}'; expected {expected}"):
+        check_parameter_texts(PIPELINE, {name: text})
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What the pre-run check reads of a run (components.preflight.TaskRun)."""
+
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    task: str = "tabular"
+    task_options_text: str = "{}"
+    task_sha256: str | None = None
+
+
+@pytest.mark.parametrize(("name", "toml", "text", "value", "expected"), REFUSED, ids=IDS)
+def test_the_pre_run_check_refuses_a_request_carrying_it_before_starting_any_process(
+    name, toml, text, value, expected
+):
+    # A python that does not exist: reaching the subprocess would fail with another message.
+    preflight = SubprocessPreflight(python="/nonexistent/python")
+    for given in (value, text):  # typed (a configuration file's) and text (an app setting's)
+        with pytest.raises(SubmissionError, match=f"^preflight: parameter {name} is .*; expected {expected}"):
+            preflight.check(_Request(parameters={name: given}))
+
+
+@pytest.mark.parametrize(("name", "toml", "text", "value", "expected"), REFUSED, ids=IDS)
+def test_the_trainer_refuses_it_by_the_same_rule(tmp_path, name, toml, text, value, expected):
+    with pytest.raises(InputError, match=f"^{TRAIN_RULES[name].flag} .*: expected {expected}"):
+        TrainConfig(data=tmp_path, out=tmp_path / "out", checkpoints=str(tmp_path / "ckpt"), **{name: value})
+
+
+@pytest.mark.parametrize(
+    ("name", "good"),
+    [
+        ("learning_rate", ["1e-4", 0.5, 3]),
+        ("mtbe_hours", ["0.25", 12.0, 1]),
+        ("checkpoint_every_seconds", ["auto", "OFF", "none", "300", 300, 0.5, None]),
+        ("checkpoint_every_steps", ["off", "10", 10, None]),
+        ("epochs", ["3", 3]),
+    ],
+)
+def test_what_the_trainer_accepts_passes_every_room(name, good):
+    for value in good:
+        assert TRAIN_RULES[name].fits(value), value
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        ("learning_rate", [0, "0", -1e-3, "nan", float("inf"), True, "fast"]),
+        ("mtbe_hours", [0, "-2", float("nan")]),
+        ("checkpoint_every_seconds", ["banana", 0, "-5", "inf", True]),
+        ("epochs", [0, 2.0, "2.5", True]),
+        ("keep_checkpoints", [1, "1"]),
+    ],
+)
+def test_what_the_trainer_refuses_fits_no_rule(name, bad):
+    for value in bad:
+        assert not TRAIN_RULES[name].fits(value), value
+
+
+def test_retrain_run_refuses_it_in_one_line_before_pinning_any_data(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RETRAIN_HOME", str(tmp_path / "home"))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    code = retrain_cli.main(["run", "--data", str(raw), "--param", "learning_rate=0.0"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == "retrain: error: parameter learning_rate is '0.0'; expected a number > 0"
+    assert not (tmp_path / "home" / "data").exists()

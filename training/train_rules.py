@@ -1,0 +1,136 @@
+"""The rules the trainer's parameters keep, written once for every room that checks them.
+
+A value is checked where it enters: a model's configuration file and `--param` (components/model_config.py,
+components/run_settings.py), the app setting RETRAIN_PIPELINE_PARAMETERS (function_app/wiring.py), the
+pre-run check of every request (components/preflight.py), and the trainer itself (training/engine/config.py).
+All of them ask the rule here, so a value the trainer would refuse is refused at the first of them, in one
+line, before any data is pinned or any budget spent. The component YAMLs' `min` bounds are Azure ML's own
+check, inclusive only (a learning rate of 0 passes it); the rules here are the trainer's.
+
+A rule takes a value as a TOML file or a request types it (`0.003`, `"auto"`), or as text (`--param`, an
+app setting, a command line); `expected` words the form it accepts, for the caller's one-line error.
+Standard library and training.errors only, like training/common.py: the Function App ships it too
+(.funcignore).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from training.errors import InputError
+
+# `--checkpoint-every-seconds auto`: the trainer measures its own checkpoint cost at its first saves and
+# takes Daly's optimum interval for that cost and `--mtbe-hours` (training/engine/checkpoint_interval.py).
+AUTO_INTERVAL = "auto"
+OFF_WORDS = ("off", "none")  # an optional interval left unset
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+
+
+def _whole(value: object) -> int:
+    if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(value)
+
+
+def _number(value: object) -> float:
+    if isinstance(value, str):
+        return float(value)  # 'nan' and 'inf' read; the rules refuse them
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(value)
+
+
+def _off(value: object) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() in OFF_WORDS)
+
+
+def read_optional_whole(value: object) -> int | None:
+    return None if _off(value) else _whole(value)
+
+
+def read_interval(value: object) -> float | str | None:
+    """A checkpoint interval: a number of seconds, 'auto', or 'off' (None); ValueError otherwise."""
+    if _off(value):
+        return None
+    if isinstance(value, str) and value.strip().lower() == AUTO_INTERVAL:
+        return AUTO_INTERVAL
+    return _number(value)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, float) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One parameter: how a value of it is read, and which read values the trainer accepts."""
+
+    name: str
+    expected: str
+    read: Callable[[object], object]  # raises ValueError for a value of the wrong form
+    accepts: Callable[[object], bool]
+
+    @property
+    def flag(self) -> str:
+        """The trainer's option for it: `--learning-rate`."""
+        return "--" + self.name.replace("_", "-")
+
+    def fits(self, value: object) -> bool:
+        try:
+            return self.accepts(self.read(value))
+        except (TypeError, ValueError, OverflowError):
+            return False
+
+
+def _at_least(low: int) -> Callable[[object], bool]:
+    return lambda value: isinstance(value, int) and value >= low
+
+
+_RULES = (
+    Rule("epochs", "a whole number >= 1", _whole, _at_least(1)),
+    Rule("seed", "a whole number >= 0", _whole, _at_least(0)),
+    Rule("global_batch_size", "a whole number >= 1", _whole, _at_least(1)),
+    Rule("learning_rate", "a number > 0", _number, lambda value: _finite(value) and value > 0),
+    Rule("weight_decay", "a number >= 0", _number, lambda value: _finite(value) and value >= 0),
+    Rule("warmup_steps", "a whole number >= 0", _whole, _at_least(0)),
+    Rule(
+        "checkpoint_every_steps",
+        "a whole number >= 1, or 'off'",
+        read_optional_whole,
+        lambda value: value is None or _at_least(1)(value),
+    ),
+    Rule(
+        "checkpoint_every_seconds",
+        f"a number of seconds > 0, '{AUTO_INTERVAL}' (chosen from the measured checkpoint cost) or 'off'",
+        read_interval,
+        lambda value: value in (None, AUTO_INTERVAL) or (_finite(value) and value > 0),
+    ),
+    Rule("mtbe_hours", "a number of hours > 0", _number, lambda value: _finite(value) and value > 0),
+    Rule(
+        "keep_checkpoints",
+        "a whole number >= 2, so that a corrupt newest checkpoint still leaves one to resume from",
+        _whole,
+        _at_least(2),
+    ),
+)
+TRAIN_RULES: Mapping[str, Rule] = MappingProxyType({rule.name: rule for rule in _RULES})
+
+
+def _shown(value: object) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_train_parameters(parameters: Mapping[str, object]) -> None:
+    """Refuse, in one line naming it, the first parameter whose value the trainer would refuse; a
+    parameter that is not the trainer's is left to its own step."""
+    for name, value in parameters.items():
+        rule = TRAIN_RULES.get(name)
+        if rule is not None and not rule.fits(value):
+            raise InputError(f"parameter {name} is {_shown(value)}; expected {rule.expected}")
