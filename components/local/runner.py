@@ -4,13 +4,19 @@ Layout under the state folder (`$RETRAIN_HOME`, default `./.retrain`):
 
     runs/<run_id>/run.json            the run's record, rewritten atomically as steps progress
     runs/<run_id>/<step>/log.txt      the step's stdout and stderr (and `pid` while it runs)
-    cache/<step>/<key>/<output>/      immutable step outputs, reused by later runs (cache.py)
+    data/<model>/<version>/           a pinned raw data version, read-only, with <version>.manifest.json
+                                      beside it; checked against that manifest before a run reads it
+    cache/<step>/<key>/<output>/      immutable step outputs, reused by later runs (cache.py); an entry
+                                      changed since it was published is set aside as .damaged-<key>-*
     checkpoints/<checkpoint key>/     the train step's checkpoints, durable across reruns of one training
                                       (components/checkpoint_key.py: the run key, and a digest of the
                                       epochs, seed, batch size, learning rate, task and task options)
     locks/checkpoints/<key>.lock      held by the run that trains into checkpoints/<key>/
 
-Steps run one at a time in the pipeline's dependency order; the first failure stops the run.
+Steps run one at a time in the pipeline's dependency order; the first failure stops the run. The task's
+code is pinned as the run starts (a task file's sha256 was pinned with the request; a module task's package
+sources are hashed here, and the request carries that hash as its task_sha256, so cache and checkpoint keys
+and the preflight's memo follow the module's code); each step checks it is still that code (execution.py).
 
 Runs may go on side by side on one state folder, except two that would write one durable folder (the same
 training of the same data): the second waits, saying for which run, until the first has ended, then runs,
