@@ -5,12 +5,18 @@ size and fingerprint (a sha256 of its bytes locally, its eTag in Blob Storage). 
 canonical JSON is the raw data version (`rd-<16 hex>`), so the same files give the same version, and any
 added, removed or changed file gives another. Locally the version is an immutable folder copy; on Azure it is
 a snapshot prefix registered as a data asset version (components/blob_snapshot.py).
+
+A local copy is `<root>/<version>/` with its manifest beside it, `<root>/<version>.manifest.json`. Its files
+are read-only once published, and it is checked against its manifest before it is used again (pinning the
+same data, a run reading it): a copy that changed anyway (root ignores modes) is pinned again from its
+source when there is one, and otherwise refused in one line naming the file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -18,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import PipelineError
-from training.common import file_sha256, write_atomically
+from training.common import file_sha256, make_read_only, write_atomically
+
+log = logging.getLogger(__name__)
 
 RAW_SUFFIXES = (".csv", ".parquet")  # the tabular task's; a run pins its own task's (raw_suffixes)
 # The most folder levels a task's raw files may span below their data folder or blob prefix (is_raw_name's
@@ -168,16 +176,69 @@ def snapshot_folder(
     target = root / manifest.version
     manifest_path = root / f"{manifest.version}{MANIFEST_SUFFIX}"
     if manifest_path.exists() and target.is_dir():
-        return manifest, target
+        change = pinned_change(target, manifest)
+        if change is None:
+            return manifest, target
+        log.warning("pinned data version %s in %s: %s; pinning it again from %s", manifest.version, target,
+                    change, source)  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=root))
     try:
         _copy_verified(manifest, source, staging)
+        make_read_only(staging)
         if target.exists():
-            shutil.rmtree(target)  # an earlier snapshot interrupted before its manifest: incomplete
+            shutil.rmtree(target)  # incomplete (interrupted before its manifest), or damaged since
         os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     write_atomically(manifest_path, manifest.to_json().encode())
     return manifest, target
+
+
+def pinned_manifest_file(folder: Path) -> Path:
+    """Where the manifest of a pinned copy `<root>/<version>/` is: `<root>/<version>.manifest.json`."""
+    return folder.with_name(f"{folder.name}{MANIFEST_SUFFIX}")
+
+
+def pinned_change(folder: Path, manifest: DataManifest) -> str | None:
+    """The first way a pinned copy differs from its manifest, in one phrase naming the file ("a.csv
+    changed since it was pinned (sha256 A... in its manifest, B... now)"), or None when it is the
+    version. Any file counts, hidden ones too: a task reads the whole folder. A file pinned by its eTag
+    (a downloaded blob) is checked by its size."""
+    expected = {entry.name: entry for entry in manifest.files}
+    found = {
+        Path(parent, name).relative_to(folder).as_posix(): Path(parent, name)
+        for parent, _, filenames in os.walk(folder)
+        for name in filenames
+    }
+    for name in sorted(set(expected) | set(found)):
+        if name not in found:
+            return f"{name} is missing"
+        if name not in expected:
+            return f"{name} was added since it was pinned"
+        entry, path = expected[name], found[name]
+        if entry.fingerprint.startswith("sha256:"):
+            pinned, now = entry.fingerprint.removeprefix("sha256:"), file_sha256(path)
+            was, became = f"sha256 {pinned[:12]}...", f"{now[:12]}..."
+        else:
+            pinned, now = str(entry.size), str(path.stat().st_size)
+            was, became = f"{pinned} bytes", now
+        if now != pinned:
+            return f"{name} changed since it was pinned ({was} in its manifest, {became} now)"
+    return None
+
+
+def check_pinned(folder: Path) -> None:
+    """A pinned copy (a folder with its manifest beside it) is still its version, or DataError in one line;
+    a folder pinned elsewhere, with no manifest beside it, is not this module's to check."""
+    manifest_file = pinned_manifest_file(Path(folder))
+    if not manifest_file.is_file():
+        return
+    manifest = DataManifest.from_json(manifest_file.read_text())
+    change = pinned_change(Path(folder), manifest)
+    if change is not None:
+        raise DataError(
+            f"pinned data version {manifest.version} in {folder}: {change}; pin the data again "
+            "(`retrain run --data FOLDER` replaces a damaged copy)"
+        )

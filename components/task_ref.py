@@ -8,16 +8,18 @@ pinned or submitted. Whether the task really loads, and has every part, is the p
 
 A task file travels with the code: locally the steps read it where it is (its content hash joins each step's
 cache key), and on Azure ML the builder copies it into the job's code snapshot, under `user_tasks/`, and
-rewrites the reference to that relative path (components/code_snapshot.py).
+rewrites the reference to that relative path (components/code_snapshot.py). A module task's code is its
+package's source files (training/common.module_sources), which the local runner hashes the same way.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from types import MappingProxyType
 from typing import Any
 
 from components.errors import SubmissionError
@@ -92,6 +94,53 @@ def task_file_sha256(path: Path) -> str:
     from training.common import file_sha256
 
     return file_sha256(Path(path))
+
+
+@dataclass(frozen=True)
+class TaskCode:
+    """The source files a user's task runs from, each by its path with its sha256, and their one hash: a
+    task file's own sha256 (the request's task_sha256), or a module task's training.common.sources_sha256."""
+
+    files: Mapping[str, str]
+    sha256: str
+    what: str = field(default="task file")  # how a message names the code: "task file", "task module X"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
+
+    def change(self, now: TaskCode | None) -> str | None:
+        """One line naming the first file that differs in `now` and both hash prefixes; None if the same."""
+        if now is not None and now.sha256 == self.sha256:
+            return None
+        found = dict(now.files) if now is not None else {}
+        for path in sorted(set(self.files) | set(found)):
+            if self.files.get(path) != found.get(path):
+                was, became = (_prefix(files.get(path)) for files in (self.files, found))
+                where = f"{self.what} {path}" if self.what == "task file" else f"{self.what}: {path}"
+                return f"{where}: changed during the run (sha256 {was} when the run started, {became} now)"
+        return f"{self.what}: changed during the run"
+
+
+def _prefix(digest: str | None) -> str:
+    return f"{digest[:12]}..." if digest else "absent"
+
+
+def task_code(reference: TaskReference, search_path: Sequence[str]) -> TaskCode | None:
+    """What a user's task runs from, hashed now; None for a built-in (part of the code snapshot) or a
+    module that `search_path` (the steps' sys.path) does not have, which the preflight then refuses."""
+    from training.common import module_sources, sources_sha256
+
+    if reference.path is not None:
+        digest = task_file_sha256(reference.path) if reference.path.is_file() else ""
+        return TaskCode({str(reference.path): digest} if digest else {}, digest)
+    if reference.module is None or reference.is_builtin:
+        return None
+    sources = module_sources(reference.module, search_path)
+    if not sources:
+        return None
+    hashes, digest = sources_sha256(sources)
+    files = {str(sources[name]): file_hash for name, file_hash in hashes.items()}
+    return TaskCode(files, digest, f"task module {reference.module}")
 
 
 def _check_json_ready(value: Any, where: str) -> None:

@@ -32,11 +32,12 @@ from components.data_version import (
     DataManifest,
     is_raw_name,
     manifest_of_folder,
+    pinned_change,
 )
 from components.request import DataRef
 from function_app.policy.rules import PendingBlob
 from function_app.settings.storage import BlobScope
-from training.common import displayable_url, file_sha256, mask_secrets
+from training.common import displayable_url, file_sha256, make_read_only, mask_secrets
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
@@ -219,10 +220,11 @@ def _write_snapshot(
     root: Path, manifest: DataManifest, model_name: str, fetch: Callable[[DataFile], bytes]
 ) -> DataRef:
     """Each file `fetch`ed into a staging folder that becomes the immutable snapshot by one rename; the
-    manifest, written last, marks it complete (a pin interrupted earlier is redone, never half-used)."""
+    manifest, written last, marks it complete (a pin interrupted earlier is redone, never half-used). Its
+    files are read-only, and a copy that changed anyway is fetched again (components/data_version.py)."""
     target = root / model_name / manifest.version
     manifest_file = root / model_name / f"{manifest.version}{MANIFEST_SUFFIX}"
-    if manifest_file.exists():
+    if manifest_file.exists() and target.is_dir() and pinned_change(target, manifest) is None:
         return DataRef(manifest.version, str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=target.parent))
@@ -231,6 +233,7 @@ def _write_snapshot(
             path = staging / file.name  # 'circle/a.png': the class folder is made first
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(fetch(file))
+        make_read_only(staging)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(staging, target)
     except BaseException:

@@ -54,6 +54,13 @@ def _prepare(args: argparse.Namespace) -> int:
     # after a whole training.
     policy_of(task, **registry_cli.policy_options(args), where=f"the gate policy (task {args.task!r})")
     version = task.prepare(args.raw, args.out, previous=args.previous, split=split)
+    if not isinstance(version, str) or not version.strip() or not args.out.is_dir():
+        # The step's output would be cached as a data version that is not one: the step fails instead.
+        raise InputError(
+            f"--task {args.task!r}: prepare returned {version!r} and left {args.out} "
+            f"{'a folder' if args.out.is_dir() else 'absent'}; expected the data version it wrote "
+            "into that folder (text, e.g. 'dv-0123456789abcdef')"
+        )
     log.info("prepared data version %s in %s", version, args.out)
     return 0
 

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
@@ -243,6 +246,70 @@ def file_sha256(path: Path) -> str:
         while chunk := handle.read(_HASH_CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def make_read_only(folder: Path) -> None:
+    """Take the write bits off every file under `folder` (published data and step outputs): a process that
+    opens one to write fails loudly instead of silently changing what others reuse. Folders keep theirs,
+    so that removing a version (`rm -rf`, shutil.rmtree) needs no chmod first; the content hashes that
+    are checked before reuse catch what a mode cannot stop (root, or a file replaced by a rename)."""
+    for parent, _, filenames in os.walk(folder):
+        for name in filenames:
+            path = Path(parent, name)
+            path.chmod(stat.S_IMODE(path.lstat().st_mode) & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
+# -- a task's source -------------------------------------------------------------------------------------
+
+
+def module_sources(module: str, search_path: Sequence[str]) -> dict[str, Path]:
+    """The source files a `package.module:Attr` task runs from, found without importing anything, each by
+    its name relative to the folder holding its top-level package; {} when `search_path` has no `module`.
+
+    A module's code is its whole top-level package's `.py` files: importing `pkg.mod` runs `pkg/__init__`,
+    and a module imports its siblings. A top-level module alone is its file. Code it imports from other
+    packages is the environment's. `search_path` is the steps' sys.path: importlib.machinery.PathFinder
+    walks it without executing any `__init__` (importlib.util.find_spec would import the parents of a
+    dotted name); a top-level name only the interpreter's own finders know (an editable install's) is
+    asked of find_spec, which imports nothing for a top-level name.
+    """
+    top = module.partition(".")[0]
+    spec = importlib.machinery.PathFinder.find_spec(top, [entry for entry in search_path if entry])
+    if spec is None:
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            return {}
+    if spec is None:
+        return {}
+    if spec.submodule_search_locations:  # a package; a namespace package may span several folders
+        files: dict[str, Path] = {}
+        for location in spec.submodule_search_locations:
+            for folder, dirnames, filenames in os.walk(location):
+                # Only folders that can be subpackages: not __pycache__, .git or a data folder's "my-files".
+                dirnames[:] = sorted(
+                    name for name in dirnames if name.isidentifier() and name != "__pycache__"
+                )
+                relative = PurePosixPath(top, Path(folder).relative_to(location).as_posix())
+                for name in sorted(filenames):
+                    if name.endswith(".py"):
+                        files.setdefault((relative / name).as_posix(), Path(folder, name))
+        return files
+    origin = Path(spec.origin) if spec.origin else None
+    return {origin.name: origin} if origin is not None and origin.is_file() else {}
+
+
+def sources_sha256(sources: Mapping[str, Path]) -> tuple[dict[str, str], str]:
+    """Each source file's sha256, by name, and one hex sha256 of the names and contents together."""
+    hashes = {name: file_sha256(sources[name]) for name in sorted(sources)}
+    listing = "".join(f"{name}\0{digest}\n" for name, digest in hashes.items())
+    return hashes, hashlib.sha256(listing.encode()).hexdigest()
+
+
+def module_sources_sha256(module: str, search_path: Sequence[str]) -> str | None:
+    """The one hash of a module task's source files (module_sources); None when it is not found."""
+    sources = module_sources(module, search_path)
+    return sources_sha256(sources)[1] if sources else None
 
 
 Content = bytes | Callable[[BinaryIO], Any]

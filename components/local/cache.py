@@ -4,7 +4,8 @@ An entry is `<cache>/<step>/<key>/`: one folder per output, plus `entry.json` wi
 hash and the key's ingredients (why this entry exists). A step writes its outputs into a staging folder
 beside the entries (`.staging-*`), which is renamed into place only after the step succeeded and its
 outputs were hashed and made read-only. The rename is atomic, so an entry is whole or absent; a failed
-step's staging folder is deleted, and no entry is ever written to again.
+step's staging folder is deleted, and no entry is ever written to again. Before an entry is reused its
+outputs are hashed again: one that changed anyway is set aside (`.damaged-*`) and its step runs again.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import secrets
 import shutil
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +22,15 @@ from types import MappingProxyType
 from typing import Any
 
 from components.errors import PipelineError
+from components.local.fingerprint import content_hash
 from components.local.runs import write_json_atomically
+from training.common import make_read_only
 
 log = logging.getLogger(__name__)
 
 ENTRY_FILE = "entry.json"
 STAGING_PREFIX = ".staging-"
+DAMAGED_PREFIX = ".damaged-"
 # Bumped whenever what goes into a key, or the entry layout, changes: old entries are then never matched.
 CACHE_FORMAT = "retrain-local-cache/1"
 
@@ -64,15 +66,6 @@ class CacheEntry:
             "created_at": self.created_at,
             "material": dict(self.material),
         }
-
-
-def _make_read_only(folder: Path) -> None:
-    """Files of a published entry lose their write bits: a step that writes to its inputs fails loudly
-    instead of silently changing what later runs reuse."""
-    for parent, _, filenames in os.walk(folder):
-        for name in filenames:
-            path = Path(parent, name)
-            path.chmod(stat.S_IMODE(path.stat().st_mode) & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
 
 
 class StepCache:
@@ -117,7 +110,7 @@ class StepCache:
         """Make `staging` (holding the outputs) the entry's folder; None if that entry already exists
         (a forced rerun, or another runner that finished first): entries are never replaced."""
         write_json_atomically(staging / ENTRY_FILE, entry.to_dict())
-        _make_read_only(staging)
+        make_read_only(staging)
         target = self.entry_dir(entry.step, entry.key)
         try:
             staging.rename(target)
@@ -135,6 +128,27 @@ class StepCache:
             created_at=entry.created_at,
             material=entry.material,
         )
+
+    @staticmethod
+    def changed_output(entry: CacheEntry) -> str | None:
+        """How an entry's outputs differ from the hashes recorded when it was published ("output 'made'
+        changed since it was published (sha256 A... recorded, B... now)"); None when they are what was
+        published. Its files are read-only, but root, a chmod or a replaced file gets past a mode."""
+        for name, recorded in sorted(entry.output_hashes.items()):
+            found = content_hash(entry.output_path(name))
+            if found != recorded:
+                was, now = (digest.removeprefix("sha256:")[:12] for digest in (recorded, found))
+                return (
+                    f"output '{name}' changed since it was published (sha256 {was}... recorded, {now}... now)"
+                )
+        return None
+
+    def set_aside(self, entry: CacheEntry) -> Path:
+        """Move a damaged entry out of the way (a hidden sibling, kept for a look): its key is free for the
+        step's rerun to publish a true one."""
+        aside = entry.path.with_name(f"{DAMAGED_PREFIX}{entry.key}-{secrets.token_hex(4)}")
+        entry.path.rename(aside)
+        return aside
 
     @staticmethod
     def discard(staging: Path) -> None:

@@ -3,8 +3,14 @@
 A step is reused, as Azure ML reuses one, when everything that decides its outputs is unchanged: the
 component version, the code snapshot (fingerprint.py), the environment spec, the command line template,
 its parameter values, the content of each input (an upstream output by the hash recorded with it), the
-process count, and for a task that is a user's file, that file's content (on Azure ML it is part of the
-code snapshot; here it is read where it is). Together they make the step's cache key (cache.py). An
+process count, and for a user's task its code: a task file's content (on Azure ML it is part of the code
+snapshot; here it is read where it is), or a module task's package sources. Together they make the step's
+cache key (cache.py). So that a key never names code or data other than what ran, the code snapshot and the
+task's code are hashed again as each step starts and once it has ended, and its inputs are hashed as it
+starts (a pinned raw version also against its manifest, an upstream output against the hash it was
+published with) and again once it has ended: a change fails the run in one line naming the file, and the
+step's outputs are discarded, never cached. An entry whose outputs changed since they were published is set
+aside and its step run again (cache.py). An
 output the pipeline gives a fixed path (train's `checkpoints`) is not cached: it lives at
 `<state>/<output>/<checkpoint key>/` (components/checkpoint_key.py: the run key and the options that decide
 the training), so a rerun of the same training resumes from it, one with other epochs never does, and
@@ -14,15 +20,22 @@ neither its path nor its content is part of any key.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.errors import StepFailed, SubmissionError
+from components.data_version import check_pinned
+from components.errors import PipelineError, StepFailed, SubmissionError
 from components.local.cache import CacheEntry, cache_key
 from components.local.commands import format_value
-from components.local.fingerprint import code_hash, content_hash, environment_hash
+from components.local.fingerprint import (
+    code_listing,
+    content_listing,
+    environment_hash,
+    first_difference,
+    listing_hash,
+)
 from components.local.launch import (
     PREEMPTED_EXIT_CODE,
     StepExecutor,
@@ -42,6 +55,7 @@ from components.local.runs import RunRecord, StepAttempt, StepRecord
 from components.request import CANCELED, COMPLETED, FAILED, RUNNING, RunRequest
 from components.run_inputs import TASK_INPUT
 from components.specs import PipelineSpec, StepOutput, StepSpec
+from components.task_ref import TaskCode, parse_task_reference, task_code
 
 if TYPE_CHECKING:
     from components.local.runner import LocalRunner
@@ -67,6 +81,15 @@ class LocalStepFailed(StepFailed):
         self.log_file, self.log_tail = log_file, log_tail
         self.headline = f"step '{step}' {how}{note}; its log: {log_file}"
         super().__init__("\n".join([self.headline, *(f"  | {line}" for line in log_tail)]))
+
+
+class StepUntrue(PipelineError):
+    """What a step ran on is not what its cache key names: its code changed during the run, or it (or
+    something else) changed one of its inputs. The run fails; the step's outputs are never cached."""
+
+    def __init__(self, step: str, message: str) -> None:
+        self.step = step
+        super().__init__(message)
 
 
 def log_tail(path: Path, lines: int) -> list[str]:
@@ -97,12 +120,16 @@ class PipelineExecution:
         record: RunRecord,
         executor: StepExecutor,
         force_rerun: bool,
+        task_code: TaskCode | None = None,
+        task_search_path: Sequence[str] = (),
     ) -> None:
         self.runner, self.pipeline, self.request, self.values = runner, pipeline, request, values
         self.record, self.executor, self.force_rerun = record, executor, force_rerun
         self.options = runner.options
         self.produced: dict[str, _Produced] = {}
-        self._code_hashes: dict[Path, str] = {}
+        # The code as the run started: each code folder's files and the task's, which every step must see.
+        self._code_listings: dict[Path, dict[str, str]] = {}
+        self._task_code, self._task_search_path = task_code, tuple(task_search_path)
         self._environment_hash: str | None = None
 
     def execute(self) -> RunRecord:
@@ -115,6 +142,10 @@ class PipelineExecution:
             return self._stopped()
         except LocalStepFailed as failure:
             self._finish(FAILED, failed_step=failure.step, error=failure.headline)
+            raise
+        except StepUntrue as failure:
+            self.runner.say(failure.step, str(failure))
+            self._finish(FAILED, failed_step=failure.step, error=str(failure))
             raise
         except BaseException as error:
             self._finish(FAILED, error=str(error).splitlines()[0] if str(error) else type(error).__name__)
@@ -175,54 +206,122 @@ class PipelineExecution:
         inputs = step_input_values(step, self.values, self.request.parameters, upstream_paths)
         nproc = process_count(step, self.request)
         cached_outputs = sorted(set(step.component.outputs) - durable_outputs(step))
+        self._check_code(step)
+        listings = self._input_listings(step, inputs)
         material = {
             "step": step.name,
             "component": step.component.reference,
-            "code": self._code_hash(step),
+            "code": listing_hash(self._code_listings[self._code_folder(step)]),
             "environment": self._environment(),
             "command": step.component.command,
-            "inputs": {name: self._input_fingerprint(step, name, value) for name, value in inputs.items()},
+            "inputs": {
+                name: self._input_fingerprint(step, name, value, listings) for name, value in inputs.items()
+            },
             "process_count": nproc,
             "outputs": cached_outputs,
         }
         if TASK_INPUT in step.component.inputs and self.request.task_sha256 is not None:
-            # A user's task file lives outside the code snapshot: its content joins the key itself.
-            material["task_file_sha256"] = self.request.task_sha256
+            # A user's task lives outside the code snapshot: its code's hash joins the key itself.
+            is_file = parse_task_reference(self.request.task, None, "task").is_file
+            material["task_file_sha256" if is_file else "task_code_sha256"] = self.request.task_sha256
         key = cache_key(material)
-        entry = None if self.force_rerun else self.runner.cache.lookup(step.name, key)
+        entry = None if self.force_rerun else self._true_entry(step, key)
         if entry is not None:
             return self._reuse(step, entry, cached_outputs)
-        return self._run(step, inputs, nproc, key, material, cached_outputs)
+        return self._run(step, inputs, nproc, key, material, cached_outputs, listings)
+
+    def _true_entry(self, step: StepSpec, key: str) -> CacheEntry | None:
+        """The entry of `key`, if its outputs are still what was published; a changed one is set aside."""
+        cache = self.runner.cache
+        entry = cache.lookup(step.name, key)
+        change = cache.changed_output(entry) if entry is not None else None
+        if entry is None or change is None:
+            return entry
+        aside = cache.set_aside(entry)
+        self.runner.say(
+            step.name, f"cache entry {entry.path}: {change}; moved aside to {aside}, running the step again"
+        )
+        return None
 
     def _code_folder(self, step: StepSpec) -> Path:
         return self.options.code_root or step.component.code
 
-    def _code_hash(self, step: StepSpec) -> str:
+    def _check_code(self, step: StepSpec) -> None:
+        """The code `step` runs is the code the run started with: its code folder's files, and the task's."""
         folder = self._code_folder(step)
-        if folder not in self._code_hashes:
-            self._code_hashes[folder] = code_hash(folder)
-        return self._code_hashes[folder]
+        listing = code_listing(folder)
+        started = self._code_listings.setdefault(folder, listing)
+        change = first_difference(started, listing)
+        if change is not None:
+            raise StepUntrue(
+                step.name,
+                f"code file {folder}/{change.replace(' before, ', ' when the run started, ')}: changed "
+                "during the run; the run's results are discarded, run it again",
+            )
+        if self._task_code is None or TASK_INPUT not in step.component.inputs:
+            return
+        reference = parse_task_reference(self.request.task, None, "task")
+        task_change = self._task_code.change(task_code(reference, self._task_search_path))
+        if task_change is not None:
+            raise StepUntrue(step.name, f"{task_change}; the run's results are discarded, run it again")
 
     def _environment(self) -> str:
         if self._environment_hash is None:
             self._environment_hash = environment_hash(self.options.environment_file)
         return self._environment_hash
 
-    def _input_fingerprint(self, step: StepSpec, name: str, value: Any) -> str | None:
+    def _input_listings(self, step: StepSpec, inputs: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+        """Each path input's files with their sha256, as the step starts: a pinned raw version checked
+        against its manifest, an upstream output against the hash it was made with."""
+        listings: dict[str, dict[str, str]] = {}
+        for name, value in inputs.items():
+            if value is None or not step.component.inputs[name].is_path:
+                continue
+            path = Path(str(value))
+            if not path.exists():
+                raise SubmissionError(
+                    f"step '{step.name}': input '{name}' is {value!r}, which is not a local file or folder; "
+                    "local runs read local data (`retrain run --data FOLDER` snapshots one)"
+                )
+            binding = step.inputs.get(name)
+            if not isinstance(binding, StepOutput):
+                check_pinned(path)
+            listings[name] = content_listing(path)
+            made = self._made_hash(binding)
+            if made is not None and listing_hash(listings[name]) != made:
+                raise StepUntrue(
+                    step.name,
+                    f"step '{step.name}': input '{name}' ({path}) changed since step '{binding.step}' "
+                    f"made it (sha256 {made.removeprefix('sha256:')[:12]}... then); the run's results are "
+                    "discarded, run it again",
+                )
+        return listings
+
+    def _made_hash(self, binding: Any) -> str | None:
+        if isinstance(binding, StepOutput):
+            return self.produced[binding.step].hashes.get(binding.output)
+        return None
+
+    def _input_fingerprint(
+        self, step: StepSpec, name: str, value: Any, listings: Mapping[str, Mapping[str, str]]
+    ) -> str | None:
         if value is None:
             return None
-        if not step.component.inputs[name].is_path:
+        if name not in listings:
             return format_value(value)
-        binding = step.inputs.get(name)
-        if isinstance(binding, StepOutput) and binding.output in self.produced[binding.step].hashes:
-            return self.produced[binding.step].hashes[binding.output]
-        path = Path(str(value))
-        if not path.exists():
-            raise SubmissionError(
-                f"step '{step.name}': input '{name}' is {value!r}, which is not a local file or folder; "
-                "local runs read local data (`retrain run --data FOLDER` snapshots one)"
-            )
-        return content_hash(path)
+        return listing_hash(listings[name])  # an upstream output's equals the hash it was made with
+
+    def _check_inputs_kept(self, step: StepSpec, inputs: Mapping[str, Any], listings: Mapping) -> None:
+        """After the step: each path input still holds what it held as the step started. A step that wrote
+        into one (its pinned raw data, an upstream output) made its outputs from something no key names."""
+        for name, before in listings.items():
+            change = first_difference(before, content_listing(Path(str(inputs[name]))))
+            if change is not None:
+                raise StepUntrue(
+                    step.name,
+                    f"step '{step.name}' changed its input '{name}' ({inputs[name]}): "
+                    f"{change.replace(' before, ', ' as the step started, ')}; its outputs are discarded",
+                )
 
     def _output_paths(self, step: StepSpec, folder: Path, cached_outputs: list[str]) -> dict[str, Path]:
         paths = {name: folder / name for name in cached_outputs}
@@ -256,6 +355,7 @@ class PipelineExecution:
         key: str,
         material: Mapping[str, Any],
         cached_outputs: list[str],
+        listings: Mapping[str, Mapping[str, str]],
     ) -> _Produced:
         cache, clock = self.runner.cache, self.runner.clock
         step_folder = self.runner.runs.step_dir(self.record.run_id, step.name)
@@ -279,7 +379,13 @@ class PipelineExecution:
             duration = round(clock.monotonic() - started, 3)
             if attempt is None or attempt.exit_code != 0:
                 raise self._failure(step, attempt, launch, duration)
-            hashes = {name: content_hash(paths[name]) for name in cached_outputs}
+            try:  # what ran is what the key names: the same code, inputs the step left as they were
+                self._check_code(step)
+                self._check_inputs_kept(step, inputs, listings)
+            except StepUntrue:
+                self._update_step(step.name, status=FAILED, duration_s=duration)
+                raise
+            hashes = {name: listing_hash(content_listing(paths[name])) for name in cached_outputs}
             final = self._publish(step, staging, key, material, hashes, step_folder)
         except BaseException:
             cache.discard(staging)  # gone already once published: a failure leaves no half entry

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -117,31 +117,56 @@ def kept_files(code_root: Path, rules: tuple[IgnoreRule, ...]) -> list[PurePosix
     return sorted(kept)
 
 
-def _listing_hash(entries: Iterator[tuple[str, str]]) -> str:
+def listing_hash(listing: Mapping[str, str]) -> str:
+    """The hash of files named by relative path, each with its sha256 (code_listing, content_listing)."""
     digest = hashlib.sha256()
-    for relative, file_hash in entries:
-        digest.update(f"{relative}\0{file_hash}\n".encode())
+    for relative in sorted(listing):
+        digest.update(f"{relative}\0{listing[relative]}\n".encode())
     return "sha256:" + digest.hexdigest()
+
+
+def code_listing(code_root: Path) -> dict[str, str]:
+    """Each file of the code snapshot Azure ML would upload from `code_root`, with its sha256."""
+    if not code_root.is_dir():
+        raise SpecError(f"code folder {code_root}: no such folder; expected the component's `code` folder")
+    files = kept_files(code_root, ignore_rules_of(code_root))
+    return {relative.as_posix(): file_sha256(code_root / relative) for relative in files}
 
 
 def code_hash(code_root: Path) -> str:
     """The hash of the code snapshot Azure ML would upload from `code_root`."""
-    if not code_root.is_dir():
-        raise SpecError(f"code folder {code_root}: no such folder; expected the component's `code` folder")
-    files = kept_files(code_root, ignore_rules_of(code_root))
-    return _listing_hash((relative.as_posix(), file_sha256(code_root / relative)) for relative in files)
+    return listing_hash(code_listing(code_root))
 
 
-def content_hash(path: Path) -> str:
-    """The hash of a file, or of every file under a folder (names relative to it, and bytes)."""
+def content_listing(path: Path) -> dict[str, str]:
+    """A file by its name, or every file under a folder by its path relative to it, with its sha256."""
     if path.is_file():
-        return _listing_hash(iter([(path.name, file_sha256(path))]))
+        return {path.name: file_sha256(path)}
     files = sorted(
         PurePosixPath(Path(folder, name).relative_to(path).as_posix())
         for folder, _, filenames in os.walk(path)
         for name in filenames
     )
-    return _listing_hash((relative.as_posix(), file_sha256(path / relative)) for relative in files)
+    return {relative.as_posix(): file_sha256(path / relative) for relative in files}
+
+
+def content_hash(path: Path) -> str:
+    """The hash of a file, or of every file under a folder (names relative to it, and bytes)."""
+    return listing_hash(content_listing(path))
+
+
+def first_difference(before: Mapping[str, str], after: Mapping[str, str]) -> str | None:
+    """'NAME (sha256 A... before, B... now)' for the first file whose hash differs (absent on one side
+    counts), in name order; None if the listings are equal."""
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) != after.get(name):
+            was, became = (_prefix(listing.get(name)) for listing in (before, after))
+            return f"{name} (sha256 {was} before, {became} now)"
+    return None
+
+
+def _prefix(digest: str | None) -> str:
+    return f"{digest[:12]}..." if digest else "absent"
 
 
 def environment_hash(environment_file: Path) -> str:

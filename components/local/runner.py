@@ -4,13 +4,19 @@ Layout under the state folder (`$RETRAIN_HOME`, default `./.retrain`):
 
     runs/<run_id>/run.json            the run's record, rewritten atomically as steps progress
     runs/<run_id>/<step>/log.txt      the step's stdout and stderr (and `pid` while it runs)
-    cache/<step>/<key>/<output>/      immutable step outputs, reused by later runs (cache.py)
+    data/<model>/<version>/           a pinned raw data version, read-only, with <version>.manifest.json
+                                      beside it; checked against that manifest before a run reads it
+    cache/<step>/<key>/<output>/      immutable step outputs, reused by later runs (cache.py); an entry
+                                      changed since it was published is set aside as .damaged-<key>-*
     checkpoints/<checkpoint key>/     the train step's checkpoints, durable across reruns of one training
                                       (components/checkpoint_key.py: the run key, and a digest of the
                                       epochs, seed, batch size, learning rate, task and task options)
     locks/checkpoints/<key>.lock      held by the run that trains into checkpoints/<key>/
 
-Steps run one at a time in the pipeline's dependency order; the first failure stops the run.
+Steps run one at a time in the pipeline's dependency order; the first failure stops the run. The task's
+code is pinned as the run starts (a task file's sha256 was pinned with the request; a module task's package
+sources are hashed here, and the request carries that hash as its task_sha256, so cache and checkpoint keys
+and the preflight's memo follow the module's code); each step checks it is still that code (execution.py).
 
 Runs may go on side by side on one state folder, except two that would write one durable folder (the same
 training of the same data): the second waits, saying for which run, until the first has ended, then runs,
@@ -26,10 +32,11 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
+from components.data_version import check_pinned
 from components.errors import PipelineError, SubmissionError
 from components.local.cache import StepCache
 from components.local.clock import Clock, SystemClock
@@ -42,7 +49,7 @@ from components.preflight import Preflight, SubprocessPreflight
 from components.request import RunRequest
 from components.run_inputs import TASK_INPUT
 from components.specs import ENVIRONMENT_FILE, PIPELINE_FILE, PipelineSpec, load_pipeline_spec
-from components.task_ref import parse_task_reference, task_file_sha256
+from components.task_ref import TaskCode, parse_task_reference, task_code
 from training.common import exclusive_file_lock
 
 __all__ = ["LocalRunner", "LocalStepFailed", "RunnerOptions"]
@@ -106,15 +113,20 @@ class LocalRunner:
                 f"data {request.data.uri!r}: not a local folder; local runs read a pinned local copy "
                 "(`retrain run --data FOLDER` makes one)"
             )
-        values = pipeline_values(pipeline, request)
+        check_pinned(Path(request.data.uri))  # a pinned copy changed since is refused, never read
+        task_code = None
         if TASK_INPUT in pipeline.inputs:  # a pipeline that carries a task: check it before any step
-            _check_task_file(request)
+            request, task_code = _pinned_task_code(request, self.task_search_path(pipeline))
             self.preflight(pipeline).check(request)
+        values = pipeline_values(pipeline, request)
         record = self._new_record(pipeline, request, force_rerun)
         executor = StepExecutor(
             self._launcher, self.clock, self.options.max_preemption_restarts, self._on_process_started
         )
-        run = PipelineExecution(self, pipeline, request, values, record, executor, force_rerun)
+        run = PipelineExecution(
+            self, pipeline, request, values, record, executor, force_rerun,
+            task_code=task_code, task_search_path=self.task_search_path(pipeline),
+        )  # fmt: skip
         with self._durable_folders_held(pipeline, request, record.run_id):
             self.runs.create(record)
             with _forwarding_stop_signals(executor):
@@ -151,11 +163,20 @@ class LocalRunner:
     def preflight(self, pipeline: PipelineSpec) -> Preflight:
         """The given preflight, else the check run by this runner's interpreter in the steps' code folder."""
         if self._preflight is None:
-            first = pipeline.steps[pipeline.order[0]]
             self._preflight = SubprocessPreflight(
-                self.options.python, self.options.code_root or first.component.code, self.environ
+                self.options.python, self._steps_code_folder(pipeline), self.environ
             )
         return self._preflight
+
+    def _steps_code_folder(self, pipeline: PipelineSpec) -> Path:
+        return self.options.code_root or pipeline.steps[pipeline.order[0]].component.code
+
+    def task_search_path(self, pipeline: PipelineSpec) -> list[str]:
+        """Where the steps look for a module task, as their sys.path begins: the code folder they run in
+        (`python -m` puts it first), the PYTHONPATH they get, then what this interpreter has (the steps
+        run it too, by default), its working folder left out, since theirs is the code folder."""
+        extra = [entry for entry in self.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+        return [str(self._steps_code_folder(pipeline)), *extra, *(entry for entry in sys.path if entry)]
 
     def _new_record(self, pipeline: PipelineSpec, request: RunRequest, force_rerun: bool) -> RunRecord:
         created_at = self.clock.now()
@@ -183,14 +204,23 @@ class LocalRunner:
         self._progress.flush()
 
 
-def _check_task_file(request: RunRequest) -> None:
-    """A task file must still be what the request pinned: its hash keys the steps' cache entries."""
+def _pinned_task_code(request: RunRequest, search_path: list[str]) -> tuple[RunRequest, TaskCode | None]:
+    """The task's code as the run starts, and the request with its hash: a task file must still be what the
+    request pinned; a module task's source files are pinned here (its hash keys the steps' cache entries
+    and checkpoints, and every step checks the code is still that)."""
     reference = parse_task_reference(request.task, None, "task")
-    if reference.path is not None and task_file_sha256(reference.path) != request.task_sha256:
+    code = task_code(reference, search_path)
+    if code is None:
+        return request, None  # a built-in's code is the snapshot's; a missing module, the preflight's to say
+    if request.task_sha256 is None:
+        return replace(request, task_sha256=code.sha256), code
+    if code.sha256 != request.task_sha256:
+        what = f"task file {reference.path}" if reference.path is not None else code.what
         raise SubmissionError(
-            f"task file {reference.path}: changed since the run was requested (sha256 "
-            f"{str(request.task_sha256)[:12]}...); request the run again"
+            f"{what}: changed since the run was requested (sha256 {str(request.task_sha256)[:12]}...); "
+            "request the run again"
         )
+    return request, code
 
 
 def _check_component_versions(pipeline: PipelineSpec, request: RunRequest) -> None:

@@ -292,3 +292,23 @@ def test_a_component_version_other_than_the_yamls_is_refused(quick_request, stat
     ):
         runner.run(request)
     assert not (state / "runs").exists()
+
+
+def test_a_published_output_changed_afterwards_is_moved_aside_and_its_step_run_again(
+    quick_pipeline, quick_request, state
+):
+    runner, progress = quick_runner(quick_pipeline, state)
+    first = runner.run(quick_request())
+    made = Path(first.step("make").outputs["made"]) / "made.txt"
+    made.chmod(0o644)  # what it takes to change a published file (root needs not even that)
+    made.write_text("9999")
+
+    again = runner.run(quick_request())
+
+    assert reused(again) == {"make": False, "double": True, "finish": True}
+    assert result_of(again) == result_of(first)
+    entry = made.parent.parent
+    [warning] = [line for line in progress.getvalue().splitlines() if "since it was published" in line]
+    assert f"cache entry {entry}: output 'made' changed since it was published (sha256 " in warning
+    assert warning.endswith("running the step again") and "moved aside to" in warning
+    assert (entry / "made" / "made.txt").read_text() == "30"  # the rerun published a true entry in its place

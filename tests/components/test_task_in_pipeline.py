@@ -3,23 +3,25 @@ user's task file, whose content is part of each local step's cache key and of th
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_task_file
+from conftest import TASK_FILE, write_task_file
 
 from components.data_version import snapshot_folder
-from components.errors import SubmissionError
+from components.errors import PipelineError, SubmissionError
 from components.local import LocalRunner, RunnerOptions
 from components.local.commands import render_command
 from components.preflight import SubprocessPreflight
-from components.request import COMPLETED, DataRef, RunRequest
+from components.request import COMPLETED, FAILED, DataRef, RunRequest
 from components.specs import REPO_ROOT, load_component_spec
 from components.task_ref import options_text
 
@@ -84,8 +86,16 @@ def test_the_same_options_reach_a_step_unchanged_through_a_shell_as_on_azure_ml(
 
 SHOW_SCRIPT = """\
 import json, pathlib, sys
-out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+arg = lambda flag: sys.argv[sys.argv.index(flag) + 1]
+out, raw = pathlib.Path(arg("--out")), pathlib.Path(arg("--raw"))
+if (raw / "edit-my-task-file.csv").exists():  # a step that changes the code it runs, while it runs
+    task_file = pathlib.Path(arg("--task").rpartition(":")[0])
+    task_file.write_text(task_file.read_text() + "# edited during the run\\n")
+if (raw / "append-a-row.csv").exists():  # a step that writes into its pinned raw input
+    with (raw / "batch-1.csv").open("a") as batch:
+        batch.write("3,4\\n")
 (out / "argv.json").write_text(json.dumps(sys.argv[1:]))
+(out / "raw.txt").write_text((raw / "batch-1.csv").read_text())
 """
 SHOW_COMPONENT = """\
 type: command
@@ -216,3 +226,102 @@ def test_a_task_file_in_a_request_must_be_an_absolute_path_to_a_file(tmp_path):
         RunRequest(model_name="m", data=data, task=f"{tmp_path}/gone.py:T")
     with pytest.raises(SubmissionError, match=r"task options.note: nan is not a finite number"):
         RunRequest(model_name="m", data=data, task_options={"note": float("nan")})
+
+
+# -- caches that cannot lie: the code and data a step ran on are the ones its cache key names -------------
+# The steps misbehave when their raw data holds a marker file, so that the tests share one task file, one
+# set of options and so one preflight check (a process that imports torch).
+
+
+@pytest.fixture(scope="module")
+def flowers(tmp_path_factory) -> tuple[Path, SubprocessPreflight]:
+    task_file = write_task_file(tmp_path_factory.mktemp("shared-task"))
+    return task_file, SubprocessPreflight(code_root=REPO_ROOT, environ=os.environ)
+
+
+def _runner(show_runner, preflight: SubprocessPreflight, environ=os.environ) -> tuple[LocalRunner, Path]:
+    shown, raw = show_runner
+    return LocalRunner(shown.options, environ, io.StringIO(), preflight=preflight), raw
+
+
+def _cache_entries(runner: LocalRunner, step: str) -> list[Path]:
+    folder = runner.options.state_root / "cache" / step
+    return sorted(path for path in folder.glob("[!.]*")) if folder.exists() else []
+
+
+def test_a_task_file_edited_during_a_run_fails_the_run_in_one_line_and_caches_nothing(show_runner, flowers):
+    task_file, preflight = flowers
+    runner, raw = _runner(show_runner, preflight)
+    (raw / "edit-my-task-file.csv").write_text("")
+    original = task_file.read_bytes()
+    before = hashlib.sha256(original).hexdigest()
+
+    try:
+        with pytest.raises(PipelineError) as failure:
+            runner.run(request_for(runner, raw, task_file))
+        after = hashlib.sha256(task_file.read_bytes()).hexdigest()
+    finally:
+        task_file.write_bytes(original)
+
+    assert str(failure.value) == (
+        f"task file {task_file}: changed during the run (sha256 {before[:12]}... when the run started, "
+        f"{after[:12]}... now); the run's results are discarded, run it again"
+    )
+    [record] = runner.runs.list()
+    assert (record.status, record.step("show").status) == (FAILED, FAILED)
+    assert _cache_entries(runner, "show") == []  # nothing made by the edited code is ever reused
+
+
+def test_a_step_writing_into_its_pinned_raw_data_fails_and_a_damaged_version_is_refused(show_runner, flowers):
+    task_file, preflight = flowers
+    runner, raw = _runner(show_runner, preflight)
+    (raw / "append-a-row.csv").write_text("")
+    request = request_for(runner, raw, task_file)
+    pinned = Path(request.data.uri) / "batch-1.csv"
+    assert stat.S_IMODE(pinned.stat().st_mode) == 0o444  # published read-only
+
+    # Refused by the file's mode, or (as root, whom modes do not stop) found changed when the step ends.
+    with pytest.raises(PipelineError, match=r"step 'show' (failed|changed its input 'raw_data')"):
+        runner.run(request)
+    assert _cache_entries(runner, "show") == []
+
+    pinned.chmod(0o644)
+    pinned.write_text("a,b\n1,2\n3,4\n")  # however it happened, the pinned copy no longer is the version
+    with pytest.raises(PipelineError) as refused:
+        runner.run(request)
+    assert str(refused.value).startswith(
+        f"pinned data version {request.data.version} in {request.data.uri}: batch-1.csv changed since it "
+        "was pinned (sha256 "
+    )
+    assert len(runner.runs.list()) == 1  # refused before any step
+
+    (raw / "append-a-row.csv").unlink()
+    healed = runner.run(request_for(runner, raw, task_file))  # pinned again, from its unchanged source
+    assert (Path(healed.outputs["shown"]) / "raw.txt").read_text() == "a,b\n1,2\n"
+
+
+def test_a_module_task_s_source_files_are_part_of_the_step_s_cache_key(show_runner, tmp_path):
+    site = tmp_path / "site"
+    package = site / "flowerpkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "task.py").write_text(TASK_FILE)
+    (package / "helpers.py").write_text("WIDTH = 8\n")
+    environ = {**os.environ, "PYTHONPATH": str(site)}
+    runner, raw = _runner(show_runner, SubprocessPreflight(code_root=REPO_ROOT, environ=environ), environ)
+    manifest, folder = snapshot_folder(raw, runner.options.state_root / "data" / "flowers")
+    request = RunRequest(
+        model_name="flowers", data=DataRef(manifest.version, str(folder)), task="flowerpkg.task:Flowers"
+    )
+
+    first, again = runner.run(request), runner.run(request)
+    (package / "helpers.py").write_text("WIDTH = 9\n")  # a module of the task's package, not the task's own
+    edited = runner.run(request)
+
+    assert [run.step("show").reused for run in (first, again, edited)] == [False, True, False]
+    assert edited.step("show").cache_key != first.step("show").cache_key
+    # The hash the step's key holds is the one a step computes for lineage, where the task is imported.
+    from training.common import module_sources_sha256
+
+    entry = json.loads((Path(edited.outputs["shown"]).parent / "entry.json").read_text())
+    assert entry["material"]["task_code_sha256"] == module_sources_sha256("flowerpkg.task", [str(site)])

@@ -5,6 +5,7 @@ takes only the files directly under its prefix; a user's task says `[trigger] de
 
 from __future__ import annotations
 
+import stat
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -233,4 +234,9 @@ def test_a_landing_container_lists_class_folders_and_downloads_them_in_the_class
         "circle/a.png",
         "square/a.png",
     ]
+    assert (pinned / "circle" / "a.png").read_bytes() == b"circle a"
+    assert stat.S_IMODE((pinned / "circle" / "a.png").stat().st_mode) == 0o444  # published read-only
+    (pinned / "circle" / "a.png").chmod(0o644)
+    (pinned / "circle" / "a.png").write_bytes(b"circle a, and a row a task appended")
+    assert Path(pinner.pin(manifest, "shapes").uri) == pinned  # a damaged copy is downloaded again
     assert (pinned / "circle" / "a.png").read_bytes() == b"circle a"

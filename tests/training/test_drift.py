@@ -193,6 +193,7 @@ def test_a_pinned_folders_version_is_the_one_components_computed(tmp_path):
 
     assert raw_data_version(pinned) == manifest.version
     assert raw_data_version(tmp_path / "landing") is None  # no manifest beside it: unknown
+    (pinned / "batch-0002.csv").chmod(0o644)  # published read-only: changing it takes a chmod (or root)
     (pinned / "batch-0002.csv").write_text(
         (pinned / "batch-0002.csv").read_text().replace("digits", "DIGITS")
     )

@@ -86,3 +86,27 @@ def test_hand_edited_tags_are_shown_rather_than_failing():
     described = describe_tags({lineage.GATE_REASONS: "edited by hand", "retrain.metric.accuracy": "high"})
     assert described["gate"]["reasons"] == ["edited by hand"]
     assert metrics_from_tags({"retrain.metric.accuracy": "high"}) == {}
+
+
+def test_a_module_task_s_code_hash_is_recorded_and_read_back(tmp_path: Path, monkeypatch):
+    from training.tasks.loader import parse_task_ref, task_code_sha256
+
+    package = tmp_path / "flowerpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "task.py").write_text("class Flowers: ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ref = parse_task_ref("flowerpkg.task:Flowers")
+    digest = task_code_sha256(ref)
+    assert digest is not None and task_code_sha256(parse_task_ref("tabular")) is None
+    task = {"ref": ref.text, "name": "flowers", "options": {}, "file_sha256": None, "code_sha256": digest}
+
+    tags = lineage.lineage_of(
+        tmp_path, "dv-0123456789abcdef", Trigger.parse("manual"), "rd-0123456789abcdef", "env:1", None,
+        "0" * 64, None, task,
+    ).tags()  # fmt: skip
+
+    assert tags[lineage.TASK_CODE_SHA256] == digest and tags[lineage.TASK_FILE_SHA256] == "none"
+    assert describe_tags(tags)["task"]["code_sha256"] == digest
+    (package / "helpers.py").write_text("WIDTH = 9\n")  # the package's code, though not the task's module
+    assert task_code_sha256(ref) != digest

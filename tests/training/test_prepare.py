@@ -446,3 +446,28 @@ def test_split_positions_are_uniform_and_stable():
     assert ((positions >= 0) & (positions < 1)).all()
     assert np.histogram(positions, bins=10, range=(0, 1))[0] == pytest.approx([2000] * 10, rel=0.1)
     assert split_position("digits-0001") == split_position("digits-0001") != split_position("digits-0002")
+
+
+NO_VERSION_TASK = """
+from training.tasks.tabular.task import TabularTask
+
+
+class NoVersion(TabularTask):
+    def prepare(self, raw, out, *, previous, split):
+        super().prepare(raw, out, previous=previous, split=split)  # writes the data, forgets to say which
+"""
+
+
+def test_a_prepare_that_returns_no_version_fails_the_step_in_one_line(tmp_path, sample_raw, capsys):
+    (tmp_path / "no_version.py").write_text(NO_VERSION_TASK)
+    task = f"{tmp_path / 'no_version.py'}:NoVersion"
+    capsys.readouterr()
+
+    out = tmp_path / "out"
+    code = main(["prepare", "--task", task, "--raw", str(sample_raw), "--out", str(out), *DIGITS])
+
+    assert code != 0  # a failed step: the runner caches no output of it
+    assert capsys.readouterr().err.splitlines() == [
+        f"retrain: error: --task {task!r}: prepare returned None and left {tmp_path / 'out'} a folder; "
+        "expected the data version it wrote into that folder (text, e.g. 'dv-0123456789abcdef')"
+    ]

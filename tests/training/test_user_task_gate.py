@@ -129,6 +129,7 @@ def test_the_evaluation_scores_every_metric_the_task_declares(story: Story):
     assert evaluation["task"]["ref"] == story.task
     assert evaluation["task"]["options"] == {}
     assert evaluation["task"]["file_sha256"] == tags.file_sha256(TASK_SOURCE)
+    assert evaluation["task"]["code_sha256"] == tags.file_sha256(TASK_SOURCE)  # what the step cache keys on
 
 
 def test_the_version_records_the_task_and_ships_its_file(story: Story, tmp_path: Path):
@@ -137,6 +138,7 @@ def test_the_version_records_the_task_and_ships_its_file(story: Story, tmp_path:
     assert info.tags[tags.TASK_NAME] == "linear-regression"
     assert json.loads(info.tags[tags.TASK_OPTIONS]) == {}
     assert info.tags[tags.TASK_FILE_SHA256] == tags.file_sha256(TASK_SOURCE)
+    assert info.tags[tags.TASK_CODE_SHA256] == tags.file_sha256(TASK_SOURCE)
     shipped = story.registry.download_model_file(info, "artifacts/regression_task.py", tmp_path)
     assert shipped.read_bytes() == TASK_SOURCE.read_bytes()
 

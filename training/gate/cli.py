@@ -241,7 +241,9 @@ def _print_lineage(report: dict[str, Any], stream: TextIO) -> None:
     if task is not None:
         options = json.dumps(task["options"], sort_keys=True)
         file_hash = f", file sha256 {task['file_sha256']}" if task["file_sha256"] else ""
-        lines.append(f"  task       {task['ref']} options {options}{file_hash}")
+        code = task.get("code_sha256")  # a module task's sources; a task file's is its file sha256
+        code_hash = f", code sha256 {code}" if code and code != task["file_sha256"] else ""
+        lines.append(f"  task       {task['ref']} options {options}{file_hash}{code_hash}")
     if chain["rollback"]:
         rollback_info = chain["rollback"]
         lines.append(

@@ -33,7 +33,13 @@ from training.gate.registry import (
 )
 from training.gate.serving import Rebuilt, rebuild
 from training.tasks.base import Task, TaskData
-from training.tasks.loader import load_task, options_argument, parse_task_ref, task_file_sha256
+from training.tasks.loader import (
+    load_task,
+    options_argument,
+    parse_task_ref,
+    task_code_sha256,
+    task_file_sha256,
+)
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +200,7 @@ def task_document(candidate: TrainedModel) -> dict[str, Any]:
         "name": candidate.task.name,
         "options": dict(candidate.rebuilt.task_options),
         "file_sha256": task_file_sha256(ref),
+        "code_sha256": task_code_sha256(ref),
     }
 
 

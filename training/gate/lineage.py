@@ -3,8 +3,9 @@
 The register step writes these tags; `retrain models` and `retrain lineage` read them back. The chain they
 describe runs from the version through the gate's decision and the pipeline job to the trigger event, the
 raw and prepared data versions, the prepared data's manifest (its path and its sha256), and the task that
-built the model (its reference, options and, for a task file, the file's sha256), which `retrain drift`
-reads to compare the champion's own features.
+built the model (its reference, options and, for a task file, the file's sha256; for a user's task, file or
+module, the hash of its code, the one the local runner's step cache keys on), which `retrain drift` reads
+to compare the champion's own features.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ TASK_REF = "retrain.task"
 TASK_NAME = "retrain.task.name"
 TASK_OPTIONS = "retrain.task.options"  # JSON
 TASK_FILE_SHA256 = "retrain.task.file_sha256"
+TASK_CODE_SHA256 = "retrain.task.code_sha256"  # a task file's sha256, or a module task's package sources'
 EVALUATED_ON = "retrain.data.evaluated_on"
 CODE_VERSION = "retrain.code.version"
 CODE_SOURCE = "retrain.code.source"
@@ -156,6 +158,7 @@ class Lineage:
     task_name: str = NONE
     task_options: str = "{}"  # JSON
     task_file_sha256: str = NONE
+    task_code_sha256: str = NONE
 
     def __post_init__(self) -> None:
         for name in ("raw_data_version", "environment_version"):
@@ -182,6 +185,7 @@ class Lineage:
             TASK_NAME: self.task_name,
             TASK_OPTIONS: self.task_options,
             TASK_FILE_SHA256: self.task_file_sha256,
+            TASK_CODE_SHA256: self.task_code_sha256,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -200,6 +204,7 @@ class Lineage:
                 "name": self.task_name,
                 "options": json.loads(self.task_options),
                 "file_sha256": self.task_file_sha256,
+                "code_sha256": self.task_code_sha256,
             },
             "code": {"source": self.code_source, "version": self.code_version},
             "environment_version": self.environment_version,
@@ -221,7 +226,7 @@ def lineage_of(
     task: Mapping[str, Any] | None = None,
 ) -> Lineage:
     """The lineage of a model trained on the prepared data in `data_dir`. `task` is the evaluation's task
-    document: {"ref", "name", "options", "file_sha256"}."""
+    document: {"ref", "name", "options", "file_sha256", "code_sha256"}."""
     manifest = Path(data_dir) / MANIFEST_FILE
     has_manifest = manifest.is_file()
     source, version = code_version()
@@ -243,6 +248,7 @@ def lineage_of(
         task_name=str(task.get("name") or NONE),
         task_options=json.dumps(dict(task.get("options") or {}), sort_keys=True),
         task_file_sha256=str(task.get("file_sha256") or NONE),
+        task_code_sha256=str(task.get("code_sha256") or NONE),
     )
 
 
@@ -318,8 +324,8 @@ def _json_tag(tags: Mapping[str, str], key: str) -> Any:
 
 
 def task_from_tags(tags: Mapping[str, str]) -> dict[str, Any] | None:
-    """The task a version records: {"ref", "name", "options", "file_sha256"}; None for a version registered
-    before tasks were recorded."""
+    """The task a version records: {"ref", "name", "options", "file_sha256", "code_sha256"}; None for a
+    version registered before tasks were recorded."""
     ref = tags.get(TASK_REF)
     if not ref or ref == NONE:
         return None
@@ -329,4 +335,5 @@ def task_from_tags(tags: Mapping[str, str]) -> dict[str, Any] | None:
         "name": tags.get(TASK_NAME),
         "options": options if isinstance(options, dict) else {},
         "file_sha256": None if tags.get(TASK_FILE_SHA256) in (None, NONE) else tags[TASK_FILE_SHA256],
+        "code_sha256": None if tags.get(TASK_CODE_SHA256) in (None, NONE) else tags[TASK_CODE_SHA256],
     }

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.common import file_sha256
+from training.common import file_sha256, module_sources_sha256
 from training.errors import InputError, RetrainError
 from training.tasks.base import Task, missing_parts
 
@@ -70,6 +70,18 @@ def task_file_sha256(ref: TaskRef) -> str | None:
     if ref.path is None or not ref.path.is_file():
         return None
     return file_sha256(ref.path)
+
+
+def task_code_sha256(ref: TaskRef) -> str | None:
+    """The hash of a user's task code, as the local runner's cache key holds it and lineage records it: a
+    task file's sha256, or the sha256 of a module task's package sources found on this process's sys.path
+    (training/common.module_sources; in a step, the code folder comes first, as where the runner looks).
+    None for a built-in, whose code is the code snapshot's."""
+    if ref.path is not None:
+        return task_file_sha256(ref)
+    if ref.text in BUILTIN_TASKS or ref.module is None:
+        return None
+    return module_sources_sha256(ref.module, sys.path)
 
 
 def _import_module(ref: TaskRef) -> Any:
