@@ -13,7 +13,7 @@ from conftest import QuickPipeline, QuickRequest
 
 from components import cli_local
 from components.data_version import DataError
-from components.errors import SubmissionError
+from components.errors import ConfigError, SubmissionError
 from components.local import RunnerOptions
 from components.request import COMPLETED, FAILED, Submitter
 from components.submitters.local import LocalSubmitter
@@ -98,7 +98,7 @@ def test_malformed_run_options_are_usage_errors(argv, message, capsys):
         ),
         (["--param", "a=1", "--param", "a=2"], SubmissionError, r"--param a: given twice"),
         (["--param", "epochz=1"], SubmissionError, r"parameters \['epochz'\]: not inputs of the pipeline"),
-        (["--model-name", "Digits!"], SubmissionError, r"model name 'Digits!': expected 1-40 lowercase"),
+        (["--model-name", "Digits!"], ConfigError, r"model name 'Digits!': expected 1-40 lowercase"),
     ],
 )
 def test_bad_run_input_is_a_one_line_error_and_writes_no_run(argv, error, message, tmp_path, sample_raw):
