@@ -109,7 +109,7 @@ def test_the_app_pins_through_the_data_datastore_and_submits_with_the_pipelines(
         "AZUREML_WORKSPACE": "ws-1",
     }
 
-    submitter, pinners = _submitter_and_pinner(settings, workspace)  # connects to nothing yet
+    submitter, pinners = _submitter_and_pinner(settings, workspace, None)  # connects to nothing yet
 
     assert submitter.settings.datastore == "retrain_checkpoints"
     assert pinners.pinner("digits").datastore == "retrain_landing"
