@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import PipelineError
-from training.common import file_sha256, write_atomically
+from training.common import file_sha256, mask_secrets, write_atomically
 
 RAW_SUFFIXES = (".csv", ".parquet")  # the tabular task's; a run pins its own task's (raw_suffixes)
 # The most folder levels a task's raw files may span below their data folder or blob prefix (is_raw_name's
@@ -91,7 +91,9 @@ class DataManifest:
 
 def require_folder(folder: Path) -> Path:
     if not Path(folder).is_dir():
-        raise DataError(f"--data {folder}: no such folder; expected a folder of the task's raw files")
+        raise DataError(
+            f"--data {mask_secrets(str(folder))}: no such folder; expected a folder of the task's raw files"
+        )
     return Path(folder)
 
 

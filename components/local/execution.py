@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from components.errors import StepFailed, SubmissionError
 from components.local.cache import CacheEntry, cache_key
 from components.local.commands import format_value
+from components.local.credentials import credentials_apart
 from components.local.fingerprint import code_hash, content_hash, environment_hash
 from components.local.launch import (
     DIVERGED_EXIT_CODE,
@@ -43,6 +44,7 @@ from components.local.runs import RunRecord, StepAttempt, StepRecord
 from components.request import CANCELED, COMPLETED, FAILED, RUNNING, RunRequest
 from components.run_inputs import TASK_INPUT
 from components.specs import PipelineSpec, StepOutput, StepSpec
+from training.common import mask_secrets
 
 if TYPE_CHECKING:
     from components.local.runner import LocalRunner
@@ -213,7 +215,8 @@ class PipelineExecution:
         if value is None:
             return None
         if not step.component.inputs[name].is_path:
-            return format_value(value)
+            # Masked: a credential decides no output, and the key must not be a hash of one.
+            return mask_secrets(format_value(value))
         binding = step.inputs.get(name)
         if isinstance(binding, StepOutput) and binding.output in self.produced[binding.step].hashes:
             return self.produced[binding.step].hashes[binding.output]
@@ -306,13 +309,17 @@ class PipelineExecution:
     ) -> StepLaunch:
         python = self.options.python
         reports = TorchrunReports.in_folder(folder) if step.distribution is not None else None
+        inputs, credentials = credentials_apart(inputs)
         return StepLaunch(
             step=step.name,
             argv=tuple(step_argv(step, inputs, paths, nproc, python, reports)),
             cwd=self._code_folder(step),
-            env=step_environment(
-                self.runner.environ, self.options.state_root, python, reports, self.record.run_id
-            ),
+            env={
+                **step_environment(
+                    self.runner.environ, self.options.state_root, python, reports, self.record.run_id
+                ),
+                **credentials,
+            },
             folder=folder,
             reports=reports,
         )

@@ -40,6 +40,7 @@ import torch
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.lease import CheckpointLease, LeasedStore
 from training.checkpoint.stores import open_checkpoint_lease, open_checkpoint_store
+from training.common import mask_logged_secrets, mask_secrets
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, barrier, init_distributed, shutdown_distributed
 from training.engine.divergence import (
@@ -160,6 +161,7 @@ def configure_logging(rank: int, verbose: bool = False) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
     )
+    mask_logged_secrets()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         launch_id = os.environ.get(LAUNCH_ID_VARIABLE) or uuid.uuid4().hex[:12]
         return run_worker(config, launch_id, os.environ, watch_parent=True)
     except RetrainError as error:
-        print(f"retrain: error: {error}", file=sys.stderr)
+        print(f"retrain: error: {mask_secrets(str(error))}", file=sys.stderr)
         return error.exit_code
 
 
