@@ -91,11 +91,9 @@ def _default_container(container_url: str) -> ContainerClient:
     from azure.storage.blob import ContainerClient
 
     if not container_url.startswith("https://"):
-        # Azure Storage takes an Azure identity's token over https only; Azurite's http URL would fail.
-        raise SubmissionError(
-            f"--data {quoted(displayable_url(container_url), 120)}: `retrain submit` reads blob data as your "
-            "Azure identity, which Azure Storage accepts over https only (so not the Azurite emulator); "
-            f"{_DATA_FORMS}"
+        raise ValueError(
+            "`retrain submit` reads blob data as your Azure identity, which Azure Storage accepts over https "
+            "only (so not the Azurite emulator)"
         )
     return ContainerClient.from_container_url(container_url, credential=DefaultAzureCredential())
 
@@ -283,7 +281,11 @@ def _data_source(data: str, connectors: Connectors) -> DataRef | tuple[Container
     if pinned is not None:
         return pinned
     container_url, prefix = split_folder_url(data)
-    return connectors.container(container_url), prefix
+    try:
+        return connectors.container(container_url), prefix
+    except ValueError as error:  # a URL the client cannot take (azure.storage says so by ValueError)
+        shown = quoted(displayable_url(data), 120)
+        raise SubmissionError(f"--data {shown}: {mask_secrets(str(error))}; {_DATA_FORMS}") from None
 
 
 @contextlib.contextmanager
