@@ -131,3 +131,15 @@ def test_a_tracking_uri_gives_its_user_info_to_mlflows_variables_and_keeps_the_r
     assert environment == {MLFLOW_USERNAME_VARIABLE: "ops", MLFLOW_PASSWORD_VARIABLE: f"{SECRET}@x"}
     for plain in ("http://127.0.0.1:5000", "sqlite:////tmp/mlflow.db", "databricks://profile", "off", ""):
         assert tracking_credentials_apart(plain) == (plain, {})
+
+
+def test_a_token_in_a_tracking_uri_is_not_echoed_by_the_registrys_error(monkeypatch):
+    from training.gate.registry import MlflowStore, ModelRegistry, RegistryError
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # nothing listens on port 1: fail at once
+    registry = ModelRegistry(MlflowStore(f"http://127.0.0.1:1/?token={SECRET}"))
+    with pytest.raises(RegistryError) as raised:
+        registry.aliases("digits")
+    message = str(raised.value)
+    assert message.startswith("cannot read model 'digits' in the MLflow registry at http://127.0.0.1:1/: ")
+    assert "?token=***" in message and SECRET not in message
