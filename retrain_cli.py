@@ -22,6 +22,7 @@ from components.errors import PipelineError
 from demo import cli as demo_cli
 from function_app.local import cli as front_door_cli
 from training import cli as training_cli
+from training.common import mask_logged_secrets, mask_secrets
 from training.errors import RetrainError
 from training.local_state import state_root
 
@@ -45,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    mask_logged_secrets()
     # azure-ai-ml announces its own experimental schema classes while loading any job; nothing to act on.
     logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
     # One INFO line per storage request would bury the decisions the commands print.
@@ -54,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (RetrainError, PipelineError) as error:
-        print(f"retrain: error: {error}", file=sys.stderr)
+        print(f"retrain: error: {mask_secrets(str(error))}", file=sys.stderr)
         return error.exit_code if isinstance(error, RetrainError) else 2
 
 

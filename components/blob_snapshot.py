@@ -23,6 +23,7 @@ from components.data_version import (
     DataManifest,
     is_raw_name,
 )
+from training.common import mask_secrets
 
 if TYPE_CHECKING:
     from azure.storage.blob import BlobClient, ContainerClient
@@ -196,6 +197,7 @@ def split_folder_url(url: str) -> tuple[str, str]:
         blob = BlobClient.from_blob_url(url)
     except ValueError:
         raise DataError(
-            f"--data {url}: expected a blob folder URL https://<account>.blob.core.windows.net/<container>/<prefix>/"
+            f"--data {mask_secrets(url)}: expected a blob folder URL "
+            "https://<account>.blob.core.windows.net/<container>/<prefix>/"
         ) from None
     return f"{blob.scheme}://{blob.primary_hostname}/{blob.container_name}", folder_prefix(blob.blob_name)

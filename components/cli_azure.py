@@ -17,12 +17,13 @@ container: --data-datastore, else RETRAIN_AZUREML_DATA_DATASTORE, else the pipel
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -67,6 +68,7 @@ from components.request import DataRef, Submission
 from components.run_inputs import trigger_argument
 from components.run_settings import RunSettings
 from components.task_ref import parse_task_reference, raw_depth
+from training.common import displayable_url, mask_secrets, quoted
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
@@ -88,6 +90,11 @@ def _default_container(container_url: str) -> ContainerClient:
     from azure.identity import DefaultAzureCredential
     from azure.storage.blob import ContainerClient
 
+    if not container_url.startswith("https://"):
+        raise ValueError(
+            "`retrain submit` reads blob data as your Azure identity, which Azure Storage accepts over https "
+            "only (so not the Azurite emulator)"
+        )
     return ContainerClient.from_container_url(container_url, credential=DefaultAzureCredential())
 
 
@@ -256,32 +263,68 @@ def _pinned_data(data: str) -> DataRef | None:
     if pinned:
         return DataRef(pinned["version"], data)
     if not data.startswith(("https://", "http://")):
-        raise SubmissionError(f"--data {data!r}: {_DATA_FORMS}")
+        raise SubmissionError(f"--data {quoted(data, 120)}: {_DATA_FORMS}")
+    if any(mark in data for mark in "@?#"):
+        raise SubmissionError(
+            f"--data {quoted(displayable_url(data), 120)}: credentials do not belong in the URL (no user "
+            "info, SAS query or fragment: they would end up in logs and records); the blobs are read as your "
+            f"Azure identity; {_DATA_FORMS}"
+        )
     split_folder_url(data)
     return None
 
 
+def _data_source(data: str, connectors: Connectors) -> DataRef | tuple[ContainerClient, str]:
+    """--data as a pinned asset version, or a blob folder URL's container and folder prefix. Opening the
+    container reads nothing, so a URL it cannot take is refused before the preflight's process."""
+    pinned = _pinned_data(data)
+    if pinned is not None:
+        return pinned
+    container_url, prefix = split_folder_url(data)
+    try:
+        return connectors.container(container_url), prefix
+    except ValueError as error:  # a URL the client cannot take (azure.storage says so by ValueError)
+        shown = quoted(displayable_url(data), 120)
+        raise SubmissionError(f"--data {shown}: {mask_secrets(str(error))}; {_DATA_FORMS}") from None
+
+
+@contextlib.contextmanager
+def _reading_blobs(data: str) -> Iterator[None]:
+    """An unreachable account, a missing container or a refused identity, said in one line."""
+    from azure.core.exceptions import AzureError
+
+    try:
+        yield
+    except AzureError as error:
+        lines = str(error).strip().splitlines()
+        reason = mask_secrets(lines[0] if lines else type(error).__name__)[:300]
+        raise SubmissionError(
+            f"--data {quoted(displayable_url(data), 120)}: its blobs cannot be read ({reason}); expected a "
+            "blob folder your Azure identity (az login, or a managed identity) may list and read"
+        ) from None
+
+
 def _data_ref(
     args: argparse.Namespace,
-    connectors: Connectors,
     workspace: AzureMLWorkspace | None,
     settings: RunSettings,
     found: PreflightResult,
     data_datastore: tuple[str, str],
+    source: DataRef | tuple[ContainerClient, str],
 ) -> DataRef:
-    pinned = _pinned_data(args.data)
-    if pinned is not None:
-        return pinned
-    container_url, prefix = split_folder_url(args.data)
-    container = connectors.container(container_url)
+    if isinstance(source, DataRef):
+        return source
+    container, prefix = source
     name, layout = settings.model_name, (found.raw_suffixes, raw_depth(settings.task))
     if workspace is None:  # a dry run reads the data's manifest, and copies nothing
-        manifest = manifest_of_blob_prefix(container, prefix, *layout)
+        with _reading_blobs(args.data):
+            manifest = manifest_of_blob_prefix(container, prefix, *layout)
         return DataRef(manifest.version, data_asset_reference(name, manifest.version))
     datastore, where = data_datastore
     check_data_datastore(workspace, datastore, container, where, "--data-datastore")  # before any copy
     snapshots = args.snapshots_prefix or f"retrain/snapshots/{name}"
-    manifest, snapshot = snapshot_blob_prefix(container, prefix, snapshots, *layout)
+    with _reading_blobs(args.data):
+        manifest, snapshot = snapshot_blob_prefix(container, prefix, snapshots, *layout)
     register_data_asset(workspace, build_data_asset(name, manifest, datastore, snapshot))
     return DataRef(manifest.version, data_asset_reference(name, manifest.version))
 
@@ -313,7 +356,7 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
     cost = CostSettings.from_environ(args.environ)  # a bad setting stops before any data is pinned
     datastore = _datastore(args)
     data_datastore = _data_datastore(args)
-    _pinned_data(args.data)  # what is cheap to check goes before the preflight's process
+    source = _data_source(args.data, connectors)  # what is cheap to check goes before the preflight
     ref = None if args.dry_run else _workspace_ref(args)
     settings, found = _settings(args)
     request_fields = {
@@ -325,7 +368,7 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
     }
     if args.dry_run:
         request = settings.request(
-            _data_ref(args, connectors, None, settings, found, data_datastore), **request_fields
+            _data_ref(args, None, settings, found, data_datastore, source), **request_fields
         )
         _note_unresolved_lock(datastore, request.parameters)
         submitter: DryRunSubmitter | AzureMLSubmitter = DryRunSubmitter(
@@ -334,7 +377,7 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
     else:
         workspace = connectors.workspace(ref) if ref is not None else _workspace(args, connectors)
         request = settings.request(
-            _data_ref(args, connectors, workspace, settings, found, data_datastore), **request_fields
+            _data_ref(args, workspace, settings, found, data_datastore, source), **request_fields
         )
         azure = AzureSettings(
             datastore=datastore,

@@ -34,6 +34,7 @@ from components.request import CANCELED, COMPLETED, FAILED, DataRef, RunRequest
 from components.run_settings import DEFAULT_MODEL_NAME, RunSettings, resolve_run_settings
 from components.specs import load_pipeline_spec
 from components.task_ref import raw_depth
+from training.common import mask_secrets, mask_secrets_in
 
 DEFAULT_RUNS_LISTED = 10
 # What a shell reports for a run stopped by Ctrl-C (128 + SIGINT); the steps saved their state.
@@ -228,11 +229,12 @@ def runs_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     store = RunStore(args.state_root / "runs")
     records = store.list(limit=args.limit)
     if args.json:
-        print(json.dumps([record.to_dict() for record in records], indent=2), file=out)
+        # Masked again: a record written before records were masked may still hold a secret.
+        print(json.dumps(mask_secrets_in([record.to_dict() for record in records]), indent=2), file=out)
         return 0
     if not records:
         print(f"no local runs under {store.root}; `retrain run --data RAW` starts one", file=out)
         return 0
     for record in records:
-        print("\n".join(format_run(record)), file=out)
+        print(mask_secrets("\n".join(format_run(record))), file=out)
     return 0

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import PipelineError
-from training.common import file_sha256, make_read_only, write_atomically
+from training.common import file_sha256, make_read_only, mask_secrets, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,9 @@ class DataManifest:
 
 def require_folder(folder: Path) -> Path:
     if not Path(folder).is_dir():
-        raise DataError(f"--data {folder}: no such folder; expected a folder of the task's raw files")
+        raise DataError(
+            f"--data {mask_secrets(str(folder))}: no such folder; expected a folder of the task's raw files"
+        )
     return Path(folder)
 
 

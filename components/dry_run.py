@@ -25,6 +25,7 @@ from components.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.errors import SubmissionError
 from components.request import COMPLETED, RunRequest, Submission
 from components.specs import PIPELINE_FILE
+from training.common import mask_secrets
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ class DryRunSubmitter:
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=self.root))
         try:
             for name, text in files.items():
-                (staging / name).write_text(text)
+                (staging / name).write_text(mask_secrets(text))  # a record: what would be sent, less secrets
             os.replace(staging, folder)
         except BaseException as error:
             shutil.rmtree(staging, ignore_errors=True)

@@ -9,6 +9,7 @@ import sys
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
+from training.common import mask_logged_secrets, mask_secrets
 from training.drift import cli as drift_cli
 from training.engine.train_args import add_task_arguments, add_train_arguments, task_options_from_args
 from training.errors import InputError, RetrainError
@@ -155,12 +156,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    mask_logged_secrets()
     args.environ = dict(os.environ)
     args.state_root = state_root(args.environ, Path.cwd())
     try:
         return args.handler(args)
     except RetrainError as error:
-        print(f"retrain: error: {error}", file=sys.stderr)
+        print(f"retrain: error: {mask_secrets(str(error))}", file=sys.stderr)
         return error.exit_code
 
 

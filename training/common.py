@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from training.errors import InputError
 
@@ -35,22 +35,116 @@ log = logging.getLogger(__name__)
 
 # -- secrets in text ------------------------------------------------------------------------------------
 
-_SECRET_PATTERNS = (
-    # User info of a URL, up to the last '@' of the token: a pasted key may itself contain '/'.
-    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^\s'\"]*@"),
-    re.compile(r"(?i)(AccountKey=)[^;\s'\"]+"),
-    re.compile(r"(?i)(SharedAccessSignature=)[^;\s'\"]+"),
-    re.compile(r"(?i)(\bsig=)[^&;\s'\"]+"),
-    re.compile(r"(?i)(\bSharedKey(?:Lite)?\s+[^:\s]+:)[^\s'\"]+"),
+# Where a credential hides in text that names a location or a setting. One list, applied to everything this
+# project writes or prints (records, logs, cache entries, MLflow tags and params, command output):
+# - a URL's user info, up to the last '@' of the token (a pasted key may itself contain '/'), after a scheme
+#   and any number of slashes: `https://user:pw@host`, and `https:/user:pw@host` as a path spells it;
+# - user info without a scheme, `user:pw@host`, where the host looks like one (has a '.' or a port, or is
+#   localhost or [IPv6]): a password needs the ':' (`git@host` names no secret), and `azureml:asset@latest`
+#   is an asset, not a login;
+# - the value of a parameter whose name says it is a credential, wherever it stands (a URL's query, a
+#   connection string's `Name=value;`, a `name=value` option or log line, a quoted `"name": "value"` as
+#   JSON and Python write it, a `Name: value` header or YAML line, at the start of a line: prose such as
+#   "nothing secret: ..." is left alone): a name ending in token, secret,
+#   password, passwd, pwd, sig or signature (a SAS signature; SharedAccessSignature), apikey, or
+#   <api|access|account|client|encryption|master|primary|private|sas|secondary|secret|shared access|signing|
+#   storage|subscription>[_-]key (AccountKey, SharedAccessKey, x-api-key, aws_secret_access_key); case does
+#   not matter;
+# - in a URL's query only, the short names that are credentials there but ordinary words elsewhere: `key`
+#   (an API key) and `code` (an Azure Functions key, an OAuth authorization code);
+# - the credential of an HTTP Authorization header: `Bearer <token>` anywhere, `Authorization: <scheme>
+#   <credential>` (Basic), `SharedKey account:<signature>`.
+# A SAS token's other parameters (sv, se, sp, sr, st, spr, skoid...) describe it and are kept: they are no
+# secret, and the expiry `se` is often what explains a failure.
+_CREDENTIAL_NAME = (
+    r"[\w.-]*?(?:token|secret|password|passwd|pwd|sig|signature|apikey"
+    r"|(?:api|access|account|client|encryption|master|primary|private|sas|secondary|secret|shared_?access"
+    r"|signing|storage|subscription)[_-]?key)"
 )
+# A ':' that ends a message's subject ("--data URL: why") is not part of the value.
+_VALUE = r"(?:[^&;,:\s'\"#<>]|:(?!\s|$))+"
+_HOST = r"(?:[\w-]+\.)+[\w-]+|[\w-]+:\d|localhost\b|\["
+_SECRET_PATTERNS = (
+    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*:/+)[^\s'\"]*@"), r"\1***@"),
+    (re.compile(rf"(?i)(?<![\w.%+:/@-])([\w.%+-]+:)[^\s'\"/@:]+@(?={_HOST})"), r"\1***@"),
+    (re.compile(rf"(?i)(?<![\w.-])({_CREDENTIAL_NAME}=){_VALUE}"), r"\1***"),
+    (re.compile(rf"(?i)([\"']{_CREDENTIAL_NAME}[\"']:\s*[\"']?)[^\s'\",;&}}]+"), r"\1***"),
+    (re.compile(rf"(?im)(^[ \t]*{_CREDENTIAL_NAME}:[ \t]*)[^\s'\",;&]+"), r"\1***"),
+    (re.compile(rf"(?i)([?&](?:key|code)=){_VALUE}"), r"\1***"),
+    (re.compile(r"(?i)(\bBearer\s+|\bAuthorization:\s*\w+\s+)[A-Za-z0-9._~+/-]+=*"), r"\1***"),
+    (re.compile(r"(?i)(\bSharedKey(?:Lite)?\s+[^:\s]+:)[^\s'\"]+"), r"\1***"),
+)
+_CREDENTIAL_KEY = re.compile(f"(?i){_CREDENTIAL_NAME}")
 
 
 def mask_secrets(text: str) -> str:
-    """`text` with URL user info, account keys, SAS tokens and signatures replaced by '***'."""
-    text = _SECRET_PATTERNS[0].sub(r"\1***@", text)
-    for pattern in _SECRET_PATTERNS[1:]:
-        text = pattern.sub(r"\1***", text)
+    """`text` with every credential `_SECRET_PATTERNS` finds replaced by '***': what may be written."""
+    for pattern, replacement in _SECRET_PATTERNS:
+        text = pattern.sub(replacement, text)
     return text
+
+
+def mask_secrets_in(value: Any) -> Any:
+    """A JSON-like value (dicts, lists, strings, numbers) with every string in it, keys included, masked,
+    and a text under a credential's name (`{"password": ...}`) hidden whole: a record before it is written
+    or printed."""
+    if isinstance(value, str):
+        return mask_secrets(value)
+    if isinstance(value, Mapping):
+        return {
+            mask_secrets_in(key): "***"
+            if isinstance(item, str) and isinstance(key, str) and _CREDENTIAL_KEY.fullmatch(key)
+            else mask_secrets_in(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [mask_secrets_in(item) for item in value]
+    return value
+
+
+class _MaskingFormatter(logging.Formatter):
+    """Another formatter's text, masked."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self._inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_secrets(self._inner.format(record))
+
+
+def mask_logged_secrets() -> None:
+    """Mask whatever the root logger's handlers write, from now on. For the entry points of processes whose
+    output is kept (a step's log, a terminal): libraries log the URLs they were given (MLflow quotes its
+    tracking URI in its errors and warnings), and no caller can mask those messages before they are made."""
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler.formatter, _MaskingFormatter):
+            handler.setFormatter(_MaskingFormatter(handler.formatter))
+
+
+# MLflow's REST client sends these as basic auth (mlflow.environment_variables).
+MLFLOW_USERNAME_VARIABLE = "MLFLOW_TRACKING_USERNAME"
+MLFLOW_PASSWORD_VARIABLE = "MLFLOW_TRACKING_PASSWORD"  # noqa: S105 - the variable's name, not a password
+
+
+def tracking_credentials_apart(uri: str) -> tuple[str, dict[str, str]]:
+    """An http(s) MLflow tracking URI without its user info, and the environment that carries the user
+    info instead; any other URI as it is, and no environment.
+
+    A child process is given the pair, never the whole URI: a command line is readable by every user of
+    the machine (`ps`), and it is what step logs and run records quote. The variables are MLflow's own, so
+    the password still reaches the one process that needs it. User info is split as requests (and so
+    MLflow) would split it, and percent-decoded as requests decodes it."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:  # not a URL this helper can take apart; the trainer reports it
+        return uri, {}
+    if parts.scheme.lower() not in ("http", "https") or "@" not in parts.netloc:
+        return uri, {}
+    user_info, _, host = parts.netloc.rpartition("@")
+    user, _, password = user_info.partition(":")
+    environment = {MLFLOW_USERNAME_VARIABLE: unquote(user), MLFLOW_PASSWORD_VARIABLE: unquote(password)}
+    return urlunsplit(parts._replace(netloc=host)), environment
 
 
 def displayable_url(url: str) -> str:

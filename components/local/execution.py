@@ -29,6 +29,7 @@ from components.data_version import check_pinned
 from components.errors import PipelineError, StepFailed, SubmissionError
 from components.local.cache import CacheEntry, cache_key
 from components.local.commands import format_value
+from components.local.credentials import credentials_apart
 from components.local.fingerprint import (
     code_listing,
     content_listing,
@@ -56,6 +57,7 @@ from components.request import CANCELED, COMPLETED, FAILED, RUNNING, RunRequest
 from components.run_inputs import TASK_INPUT
 from components.specs import PipelineSpec, StepOutput, StepSpec
 from components.task_ref import TaskCode, parse_task_reference, task_code
+from training.common import mask_secrets
 
 if TYPE_CHECKING:
     from components.local.runner import LocalRunner
@@ -308,7 +310,8 @@ class PipelineExecution:
         if value is None:
             return None
         if name not in listings:
-            return format_value(value)
+            # Masked: a credential decides no output, and the key must not be a hash of one.
+            return mask_secrets(format_value(value))
         return listing_hash(listings[name])  # an upstream output's equals the hash it was made with
 
     def _check_inputs_kept(self, step: StepSpec, inputs: Mapping[str, Any], listings: Mapping) -> None:
@@ -411,13 +414,17 @@ class PipelineExecution:
     ) -> StepLaunch:
         python = self.options.python
         reports = TorchrunReports.in_folder(folder) if step.distribution is not None else None
+        inputs, credentials = credentials_apart(inputs)
         return StepLaunch(
             step=step.name,
             argv=tuple(step_argv(step, inputs, paths, nproc, python, reports)),
             cwd=self._code_folder(step),
-            env=step_environment(
-                self.runner.environ, self.options.state_root, python, reports, self.record.run_id
-            ),
+            env={
+                **step_environment(
+                    self.runner.environ, self.options.state_root, python, reports, self.record.run_id
+                ),
+                **credentials,
+            },
             folder=folder,
             reports=reports,
         )

@@ -40,6 +40,7 @@ from components.errors import SpecError
 from components.local.clock import Clock
 from components.local.runs import StepAttempt
 from components.specs import Distribution
+from training.common import mask_secrets
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +283,7 @@ class StepExecutor:
         if launch.reports is not None:
             launch.reports.clear()
         with launch.log_file.open("a") as log_handle:
-            log_handle.write(f"--- {launch.step} attempt {number}: {shlex.join(launch.argv)}\n")
+            log_handle.write(f"--- {launch.step} attempt {number}: {mask_secrets(shlex.join(launch.argv))}\n")
         started_at, started = self._clock.now(), self._clock.monotonic()
         process = self._launcher.start(launch.argv, launch.cwd, launch.env, launch.log_file)
         self._current = process

@@ -19,7 +19,7 @@ from typing import Any
 
 from components.errors import PipelineError
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING
-from training.common import write_atomically
+from training.common import mask_secrets_in, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +195,9 @@ class RunRecord:
 
 
 def write_json_atomically(path: Path, document: Mapping[str, Any]) -> None:
-    """Readers see the old file or the new one, never a part."""
-    write_atomically(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
+    """Readers see the old file or the new one, never a part; a record never holds a secret."""
+    masked = mask_secrets_in(document)
+    write_atomically(path, (json.dumps(masked, indent=2, sort_keys=True) + "\n").encode())
 
 
 class RunStore:

@@ -112,3 +112,18 @@ def test_a_request_that_does_not_build_leaves_nothing_behind(tmp_path):
     with pytest.raises(SubmissionError, match="parameter epochs='lots': expected an integer"):
         submitter.submit(make_request(parameters={"epochs": "lots"}))
     assert not (tmp_path / DRY_RUN_DIR).exists() or list((tmp_path / DRY_RUN_DIR).iterdir()) == []
+
+
+def test_a_dry_run_record_holds_no_secret_of_the_request(tmp_path):
+    submitter = DryRunSubmitter(tmp_path)
+    secret = "Dry8unPw4Zk"
+    request = make_request(
+        parameters={"epochs": 2, "mlflow_tracking_uri": f"https://ops:{secret}@mlflow.example.com"},
+        trigger={"source": "http", "note": f"token={secret}"},
+    )
+    folder = submitter.root / submitter.submit(request).job_name
+
+    assert [path.name for path in folder.iterdir() if secret.encode() in path.read_bytes()] == []
+    job = submitter.job_document(folder.name)
+    assert job["jobs"]["train"]["inputs"]["mlflow_tracking_uri"] == "https://***@mlflow.example.com"
+    assert json.loads((folder / "request.json").read_text())["trigger"]["note"] == "token=***"

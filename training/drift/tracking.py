@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from training.common import mask_secrets_in
 from training.local_state import (
     artifacts_beside,
     default_mlflow_artifact_location,
@@ -91,11 +92,12 @@ def _log_run(
         "min_ks_pvalue": min(feature.ks_pvalue for feature in report.features),
         **{f"psi.{feature.name}": feature.psi for feature in report.features},
     }
+    tags = mask_secrets_in(_run_tags(document, report, event_id))  # a tag may quote a location
     client.log_batch(
         run_id,
         metrics=[Metric(key, float(value), stamp, 0) for key, value in metrics.items()],
         params=[Param(key, str(value)) for key, value in report.policy.describe().items()],
-        tags=[RunTag(key, value) for key, value in _run_tags(document, report, event_id).items()],
+        tags=[RunTag(key, value) for key, value in tags.items()],
     )
     for path in files:
         client.log_artifact(run_id, str(path))

@@ -33,11 +33,13 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
 from training.checkpoint.stores import newest_record, open_checkpoint_lease, open_checkpoint_store
+from training.common import tracking_credentials_apart
 from training.engine.batch_split import per_rank_batch_size
 from training.engine.config import TrainConfig
 from training.engine.divergence import DIVERGED_EXIT_CODE, TrainingDiverged
@@ -145,13 +147,15 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     from training.engine.saving import refuse_unfit_checkpoint_location  # torch: loaded with the task
 
     refuse_unfit_checkpoint_location(config, environ, task)
+    # A password in the tracking URI goes to the workers in MLflow's variables, never on their command line
+    # (readable by every user of the machine).
+    tracking_uri, credentials = tracking_credentials_apart(config.mlflow_tracking_uri or "")
+    command = torchrun_command(replace(config, mlflow_tracking_uri=tracking_uri or None), nproc)
     # One intra-op thread per worker: N workers on N cores, not N x N threads fighting for them.
-    environment = {"OMP_NUM_THREADS": "1", **environ, LAUNCH_ID_VARIABLE: launch_id}
+    environment = {"OMP_NUM_THREADS": "1", **environ, **credentials, LAUNCH_ID_VARIABLE: launch_id}
     with tempfile.TemporaryDirectory(prefix="retrain-launch-") as reports:
         error_file = Path(reports) / "torchrun-error.json"  # this launch's alone: no older report speaks
-        code, noticed = _run_torchrun(
-            torchrun_command(config, nproc), {**environment, ELASTIC_ERROR_FILE_VARIABLE: str(error_file)}
-        )
+        code, noticed = _run_torchrun(command, {**environment, ELASTIC_ERROR_FILE_VARIABLE: str(error_file)})
         report = read_report(error_file) if code != 0 else None
     if report is not None and report.code == DIVERGED_EXIT_CODE:
         raise TrainingDiverged(report.message)

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from training.common import mask_secrets, mask_secrets_in
+
 log = logging.getLogger(__name__)
 
 
@@ -35,8 +37,9 @@ MAX_PARAM_LENGTH = 6000
 
 
 def param_text(value: Any) -> str:
-    """A parameter as MLflow stores it: text, JSON for options and lists, cut to what MLflow accepts."""
-    text = json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else str(value)
+    """A parameter as MLflow stores it: text, JSON for options and lists, masked, cut to what MLflow
+    accepts."""
+    text = mask_secrets(json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else str(value))
     return text if len(text) <= MAX_PARAM_LENGTH else text[: MAX_PARAM_LENGTH - 3] + "..."
 
 
@@ -84,6 +87,7 @@ class MlflowTracker:
     def start(self, run_id: str | None, params: Mapping[str, Any], tags: Mapping[str, str]) -> str | None:
         from mlflow.entities import Param, RunTag
 
+        tags = mask_secrets_in(tags)  # a tag may quote a location (a trigger's URL)
         if run_id is None:
             if self._job_run_id is None:
                 self._run_id = self._client.create_run(self._experiment_id(), tags=dict(tags)).info.run_id
@@ -110,7 +114,7 @@ class MlflowTracker:
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        run_tags = [RunTag(key, value) for key, value in tags.items()]
+        run_tags = [RunTag(key, value) for key, value in mask_secrets_in(tags).items()]
         self._client.log_batch(self._require_run(), tags=run_tags)
         if self._job_run_id not in (None, self._run_id):
             self._client.log_batch(self._job_run_id, tags=run_tags)
@@ -169,7 +173,7 @@ class TolerantTracker:
                 "experiment tracking failed in %s (%d failures so far): %s",
                 method,
                 self._failures,
-                error,
+                mask_secrets(str(error)),
             )
             return default
 

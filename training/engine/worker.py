@@ -42,6 +42,7 @@ import torch
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.lease import CheckpointLease, LeasedStore
 from training.checkpoint.stores import open_checkpoint_lease, open_checkpoint_store
+from training.common import mask_logged_secrets, mask_secrets
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, barrier, init_distributed, shutdown_distributed
 from training.engine.divergence import (
@@ -164,6 +165,7 @@ def configure_logging(rank: int, verbose: bool = False) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
     )
+    mask_logged_secrets()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -192,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def leave_failed(reason: str, code: int, environ: Mapping[str, str], callstack: str = "") -> int:
     """Report why this worker stops to whoever started torchrun (failure_report.py), and say it in one line
     unless a `retrain train` launcher above torchrun will (it prints the first failed worker's, once)."""
+    reason, callstack = mask_secrets(reason), mask_secrets(callstack)  # both are written to files and logs
     report_to_launcher(environ, reason, code, callstack)
     if LAUNCH_ID_VARIABLE not in environ:
         print(f"retrain: error: {reason}", file=sys.stderr)

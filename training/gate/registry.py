@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from training.common import displayable_url, mask_secrets
+from training.common import displayable_url, mask_secrets, mask_secrets_in
 from training.engine.outputs import weights_sha256
 from training.errors import InputError, RetrainError
 from training.gate.lineage import WEIGHTS_SHA256
@@ -270,7 +270,8 @@ class ModelRegistry:
         from mlflow.entities import RunTag
 
         with _registry_errors(f"tag run {run_id}", self.store):
-            self._client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
+            masked = mask_secrets_in(tags)  # a lineage tag may quote a location
+            self._client.log_batch(run_id, tags=[RunTag(key, value) for key, value in masked.items()])
 
     def log_run_results(self, run_id: str, metrics: Mapping[str, float], files: Sequence[Path]) -> None:
         import time
@@ -313,14 +314,14 @@ class ModelRegistry:
                 run = mlflow.start_run(run_id=training_run)
             with run:
                 if training_run is None:
-                    mlflow.set_tags(dict(request.run_tags))
+                    mlflow.set_tags(mask_secrets_in(request.run_tags))
                 logged = log_served_model(request.served, MODEL_ARTIFACT)
             self._ensure_registered_model(request.model_name)
             created = self._client.create_model_version(
                 request.model_name,
                 logged.model_uri,
                 run_id=logged.run_id,
-                tags=dict(request.tags),
+                tags=mask_secrets_in(request.tags),  # a lineage tag may quote a location
                 model_id=logged.model_id,
             )
         log.info("registered %s v%s from %s", request.model_name, created.version, logged.model_uri)
@@ -336,7 +337,7 @@ class ModelRegistry:
 
     def tag_version(self, name: str, version: str, tags: Mapping[str, str]) -> None:
         with _registry_errors(f"tag {name} v{version}", self.store):
-            for key, value in tags.items():
+            for key, value in mask_secrets_in(tags).items():
                 self._client.set_model_version_tag(name, version, key, value)
 
     def _ensure_registered_model(self, name: str) -> None:

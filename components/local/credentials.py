@@ -1,0 +1,27 @@
+"""A step's credentials travel in its environment, never on its command line.
+
+A command line is readable by every user of the machine (`ps`), and the local runner writes it into the
+step's log and the run's record. The one input that may carry a password is the train step's MLflow
+tracking URI (`--param mlflow_tracking_uri=https://user:password@host`): the step gets the URI without its
+user info, and the user info in MLflow's own MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, which
+MLflow sends as basic auth. What is written about the run is masked besides (training.common.mask_secrets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from training.common import tracking_credentials_apart
+
+TRACKING_URI_INPUT = "mlflow_tracking_uri"
+
+
+def credentials_apart(inputs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A step's input values for its command line, and the environment variables that carry the
+    credentials taken out of them."""
+    value = inputs.get(TRACKING_URI_INPUT)
+    if not isinstance(value, str):
+        return dict(inputs), {}
+    uri, environment = tracking_credentials_apart(value)
+    return {**inputs, TRACKING_URI_INPUT: uri}, environment
