@@ -19,6 +19,7 @@ The rules, per model:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -62,6 +63,8 @@ __all__ = [
     "on_arrival",
     "start_submission",
 ]
+
+log = logging.getLogger(__name__)
 
 _KIND_PRIORITY = (KIND_HTTP, KIND_DRIFT, KIND_BLOB)  # the most deliberate trigger names a batch
 
@@ -107,10 +110,27 @@ def _arrival_decision(state: ModelState, item: PendingItem, now: datetime, setti
     return DEBOUNCED if item.kind == KIND_BLOB else ACCEPTED
 
 
+def not_after(recorded: datetime, now: datetime, what: str) -> datetime:
+    """`recorded`, or `now` when it lies in the future: a time another instance wrote with a clock running
+    ahead. Left as it is, it would stretch every wait measured from it by the skew (a 1 h cooldown from a
+    time 2 days ahead lasts 49 h); clamped, no wait runs longer than its configured length."""
+    if recorded <= now:
+        return recorded
+    log.warning(
+        "%s %s is %.0f s after this instance's clock (%s); treating it as now: is a clock skewed?",
+        what,
+        recorded.isoformat(),
+        (recorded - now).total_seconds(),
+        now.isoformat(),
+    )
+    return now
+
+
 def _cooldown_left(state: ModelState, now: datetime, settings: PolicySettings) -> float:
     if state.last_submission_at is None:
         return 0.0
-    ends = state.last_submission_at + timedelta(seconds=settings.cooldown_seconds)
+    started = not_after(state.last_submission_at, now, f"model {state.model_name!r}: last submission's start")
+    ends = started + timedelta(seconds=settings.cooldown_seconds)
     return max(0.0, (ends - now).total_seconds())
 
 
@@ -123,6 +143,8 @@ def _debounce_left(state: ModelState, now: datetime, settings: PolicySettings) -
     first, last = state.first_pending_at, state.last_arrival_at
     if first is None or last is None:
         return 0.0
+    first = not_after(first, now, f"model {state.model_name!r}: first pending arrival")
+    last = not_after(last, now, f"model {state.model_name!r}: last arrival")
     ready_at = min(
         last + timedelta(seconds=settings.quiet_seconds), first + timedelta(seconds=settings.max_wait_seconds)
     )

@@ -159,6 +159,28 @@ def test_cooldown_runs_from_one_submission_start_to_the_next_not_from_the_finish
     assert flush_verdict(state, at(600), SETTINGS).submit
 
 
+def test_a_start_recorded_by_a_clock_running_ahead_cools_down_no_longer_than_configured(caplog):
+    skew = timedelta(days=2)  # another instance's clock runs 2 days ahead: it recorded its run's start
+    state = finish_submission(submitted_at(skew.total_seconds()), "sub-1", at(skew.total_seconds() + 5))
+    _, state = on_arrival(state, drift_request("run-2"), at(10), SETTINGS)
+
+    waiting = flush_verdict(state, at(10), SETTINGS)  # this instance's clock is right
+
+    assert not waiting.submit and waiting.retry_after_seconds == pytest.approx(600)  # not 600 + 172,800
+    assert "is 172790 s after this instance's clock" in caplog.text
+    assert flush_verdict(state, at(610), SETTINGS).submit
+
+
+def test_arrivals_recorded_by_a_clock_running_ahead_wait_no_longer_than_the_quiet_period():
+    ahead = T0 + timedelta(days=2)
+    _, state = on_arrival(ModelState.empty(MODEL), blob_request("a.csv", now=ahead), ahead, SETTINGS)
+
+    waiting = flush_verdict(state, at(0), SETTINGS)
+
+    assert not waiting.submit and waiting.retry_after_seconds == pytest.approx(60)
+    assert flush_verdict(state, at(60), SETTINGS).submit
+
+
 def test_an_http_request_while_cooling_down_is_answered_cooldown_and_still_kept():
     state = finish_submission(submitted_at(0), "sub-1", at(100))
     decision, state = on_arrival(state, http_request("k1"), at(200), SETTINGS)
