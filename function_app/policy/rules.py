@@ -62,6 +62,7 @@ __all__ = [
     "latest_blobs",
     "on_arrival",
     "start_submission",
+    "without_future_times",
 ]
 
 log = logging.getLogger(__name__)
@@ -110,27 +111,39 @@ def _arrival_decision(state: ModelState, item: PendingItem, now: datetime, setti
     return DEBOUNCED if item.kind == KIND_BLOB else ACCEPTED
 
 
-def not_after(recorded: datetime, now: datetime, what: str) -> datetime:
-    """`recorded`, or `now` when it lies in the future: a time another instance wrote with a clock running
-    ahead. Left as it is, it would stretch every wait measured from it by the skew (a 1 h cooldown from a
-    time 2 days ahead lasts 49 h); clamped, no wait runs longer than its configured length."""
-    if recorded <= now:
-        return recorded
+def _warn_future(what: str, recorded: datetime, now: datetime, counted_as: str) -> None:
     log.warning(
-        "%s %s is %.0f s after this instance's clock (%s); treating it as now: is a clock skewed?",
+        "%s %s is %.0f s after this instance's clock (%s); is a clock skewed? It counts as %s",
         what,
         recorded.isoformat(),
         (recorded - now).total_seconds(),
         now.isoformat(),
+        counted_as,
     )
-    return now
+
+
+def without_future_times(state: ModelState, now: datetime) -> ModelState:
+    """`state` with its recorded times that lie after `now` set to `now`, each with a warning.
+
+    Another instance whose clock runs ahead records times in the future. Left as they are, they stretch
+    every wait measured from them by the skew (a 1 h cooldown from a start 2 days ahead lasts 49 h);
+    clamped once, and saved by the flush that clamped them, no wait lasts longer than its configured
+    length. Unchanged (the same object) when no time is in the future."""
+    now = aware(now, "now")
+    changes = {}
+    for name in ("last_submission_at", "in_flight_since", "last_finished_at"):
+        recorded = getattr(state, name)
+        if recorded is not None and recorded > now:
+            _warn_future(f"model {state.model_name!r}: {name.replace('_', ' ')}", recorded, now, "now")
+            changes[name] = now
+    return replace(state, **changes) if changes else state
 
 
 def _cooldown_left(state: ModelState, now: datetime, settings: PolicySettings) -> float:
     if state.last_submission_at is None:
         return 0.0
-    started = not_after(state.last_submission_at, now, f"model {state.model_name!r}: last submission's start")
-    ends = started + timedelta(seconds=settings.cooldown_seconds)
+    # A start in the future (a skewed clock's, not yet clamped by a flush) counts as now: at most C.
+    ends = min(state.last_submission_at, now) + timedelta(seconds=settings.cooldown_seconds)
     return max(0.0, (ends - now).total_seconds())
 
 
@@ -140,11 +153,16 @@ def _until_next_utc_midnight(now: datetime) -> float:
 
 
 def _debounce_left(state: ModelState, now: datetime, settings: PolicySettings) -> float:
-    first, last = state.first_pending_at, state.last_arrival_at
-    if first is None or last is None:
+    # An arrival recorded in the future (by an instance whose clock runs ahead) holds nothing back: were it
+    # counted from now, each look would restart its wait, and the batch would wait as long as the skew.
+    future = [item.arrived_at for item in state.pending if item.arrived_at > now]
+    if future:
+        what = f"model {state.model_name!r}: {len(future)} pending arrival(s), the latest"
+        _warn_future(what, max(future), now, "quiet already")
+    arrivals = [item.arrived_at for item in state.pending if item.arrived_at <= now]
+    if not arrivals:
         return 0.0
-    first = not_after(first, now, f"model {state.model_name!r}: first pending arrival")
-    last = not_after(last, now, f"model {state.model_name!r}: last arrival")
+    first, last = min(arrivals), max(arrivals)
     ready_at = min(
         last + timedelta(seconds=settings.quiet_seconds), first + timedelta(seconds=settings.max_wait_seconds)
     )
