@@ -12,18 +12,24 @@ import multiprocessing
 import os
 import select
 import signal
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
 import pytest
 from conftest import app_settings
 from corpus import EVENT_GRID, PREFIX, blob_created
+from flush_harness import JobBoard
 from liveness_harness import flush, front_door, gate_of, write_pipeline
 
+from components.errors import JobNotFound
 from components.local.cache import STAGING_PREFIX
 from components.local.runs import ABANDONED, RunStore
 from components.local.staging import sweep_staging
+from components.request import RunRequest, Submission
 from function_app.pinning import content_etag
+from function_app.settings.app import AppSettings
+from function_app.wiring import build_front_door
 
 START_TIMEOUT_S = 120.0
 
@@ -94,3 +100,71 @@ def test_a_local_flush_killed_while_train_runs_is_failed_by_the_next_which_train
         assert sweep_staging(home / "cache", runs) == staging
     assert not staging[0].exists()
     assert [os.fspath(path) for path in (home / "cache" / "train").glob(f"{STAGING_PREFIX}*")] == []
+
+
+class _JobService:
+    """Azure ML's job service at the Submitter seam: jobs stay Running until they are deleted."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, str] = {}
+
+    def submit(self, request: RunRequest) -> Submission:
+        self.jobs[request.job_name()] = request.run_key
+        return self.status(request.job_name())
+
+    def status(self, job_name: str) -> Submission:
+        if job_name not in self.jobs:
+            raise JobNotFound(f"job {job_name!r}: not found in the workspace")
+        return Submission(job_name, "job-service", "Running", self.jobs[job_name])
+
+
+def _ledgers(tmp_path: Path, azurite) -> dict[str, dict[str, str]]:
+    container = azurite.new_container().container_name
+    return {
+        "local": {},
+        "azurite": {
+            "RETRAIN_LEDGER": f"{azurite.blob_endpoint}/{container}/ledger",
+            "RETRAIN_STORAGE_CONNECTION_STRING": azurite.connection_string,
+        },
+    }
+
+
+@pytest.mark.parametrize("store", ["local", "azurite"])
+def test_a_job_in_flight_that_the_submitter_no_longer_has_is_failed_and_its_items_go_again(
+    tmp_path, azurite, store
+):
+    environ = app_settings(tmp_path / "home", **_ledgers(tmp_path, azurite)[store])
+    jobs = _JobService()
+    door = build_front_door(AppSettings.from_environ(environ), environ, submitter=jobs)
+    door.deliver(blob_created(EVENT_GRID, f"{PREFIX}/batch-1.csv"), "blob")
+    [first] = door.flush(ignore_quiet=True)
+    assert first.status == "Running" and door.flush(ignore_quiet=True) == []  # waits for it, rightly
+
+    del jobs.jobs[first.job_name]  # deleted in the workspace, or lost
+    [second] = door.flush(ignore_quiet=True)
+
+    gone = door.ledger.submission(first.id)
+    assert gone.status == "Failed" and gone.details["reason"].startswith("the job is gone: job ")
+    assert second.status == "Running" and second.events == first.events and second.id != first.id
+    assert door.ledger.claims("digits") == []
+
+
+@pytest.mark.parametrize("store", ["local", "azurite"])
+def test_a_start_recorded_by_a_clock_ahead_is_saved_as_now_by_the_next_flush(tmp_path, azurite, store):
+    settings = {**_ledgers(tmp_path, azurite)[store], "RETRAIN_COOLDOWN_SECONDS": "3600"}
+    environ = app_settings(tmp_path / "home", **settings)
+    board = tmp_path / "board"
+    ahead = datetime.now(UTC) + timedelta(days=2)
+    fast = build_front_door(
+        AppSettings.from_environ(environ), environ, submitter=JobBoard(board), clock=lambda: ahead
+    )
+    fast.deliver(blob_created(EVENT_GRID, f"{PREFIX}/batch-1.csv"), "blob")
+    assert [s.status for s in fast.flush(ignore_quiet=True)] == ["Completed"]
+    door = build_front_door(AppSettings.from_environ(environ), environ, submitter=JobBoard(board))
+    door.deliver(blob_created(EVENT_GRID, f"{PREFIX}/batch-2.csv", eTag="0x8DC2"), "blob")
+
+    assert door.flush(ignore_quiet=True) == []
+
+    state, _ = door.ledger.load_state("digits")
+    assert state.last_submission_at <= datetime.now(UTC) < ahead  # saved once, clamped to this clock
+    assert 3500 < door.verdicts()["digits"].retry_after_seconds <= 3600  # not 2 days and an hour
