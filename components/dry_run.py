@@ -22,7 +22,7 @@ import yaml
 
 from components.builder import DEFAULT_DATASTORE, PipelineBuild, build_pipeline_job
 from components.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
-from components.errors import SubmissionError
+from components.errors import JobNotFound, SubmissionError
 from components.request import COMPLETED, RunRequest, Submission
 from components.specs import PIPELINE_FILE
 from training.common import mask_secrets
@@ -113,7 +113,7 @@ class DryRunSubmitter:
             raise SubmissionError(f"job name {job_name!r}: expected letters, digits, '-' or '_'")
         folder = self.root / job_name
         if not (folder / SUBMISSION_FILE).exists():
-            raise SubmissionError(
+            raise JobNotFound(
                 f"dry run {job_name!r}: not recorded under {self.root}; expected a job name printed by "
                 "`retrain submit --dry-run`"
             )

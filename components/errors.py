@@ -15,6 +15,11 @@ class SubmissionError(PipelineError):
     """A run request cannot be submitted as asked (bad request, quota, duplicate)."""
 
 
+class JobNotFound(SubmissionError):
+    """The submitter has no job of that name (never created, or gone): a job in flight that is not found
+    will never end, and whoever waits for it must stop waiting."""
+
+
 class StepFailed(PipelineError):
     """A pipeline step exited non-zero; the message carries the tail of its log."""
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from components.cost import CostSettings, with_estimate
 from components.data_version import DataManifest
-from components.errors import SubmissionError
+from components.errors import JobNotFound, SubmissionError
 from components.request import FAILED, TERMINAL_STATES, DataRef, RunRequest, Submitter, job_name_for
 from function_app.events.triggers import COALESCED, KIND_BLOB, REJECTED, SUBMITTED
 from function_app.ledger.ledger import PENDING, Claim, Ledger
@@ -44,6 +44,7 @@ from function_app.policy.rules import (
     flush_verdict,
     latest_blobs,
     start_submission,
+    without_future_times,
 )
 from function_app.settings.models import ModelRoute
 from function_app.task_check import NoTaskCheck, TaskCheck
@@ -91,7 +92,7 @@ class Flusher:
                 return []
             self._reconcile(model)
             now = self._clock()
-            state, version = self._ledger.load_state(model)
+            state, version = self._settled(model, now)
             pending = self._batch(self._ledger.claims(model))
             view = replace(state, pending=tuple(_item(claim) for claim in pending))
             verdict = flush_verdict(view, now, self._policy, ignore_quiet=ignore_quiet)
@@ -149,6 +150,17 @@ class Flusher:
                     f"flush of {model!r} lost its lease before submitting; the next one recovers"
                 )
             return [self._submit(route, record, items, manifest, named)]
+
+    def _settled(self, model: str, now: datetime) -> tuple[ModelState, str | None]:
+        """The model's state, with a time another instance's fast clock put in the future clamped to now
+        and saved, so that no cooldown measured from it lasts longer than configured."""
+        state, version = self._ledger.load_state(model)
+        settled = without_future_times(state, now)
+        if settled is state:
+            return state, version
+        if not self._ledger.save_state(model, settled, version):
+            raise LedgerBusyError(f"model {model!r}: its state changed under the flush lease; retry")
+        return self._ledger.load_state(model)
 
     # -- the batch --------------------------------------------------------------------------------------
 
@@ -364,7 +376,14 @@ class Flusher:
                 )
                 self._ledger.update_submission(record.with_status(FAILED, now, details={"reason": reason}))
                 return self._end(model, submission_id, FAILED)
-            record = record.with_status(found.status, now, job_name=found.job_name, backend=found.backend)
+            reason = found.details.get("reason") if found.status == FAILED else None
+            record = record.with_status(
+                found.status,
+                now,
+                job_name=found.job_name,
+                backend=found.backend,
+                details={**record.details, "reason": reason} if reason else record.details,
+            )
             self._ledger.update_submission(record)
             # The flush may have stopped before taking every claim: take the rest now.
             still_pending = [
@@ -376,13 +395,27 @@ class Flusher:
             )
         status = record.status
         if record.job_name is not None:
-            status = self._submitter.status(record.job_name).status
+            status, reason = self._job_status(record.job_name)
             if status not in TERMINAL_STATES:
                 return None
-            self._ledger.update_submission(record.with_status(status, now))
+            details = {**record.details, "reason": reason} if reason else record.details
+            self._ledger.update_submission(record.with_status(status, now, details=details))
         elif status not in TERMINAL_STATES:
             status = FAILED
         return self._end(model, submission_id, status)
+
+    def _job_status(self, job_name: str) -> tuple[str, str | None]:
+        """The job's status, and why it failed when the submitter says: a job the submitter no longer
+        has (deleted, or never kept) is Failed, as is a local run whose runner died, so that nothing waits
+        on it forever."""
+        try:
+            job = self._submitter.status(job_name)
+        except JobNotFound as gone:
+            log.warning(
+                "job %s is gone (%s); its submission fails and its items return to pending", job_name, gone
+            )
+            return FAILED, f"the job is gone: {gone}"
+        return job.status, job.details.get("reason") if job.status == FAILED else None
 
     def _find_job(self, model: str, data_version: str | None) -> Any:
         if data_version is None:

@@ -27,7 +27,7 @@ from components.azureml.registry_lock import resolve_registry_lock
 from components.azureml.workspace import AzureMLWorkspace, JobRecord
 from components.builder import DEFAULT_DATASTORE, TRAIN_STEP, PipelineBuild, build_pipeline_job
 from components.code_snapshot import with_code_snapshot
-from components.errors import SubmissionError
+from components.errors import JobNotFound, SubmissionError
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, RunRequest, Submission
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class AzureMLSubmitter:
     def status(self, job_name: str) -> Submission:
         record = self.workspace.get_job(job_name)
         if record is None:
-            raise SubmissionError(
+            raise JobNotFound(
                 f"job {job_name!r}: not found in the workspace; expected a name printed by `retrain submit`"
             )
         return _submission(record)

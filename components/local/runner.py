@@ -8,6 +8,8 @@ Layout under the state folder (`$RETRAIN_HOME`, default `./.retrain`):
                                       beside it; checked against that manifest before a run reads it
     cache/<step>/<key>/<output>/      immutable step outputs, reused by later runs (cache.py); an entry
                                       changed since it was published is set aside as .damaged-<key>-*
+    cache/<step>/.staging-<run_id>-*/ a step's outputs while it runs; a killed run's are removed by the
+                                      next run once no process of it is left (staging.py)
     checkpoints/<checkpoint key>/     the train step's checkpoints, durable across reruns of one training
                                       (components/checkpoint_key.py: the run key, and a digest of the
                                       epochs, seed, batch size, learning rate, task and task options)
@@ -43,8 +45,10 @@ from components.local.clock import Clock, SystemClock
 from components.local.commands import format_value
 from components.local.execution import LocalStepFailed, PipelineExecution
 from components.local.launch import ProcessLauncher, ProcessStarted, StepExecutor, SubprocessLauncher
+from components.local.liveness import ProcessIdentity
 from components.local.plan import durable_outputs, durable_path, pipeline_values
 from components.local.runs import RunRecord, RunStore, StepRecord, new_run_id
+from components.local.staging import sweep_staging
 from components.preflight import Preflight, SubprocessPreflight
 from components.request import RunRequest
 from components.run_inputs import TASK_INPUT
@@ -119,6 +123,7 @@ class LocalRunner:
             request, task_code = _pinned_task_code(request, self.task_search_path(pipeline))
             self.preflight(pipeline).check(request)
         values = pipeline_values(pipeline, request)
+        sweep_staging(self.cache.root, self.runs)  # what killed runs left; never a live run's
         record = self._new_record(pipeline, request, force_rerun)
         executor = StepExecutor(
             self._launcher, self.clock, self.options.max_preemption_restarts, self._on_process_started
@@ -197,6 +202,7 @@ class LocalRunner:
             parameters={name: format_value(value) for name, value in request.parameters.items()},
             process_count=request.process_count,
             forced=force_rerun,
+            runner=ProcessIdentity.current(),  # the run is abandoned once this process has ended
         )
 
     def say(self, step: str, message: str) -> None:

@@ -2,6 +2,10 @@
 
 A record is written atomically (a temporary sibling, fsync, rename) every time a step changes state, so a
 reader, such as `retrain runs` in another terminal, always sees a whole record.
+
+A record names its runner, the process that runs it (components/local/liveness.py: host, pid and start).
+A run still Queued or Running whose runner has ended (killed, however) can go no further: the first reader
+that finds it so records it `Abandoned`, with its unfinished steps, and says which process was gone.
 """
 
 from __future__ import annotations
@@ -18,13 +22,19 @@ from types import MappingProxyType
 from typing import Any
 
 from components.errors import PipelineError
+from components.local.clock import SystemClock
+from components.local.liveness import ProcessIdentity
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING
 from training.common import mask_secrets_in, write_atomically
 
 log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
-STEP_STATES = (QUEUED, RUNNING, COMPLETED, FAILED, CANCELED)
+# A run (or step) whose runner died before it ended: a run's own word, never a submission's (whose
+# status the local submitter reports as Failed, with the reason).
+ABANDONED = "Abandoned"
+IN_PROGRESS = (QUEUED, RUNNING)
+STEP_STATES = (QUEUED, RUNNING, COMPLETED, FAILED, CANCELED, ABANDONED)
 _RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
 
 
@@ -133,6 +143,7 @@ class RunRecord:
     outputs: Mapping[str, str] = field(default_factory=dict)
     failed_step: str | None = None
     error: str | None = None
+    runner: ProcessIdentity | None = None  # None in a record written before runners were recorded
 
     def __post_init__(self) -> None:
         if not _RUN_ID.fullmatch(self.run_id):
@@ -169,6 +180,7 @@ class RunRecord:
             "outputs": dict(self.outputs),
             "failed_step": self.failed_step,
             "error": self.error,
+            "runner": self.runner.to_dict() if self.runner is not None else None,
             "steps": [step.to_dict() for step in self.steps],
         }
 
@@ -190,7 +202,26 @@ class RunRecord:
             outputs=dict(data.get("outputs") or {}),
             failed_step=data.get("failed_step"),
             error=data.get("error"),
+            runner=ProcessIdentity.from_dict(data.get("runner")),
             steps=tuple(StepRecord.from_dict(item) for item in data["steps"]),
+        )
+
+    def abandoned(self, now: str) -> RunRecord | None:
+        """This record as `Abandoned` when it is still in progress but its runner has ended; else None."""
+        if self.status not in IN_PROGRESS or self.runner is None or self.runner.alive() is not False:
+            return None
+        steps = tuple(
+            replace(step, status=ABANDONED) if step.status in IN_PROGRESS else step for step in self.steps
+        )
+        stopped = next((step.name for step in self.steps if step.status == RUNNING), None)
+        where = f" during step '{stopped}'" if stopped else ""
+        return replace(
+            self,
+            status=ABANDONED,
+            steps=steps,
+            finished_at=now,
+            failed_step=stopped,
+            error=f"abandoned{where}: its runner ({self.runner.describe()}) ended before the run did",
         )
 
 
@@ -224,13 +255,23 @@ class RunStore:
     def load(self, run_id: str) -> RunRecord:
         path = self.run_dir(run_id) / RUN_FILE
         try:
-            return RunRecord.from_dict(json.loads(path.read_text()))
+            record = RunRecord.from_dict(json.loads(path.read_text()))
         except FileNotFoundError:
             raise PipelineError(
                 f"run {run_id!r}: no record at {path}; `retrain runs` lists the runs"
             ) from None
         except (ValueError, KeyError, TypeError) as error:
             raise PipelineError(f"run record {path}: unreadable ({error}); expected a run.json") from None
+        abandoned = record.abandoned(SystemClock().now())
+        if abandoned is None:
+            return record
+        try:  # its runner is gone: nobody else writes this record any more
+            self.save(abandoned)
+        except OSError as error:  # a reader that may not write still sees the run as it is
+            log.debug("run %s: cannot record it abandoned (%s)", run_id, error.strerror)
+        else:
+            log.warning("run %s: %s", run_id, abandoned.error)
+        return abandoned
 
     def list(self, limit: int | None = None) -> list[RunRecord]:
         """Newest first. A folder that holds no readable record is skipped with a warning."""

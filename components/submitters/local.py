@@ -2,7 +2,8 @@
 
 `submit` returns once the run has ended: Completed, Failed (a step exited non-zero; the details name it
 and carry its log tail) or Canceled (the runner was told to stop). Bad requests and bad specs still raise,
-as with any submitter. `status` reads the newest local run record of a job name.
+as with any submitter. `status` reads the newest local run record of a job name; a run whose runner died
+(an `Abandoned` run, components/local/runs.py) is a Failed job, its reason in the details.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from components.errors import SubmissionError
+from components.errors import JobNotFound
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.local.launch import ProcessStarted
+from components.local.runs import ABANDONED
 from components.outcome import gate_details
 from components.preflight import Preflight
-from components.request import RunRequest, Submission
+from components.request import FAILED, RunRequest, Submission
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +51,15 @@ def _details(record: RunRecord) -> dict[str, Any]:
 
 
 def _submission(record: RunRecord) -> Submission:
+    details = _details(record)
+    if record.status == ABANDONED:  # its runner died: for whoever submitted it, a failed job
+        details["reason"] = record.error
     return Submission(
         job_name=record.job_name,
         backend=BACKEND,
-        status=record.status,
+        status=FAILED if record.status == ABANDONED else record.status,
         run_key=record.run_key,
-        details=_details(record),
+        details=details,
     )
 
 
@@ -95,6 +100,4 @@ class LocalSubmitter:
         for record in self._runs.list():
             if record.job_name == job_name:
                 return _submission(record)
-        raise SubmissionError(
-            f"job name {job_name!r}: no local run has it; `retrain runs` lists the local runs"
-        )
+        raise JobNotFound(f"job name {job_name!r}: no local run has it; `retrain runs` lists the local runs")

@@ -19,6 +19,7 @@ The rules, per model:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -61,7 +62,10 @@ __all__ = [
     "latest_blobs",
     "on_arrival",
     "start_submission",
+    "without_future_times",
 ]
+
+log = logging.getLogger(__name__)
 
 _KIND_PRIORITY = (KIND_HTTP, KIND_DRIFT, KIND_BLOB)  # the most deliberate trigger names a batch
 
@@ -107,10 +111,39 @@ def _arrival_decision(state: ModelState, item: PendingItem, now: datetime, setti
     return DEBOUNCED if item.kind == KIND_BLOB else ACCEPTED
 
 
+def _warn_future(what: str, recorded: datetime, now: datetime, counted_as: str) -> None:
+    log.warning(
+        "%s %s is %.0f s after this instance's clock (%s); is a clock skewed? It counts as %s",
+        what,
+        recorded.isoformat(),
+        (recorded - now).total_seconds(),
+        now.isoformat(),
+        counted_as,
+    )
+
+
+def without_future_times(state: ModelState, now: datetime) -> ModelState:
+    """`state` with its recorded times that lie after `now` set to `now`, each with a warning.
+
+    Another instance whose clock runs ahead records times in the future. Left as they are, they stretch
+    every wait measured from them by the skew (a 1 h cooldown from a start 2 days ahead lasts 49 h);
+    clamped once, and saved by the flush that clamped them, no wait lasts longer than its configured
+    length. Unchanged (the same object) when no time is in the future."""
+    now = aware(now, "now")
+    changes = {}
+    for name in ("last_submission_at", "in_flight_since", "last_finished_at"):
+        recorded = getattr(state, name)
+        if recorded is not None and recorded > now:
+            _warn_future(f"model {state.model_name!r}: {name.replace('_', ' ')}", recorded, now, "now")
+            changes[name] = now
+    return replace(state, **changes) if changes else state
+
+
 def _cooldown_left(state: ModelState, now: datetime, settings: PolicySettings) -> float:
     if state.last_submission_at is None:
         return 0.0
-    ends = state.last_submission_at + timedelta(seconds=settings.cooldown_seconds)
+    # A start in the future (a skewed clock's, not yet clamped by a flush) counts as now: at most C.
+    ends = min(state.last_submission_at, now) + timedelta(seconds=settings.cooldown_seconds)
     return max(0.0, (ends - now).total_seconds())
 
 
@@ -120,9 +153,16 @@ def _until_next_utc_midnight(now: datetime) -> float:
 
 
 def _debounce_left(state: ModelState, now: datetime, settings: PolicySettings) -> float:
-    first, last = state.first_pending_at, state.last_arrival_at
-    if first is None or last is None:
+    # An arrival recorded in the future (by an instance whose clock runs ahead) holds nothing back: were it
+    # counted from now, each look would restart its wait, and the batch would wait as long as the skew.
+    future = [item.arrived_at for item in state.pending if item.arrived_at > now]
+    if future:
+        what = f"model {state.model_name!r}: {len(future)} pending arrival(s), the latest"
+        _warn_future(what, max(future), now, "quiet already")
+    arrivals = [item.arrived_at for item in state.pending if item.arrived_at <= now]
+    if not arrivals:
         return 0.0
+    first, last = min(arrivals), max(arrivals)
     ready_at = min(
         last + timedelta(seconds=settings.quiet_seconds), first + timedelta(seconds=settings.max_wait_seconds)
     )

@@ -32,6 +32,7 @@ from function_app.policy.rules import (
     latest_blobs,
     on_arrival,
     start_submission,
+    without_future_times,
 )
 
 
@@ -157,6 +158,34 @@ def test_cooldown_runs_from_one_submission_start_to_the_next_not_from_the_finish
     assert not waiting.submit and "cooling down" in waiting.reason
     assert waiting.retry_after_seconds == pytest.approx(40)
     assert flush_verdict(state, at(600), SETTINGS).submit
+
+
+def test_a_start_recorded_by_a_clock_running_ahead_cools_down_no_longer_than_configured(caplog):
+    skew = timedelta(days=2)  # another instance's clock runs 2 days ahead: it recorded its run's start
+    state = finish_submission(submitted_at(skew.total_seconds()), "sub-1", at(skew.total_seconds() + 5))
+    _, state = on_arrival(state, drift_request("run-2"), at(10), SETTINGS)
+    assert flush_verdict(state, at(10), SETTINGS).retry_after_seconds == pytest.approx(600)  # not 173,390
+
+    settled = without_future_times(state, at(10))  # what a flush saves, once
+
+    assert settled.last_submission_at == settled.last_finished_at == at(10)
+    assert (
+        "last submission at 2026-12-01T10:00:00+00:00 is 172790 s after this instance's clock" in caplog.text
+    )
+    assert flush_verdict(settled, at(609), SETTINGS).retry_after_seconds == pytest.approx(1)
+    assert flush_verdict(settled, at(610), SETTINGS).submit
+    assert without_future_times(settled, at(10)) is settled
+
+
+def test_arrivals_recorded_by_a_clock_running_ahead_hold_the_batch_back_no_longer_than_configured():
+    ahead = T0 + timedelta(days=2)
+    _, state = on_arrival(ModelState.empty(MODEL), blob_request("a.csv", now=ahead), ahead, SETTINGS)
+    assert flush_verdict(state, at(0), SETTINGS).submit  # not held back for 2 days and 60 s
+
+    _, state = on_arrival(state, blob_request("b.csv", now=at(0)), at(0), SETTINGS)
+
+    assert flush_verdict(state, at(0), SETTINGS).retry_after_seconds == pytest.approx(60)
+    assert flush_verdict(state, at(60), SETTINGS).submit
 
 
 def test_an_http_request_while_cooling_down_is_answered_cooldown_and_still_kept():
