@@ -33,6 +33,7 @@ from components.request import FAILED, TERMINAL_STATES, DataRef, RunRequest, Sub
 from function_app.events.triggers import COALESCED, KIND_BLOB, REJECTED, SUBMITTED
 from function_app.ledger.ledger import PENDING, Claim, Ledger
 from function_app.ledger.records import SUBMITTING, InputPin, LedgerBusyError, SubmissionRecord
+from function_app.ledger.store import Holder
 from function_app.pinning import ASSET_PREFIX, DataPinner, PinError, Vanished, batch_manifest
 from function_app.policy.rules import (
     FlushVerdict,
@@ -53,6 +54,10 @@ log = logging.getLogger(__name__)
 
 # The durable steps of a flush, in order, as `on_step` hears them (tests stop a flush at each).
 STEPS = ("state-saved", "record-created", "claims-taken", "submitted")
+# A flush is a few store round trips and one submission; the Functions host stops a function after
+# host.json's functionTimeout (5 min). A flush lease a blob holder has kept for twice that is no flush's.
+STUCK_FLUSH_LEASE_SECONDS = 600
+BREAK_LEASE_HELP = "README, 'A flush lease that never frees', says how to break it"
 BASIS = "basis"  # a submission on a request's own data: the submission whose manifest is the landing data
 # The tag of a claim whose file was gone or changed when its batch was pinned: dropped, never retried.
 DROPPED = "dropped"
@@ -85,10 +90,9 @@ class Flusher:
         model = route.name
         with self._ledger.flush_lease(model) as lease:
             if lease is None:
-                self.verdicts[model] = FlushVerdict(
-                    False, "another flush of this model is running; it submits"
-                )
-                log.info("flush %s: another flush holds the model's lease", model)
+                reason, stuck = lease_refusal(self._ledger.flush_holder(model), self._clock())
+                self.verdicts[model] = FlushVerdict(False, reason)
+                (log.warning if stuck else log.info)("flush %s: %s", model, reason)
                 return []
             self._reconcile(model)
             now = self._clock()
@@ -441,6 +445,32 @@ class Flusher:
         new_state = finish_submission(state, submission_id, self._clock(), status=status)
         if new_state is not state and not self._ledger.save_state(model, new_state, version):
             raise LedgerBusyError(f"model {model!r}: its state changed under the flush lease; retry")
+
+
+def lease_refusal(holder: Holder | None, now: datetime) -> tuple[str, bool]:
+    """Why a flush did not take the model's flush lease, naming the holder and its age where it wrote
+    them, and whether the lease looks stuck: an infinite lease (no flush takes one), or a lease that can
+    outlive its holder held past STUCK_FLUSH_LEASE_SECONDS. A file lock cannot outlive its process, so a
+    local holder is never called stuck, however long its run takes."""
+    if holder is None:  # freed between the refusal and the look
+        return "another flush of this model is running; it submits", False
+    if holder.endless:
+        return (
+            "the model's flush lease is an infinite lease, which no flush takes (a person or a tool took "
+            f"it); nothing of this model is flushed until it is broken ({BREAK_LEASE_HELP})",
+            True,
+        )
+    age = holder.age_seconds(now)
+    who = holder.who or "an unrecorded holder"
+    held = f"held by {who}" + ("" if age is None else f" for {age:.0f} s")
+    if not holder.dies_with_holder and age is not None and age > STUCK_FLUSH_LEASE_SECONDS:
+        return (
+            f"the model's flush lease is {held}, longer than any flush takes "
+            f"({STUCK_FLUSH_LEASE_SECONDS} s); if that holder is gone or hung, break the lease "
+            f"({BREAK_LEASE_HELP})",
+            True,
+        )
+    return f"another flush of this model is running ({held}); it submits", False
 
 
 def _item(claim: Claim) -> PendingItem:

@@ -102,24 +102,37 @@ def mask_secrets_in(value: Any) -> Any:
     return value
 
 
-class _MaskingFormatter(logging.Formatter):
-    """Another formatter's text, masked."""
+def _masking(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
+    """A log record factory that masks each record as it is made: its message, its traceback and its stack,
+    so that no handler of any logger (MLflow's own, which does not propagate to the root, included) can
+    write the secret."""
 
-    def __init__(self, inner: logging.Formatter | None) -> None:
-        super().__init__()
-        self._inner = inner or logging.Formatter()
+    def masked_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed call: logging reports it when the record is written
+            return record
+        if (masked := mask_secrets(message)) != message:
+            record.msg, record.args = masked, ()
+        if record.exc_info and not record.exc_text:  # formatters reuse exc_text as it is
+            record.exc_text = mask_secrets(logging.Formatter().formatException(record.exc_info))
+        if record.stack_info:
+            record.stack_info = mask_secrets(record.stack_info)
+        return record
 
-    def format(self, record: logging.LogRecord) -> str:
-        return mask_secrets(self._inner.format(record))
+    masked_record.masks_secrets = True  # type: ignore[attr-defined]
+    return masked_record
 
 
 def mask_logged_secrets() -> None:
-    """Mask whatever the root logger's handlers write, from now on. For the entry points of processes whose
+    """Mask every log record this process makes, from now on. For the entry points of processes whose
     output is kept (a step's log, a terminal): libraries log the URLs they were given (MLflow quotes its
-    tracking URI in its errors and warnings), and no caller can mask those messages before they are made."""
-    for handler in logging.getLogger().handlers:
-        if not isinstance(handler.formatter, _MaskingFormatter):
-            handler.setFormatter(_MaskingFormatter(handler.formatter))
+    tracking URI in its errors and warnings, through a handler of its own), and no caller can mask those
+    messages before they are made. Idempotent: one layer of masking."""
+    factory = logging.getLogRecordFactory()
+    if not getattr(factory, "masks_secrets", False):
+        logging.setLogRecordFactory(_masking(factory))
 
 
 # MLflow's REST client sends these as basic auth (mlflow.environment_variables).

@@ -28,7 +28,16 @@ from azure.core.exceptions import (
 from azure.storage.blob import BlobLeaseClient, BlobServiceClient, ContainerClient, ContentSettings
 
 from function_app.ledger.records import LedgerError
-from function_app.ledger.store import Listed, Stored, check_name, check_tag, quarantine_name
+from function_app.ledger.store import (
+    Holder,
+    Listed,
+    Stored,
+    check_name,
+    check_tag,
+    holder_stamp,
+    quarantine_name,
+    read_holder_stamp,
+)
 from training.common import BlobLocation, LeaseRenewal, check_prefix, mask_secrets, parse_blob_url
 
 log = logging.getLogger(__name__)
@@ -159,7 +168,7 @@ class BlobRecordStore:
 
     @contextlib.contextmanager
     def hold(self, name: str) -> Iterator[_BlobLease | None]:
-        full = self._name(f"{LEASES}/{check_name(name).replace('/', '~')}")
+        full = self._lease_name(name)
         client = self._container.get_blob_client(full)
         with self._storage_errors("lease", full):
             with contextlib.suppress(ResourceExistsError):
@@ -173,11 +182,34 @@ class BlobRecordStore:
                 lease = None
             else:
                 lease = _BlobLease(lease_client)
+                try:  # who holds it, for a refused flush to say; a report, so its failure stops nothing
+                    client.set_blob_metadata(holder_stamp(), lease=lease_client)
+                except AzureError as err:
+                    log.warning("could not record this flush as the holder of %s: %s", full, _describe(err))
         try:
             yield lease
         finally:
             if lease is not None:
                 lease.release()
+
+    def holder(self, name: str) -> Holder | None:
+        full = self._lease_name(name)
+        with self._storage_errors("read the lease of", full):
+            try:
+                properties = self._container.get_blob_client(full).get_blob_properties()
+            except ResourceNotFoundError as err:
+                if _is_container_missing(err):
+                    raise
+                return None
+        if properties.lease.state != "leased":
+            return None
+        # An infinite lease is never a flush's (they take LEASE_SECONDS); what it carries is then the
+        # last flush's stamp, not its holder's.
+        endless = properties.lease.duration == "infinite"
+        return read_holder_stamp(None if endless else dict(properties.metadata or {}), endless=endless)
+
+    def _lease_name(self, name: str) -> str:
+        return self._name(f"{LEASES}/{check_name(name).replace('/', '~')}")
 
     def _name(self, name: str) -> str:
         return f"{self._folder}{check_name(name)}"

@@ -52,7 +52,7 @@ from function_app.ledger.records import (
     rebuild_state,
     submission_replaceable,
 )
-from function_app.ledger.store import QUARANTINE, UNREADABLE, Hold, Listed, RecordStore, Stored
+from function_app.ledger.store import QUARANTINE, UNREADABLE, Hold, Holder, Listed, RecordStore, Stored
 from function_app.policy.state import ModelState
 from training.common import mask_secrets
 
@@ -211,6 +211,11 @@ class Ledger:
     def flush_lease(self, model_name: str) -> AbstractContextManager[Hold | None]:
         """Enter to take the model's flush lease without waiting: None when another flush holds it."""
         return self.store.hold(f"flush-{model_name}")
+
+    def flush_holder(self, model_name: str) -> Holder | None:
+        """Who holds the model's flush lease and since when (None: nobody, now); for a refused flush to
+        report, so a lease that never frees is seen, with what to break."""
+        return self.store.holder(f"flush-{model_name}")
 
     # -- submissions ----------------------------------------------------------------------------------
 

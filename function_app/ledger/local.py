@@ -13,13 +13,24 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from function_app.ledger.records import LedgerError
-from function_app.ledger.store import UNREADABLE, Listed, Stored, check_name, check_tag, quarantine_name
+from function_app.ledger.store import (
+    UNREADABLE,
+    Holder,
+    Listed,
+    Stored,
+    check_name,
+    check_tag,
+    holder_stamp,
+    quarantine_name,
+    read_holder_stamp,
+)
 from training.common import create_atomically, write_atomically
 
 _TAG_LINE = b"#tag="
@@ -103,9 +114,7 @@ class LocalRecordStore:
 
     @contextlib.contextmanager
     def hold(self, name: str) -> Iterator[_FileLease | None]:
-        descriptor = os.open(
-            self._lock_path(f"hold-{check_name(name).replace('/', '~')}"), os.O_RDWR | os.O_CREAT, 0o644
-        )
+        descriptor = os.open(self._hold_path(name), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -114,9 +123,35 @@ class LocalRecordStore:
                     raise
                 yield None
                 return
+            # Who holds it, for a refused flush to say; written into the lock file itself, which only the
+            # holder writes (a reader that sees it half-written reports the holder as unknown).
+            stamp = json.dumps(holder_stamp()).encode()
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, stamp, 0)
             yield _FileLease()
         finally:
             os.close(descriptor)  # releases the lock
+
+    def holder(self, name: str) -> Holder | None:
+        path = self._hold_path(name)
+        try:
+            descriptor = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            try:  # a shared lock taken at once means nobody holds it
+                fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as err:
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+            else:
+                return None
+            return read_holder_stamp(os.pread(descriptor, 4096, 0), dies_with_holder=True)
+        finally:
+            os.close(descriptor)
+
+    def _hold_path(self, name: str) -> Path:
+        return self._lock_path(f"hold-{check_name(name).replace('/', '~')}")
 
     def _path(self, name: str) -> Path:
         return self._folder / check_name(name)

@@ -6,6 +6,7 @@
     list(prefix)                       every record's name, version and tag under a prefix, without its bytes
     quarantine(name, version)          move a record that cannot be read to `quarantine/`, if still `version`
     hold(name)                         the single-writer lease: a file lock locally, a blob lease in Azure
+    holder(name)                       who holds that lease and since when, as its holder wrote it
 
 A record is replaced whole and atomically: a reader sees the old one or the new one. The tag is a short
 word stored beside the bytes (blob metadata in Azure) that `list` returns without reading any record: it
@@ -18,10 +19,14 @@ instead of stopping at it.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import socket
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol
 
 from function_app.ledger.records import LedgerError
@@ -57,6 +62,50 @@ class Hold(Protocol):
     def lost(self) -> bool: ...
 
 
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease, as its holder wrote it when it took the lease (`who`, `since`: None where it
+    wrote nothing, e.g. a lease someone took by hand), and what kind of lease it is: `endless` for one
+    that never expires (no flush takes one: only a person or another tool does), `dies_with_holder` where
+    the lease cannot outlive its process (a file lock), so that holding it long means a live, slow
+    holder, never a dead one."""
+
+    who: str | None
+    since: datetime | None
+    endless: bool = False
+    dies_with_holder: bool = False
+
+    def age_seconds(self, now: datetime) -> float | None:
+        """How long it has been held by `now`; never negative (the holder's clock may run ahead)."""
+        return None if self.since is None else max(0.0, (now - self.since).total_seconds())
+
+
+def holder_stamp(now: datetime | None = None) -> dict[str, str]:
+    """What a holder writes of itself on taking a lease: this process and host, and the time."""
+    taken = now or datetime.now(UTC)
+    return {"who": f"pid {os.getpid()} on {socket.gethostname()}", "since": taken.isoformat()}
+
+
+def read_holder_stamp(
+    stamp: dict[str, str] | bytes | None, *, endless: bool = False, dies_with_holder: bool = False
+) -> Holder:
+    """A Holder from what `holder_stamp` wrote; fields that cannot be read are None (a report, not a
+    record: it must never stop a flush)."""
+    if isinstance(stamp, bytes):
+        try:
+            stamp = json.loads(stamp.decode())
+        except (UnicodeDecodeError, ValueError):
+            stamp = None
+    fields = stamp if isinstance(stamp, dict) else {}
+    who = fields.get("who") if isinstance(fields.get("who"), str) else None
+    try:
+        since = datetime.fromisoformat(fields["since"])
+        since = since if since.tzinfo else since.replace(tzinfo=UTC)
+    except (KeyError, TypeError, ValueError):
+        since = None
+    return Holder(who[:200] if who else None, since, endless=endless, dies_with_holder=dies_with_holder)
+
+
 class RecordStore(Protocol):
     location: str
 
@@ -78,6 +127,10 @@ class RecordStore(Protocol):
     def hold(self, name: str) -> AbstractContextManager[Hold | None]:
         """Enter to try to take the lease `name` without waiting: the Hold, or None when another holder
         has it. A holder that dies loses it (the lock with its process; a blob lease when it expires)."""
+        ...
+
+    def holder(self, name: str) -> Holder | None:
+        """Who holds the lease `name` (see Holder); None when nobody does."""
         ...
 
 

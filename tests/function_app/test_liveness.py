@@ -8,15 +8,18 @@ killed run Abandoned, and its staging folder goes once no process of it is left.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import select
 import signal
+import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
 import pytest
+from azure.storage.blob import BlobLeaseClient
 from conftest import app_settings
 from corpus import EVENT_GRID, PREFIX, blob_created
 from flush_harness import JobBoard
@@ -27,6 +30,7 @@ from components.local.cache import STAGING_PREFIX
 from components.local.runs import ABANDONED, RunStore
 from components.local.staging import sweep_staging
 from components.request import RunRequest, Submission
+from function_app.flush import STUCK_FLUSH_LEASE_SECONDS
 from function_app.pinning import content_etag
 from function_app.settings.app import AppSettings
 from function_app.wiring import build_front_door
@@ -168,3 +172,71 @@ def test_a_start_recorded_by_a_clock_ahead_is_saved_as_now_by_the_next_flush(tmp
     state, _ = door.ledger.load_state("digits")
     assert state.last_submission_at <= datetime.now(UTC) < ahead  # saved once, clamped to this clock
     assert 3500 < door.verdicts()["digits"].retry_after_seconds <= 3600  # not 2 days and an hour
+
+
+def _refused_flush_reason(environ: dict[str, str], board: Path, clock) -> str:
+    """What a flush at `clock`'s time says while this process holds the model's flush lease."""
+    settings = AppSettings.from_environ(environ)
+    other = build_front_door(settings, environ, submitter=JobBoard(board), clock=clock)
+    assert other.flush(ignore_quiet=True) == []
+    return other.verdicts()["digits"].reason
+
+
+@pytest.mark.parametrize("store", ["local", "azurite"])
+def test_a_refused_flush_names_the_lease_holder_and_its_age_and_a_blob_lease_held_too_long_is_stuck(
+    tmp_path, azurite, store, caplog
+):
+    environ = app_settings(tmp_path / "home", **_ledgers(tmp_path, azurite)[store])
+    door = build_front_door(AppSettings.from_environ(environ), environ, submitter=JobBoard(tmp_path / "b"))
+    door.deliver(blob_created(EVENT_GRID, f"{PREFIX}/batch-1.csv"), "blob")
+    before = datetime.now(UTC)
+    with door.ledger.flush_lease("digits") as held:  # another flush, hung
+        after = datetime.now(UTC)
+        assert held is not None
+        hours_later = after + timedelta(hours=2)
+        reason = _refused_flush_reason(environ, tmp_path / "b", lambda: hours_later)
+
+    assert f"held by pid {os.getpid()} on {socket.gethostname()} for " in reason
+    age = int(reason.split(" for ", 1)[1].split(" s", 1)[0])
+    assert 7200 - 1 <= age <= 7200 + (after - before).total_seconds() + 1  # since: when it was taken
+    stuck = "longer than any flush takes (600 s)" in reason and "break the lease" in reason
+    # A blob lease outlives a dead or hung holder; a file lock dies with its process, so a local holder
+    # this old is a long run, never a stuck lease.
+    assert stuck is (store == "azurite")
+    assert door.ledger.claims("digits")  # nothing taken by the refused flush
+    with door.ledger.flush_lease("digits") as again:
+        assert again is not None and door.ledger.flush_holder("digits") is not None
+    assert door.ledger.flush_holder("digits") is None  # released: nobody holds it
+
+
+def test_an_infinite_lease_on_the_flush_blob_is_reported_with_how_to_break_it_and_breaking_it_frees_the_model(
+    tmp_path, azurite
+):
+    container = azurite.new_container()
+    environ = app_settings(
+        tmp_path / "home",
+        RETRAIN_LEDGER=f"{azurite.blob_endpoint}/{container.container_name}/ledger",
+        RETRAIN_STORAGE_CONNECTION_STRING=azurite.connection_string,
+    )
+    door = build_front_door(AppSettings.from_environ(environ), environ, submitter=JobBoard(tmp_path / "b"))
+    door.deliver(blob_created(EVENT_GRID, f"{PREFIX}/batch-1.csv"), "blob")
+    with door.ledger.flush_lease("digits"):
+        pass  # the lease blob exists once a flush has held it
+    by_hand = BlobLeaseClient(container.get_blob_client("ledger/leases/flush-digits"))
+    by_hand.acquire(lease_duration=-1)  # what `az storage blob lease acquire` without a duration takes
+
+    reason = _refused_flush_reason(environ, tmp_path / "b", lambda: datetime.now(UTC))
+
+    assert "an infinite lease, which no flush takes" in reason
+    assert "README, 'A flush lease that never frees', says how to break it" in reason
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "A flush lease that never frees" in readme
+    assert door.ledger.claims("digits")
+    by_hand.break_lease(lease_break_period=0)  # the README's way through
+    assert [s.status for s in door.flush(ignore_quiet=True)] == ["Completed"]
+
+
+def test_a_flush_lease_is_called_stuck_only_past_twice_the_hosts_function_timeout():
+    host = json.loads((Path(__file__).resolve().parents[2] / "host.json").read_text())
+    hours, minutes, seconds = (int(part) for part in host["functionTimeout"].split(":"))
+    assert 2 * (3600 * hours + 60 * minutes + seconds) == STUCK_FLUSH_LEASE_SECONDS

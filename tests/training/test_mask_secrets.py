@@ -107,21 +107,35 @@ def test_a_record_is_masked_in_every_string_and_under_every_credential_name():
     }
 
 
-def test_what_is_logged_through_the_root_handlers_is_masked():
-    stream = io.StringIO()
+def test_what_any_logger_writes_is_masked_even_through_a_handler_of_its_own():
+    stream, own = io.StringIO(), io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     root = logging.getLogger()
+    # As MLflow configures its loggers: a handler of its own, not propagating to the root.
+    library = logging.getLogger("mlflow-like.rest_utils")
+    library.propagate, library_handler = False, logging.StreamHandler(own)
+    library.addHandler(library_handler)
     root.addHandler(handler)
+    factory = logging.getLogRecordFactory()
     try:
         mask_logged_secrets()
         mask_logged_secrets()  # idempotent: one layer of masking
-        logging.getLogger("mlflow.utils.rest_utils").warning(
-            "API request to %s failed", f"http://u:{SECRET}@127.0.0.1:5000/api/2.0"
-        )
+        url = f"http://u:{SECRET}@127.0.0.1:5000/api/2.0"
+        logging.getLogger("retrain.step").warning("API request to %s failed", url)
+        library.warning("API request to %s failed", url)
+        try:
+            raise ConnectionError(f"cannot reach {url}")
+        except ConnectionError:
+            library.exception("tracking failed")
     finally:
+        logging.setLogRecordFactory(factory)
         root.removeHandler(handler)
+        library.removeHandler(library_handler)
     assert stream.getvalue() == "WARNING API request to http://***@127.0.0.1:5000/api/2.0 failed\n"
+    assert own.getvalue().startswith("API request to http://***@127.0.0.1:5000/api/2.0 failed\n")
+    assert "ConnectionError: cannot reach http://***@127.0.0.1:5000/api/2.0" in own.getvalue()
+    assert SECRET not in stream.getvalue() + own.getvalue()
 
 
 def test_a_tracking_uri_gives_its_user_info_to_mlflows_variables_and_keeps_the_rest():
