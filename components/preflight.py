@@ -158,8 +158,9 @@ class SubprocessPreflight:
 class RecordedPreflight:
     """A preflight whose verdicts on a task file are kept in `folder`, one file per version of the task
     file (its sha256), options, policy and check code: whichever process asks, a version is checked once,
-    and a refusal is answered from the record, at no cost. A built-in or module task's verdict is not kept
-    (no hash here covers its code), nor a check that could not run (it says nothing of the task)."""
+    and a refusal is answered from the record, at no cost. A module task's verdict is kept when the request
+    carries its sources' hash as task_sha256 (components/task_ref.task_code); a built-in's is not (its code
+    is the snapshot's), nor a check that could not run (it says nothing of the task)."""
 
     def __init__(self, inner: Preflight, folder: Path, code_root: Path = REPO_ROOT) -> None:
         self._inner, self.folder = inner, Path(folder)

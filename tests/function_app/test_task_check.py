@@ -134,3 +134,27 @@ def test_a_passed_check_is_kept_for_the_version_it_checked(tmp_path):
 
     assert kept == first and first.primary_metric == "accuracy"
     assert _checks(task_file) == 1
+
+
+def test_a_module_tasks_verdict_is_kept_per_version_of_its_sources(tmp_path):
+    environ, task_file = _served(tmp_path, 'primary_metric = "f1"')
+    package = tmp_path / "mods" / "flowers_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "task.py").write_text(TASK_FILE)
+    config = Path(environ["RETRAIN_MODELS_DIR"]) / "flowers.toml"
+    config.write_text(config.read_text().replace(f"{task_file}:Flowers", "flowers_pkg.task:Flowers"))
+    environ["PYTHONPATH"] = str(tmp_path / "mods")
+    landed = Path(environ["RETRAIN_LANDING_FOLDER"]) / "batch-0001.csv"
+    front = _front_door(environ)
+    front.deliver(corpus.blob_created(name="flowers/batch-0001.csv", eTag=content_etag(landed)))
+
+    assert front.flush(ignore_quiet=True) == []
+    assert "primary_metric names metric 'f1'" in front.verdicts()["flowers"].reason
+    assert _front_door(environ).flush(ignore_quiet=True) == []  # another process: the kept verdict
+    assert _checks(package / "task.py") == 1
+
+    (package / "__init__.py").write_text("# edited\n")  # any source of the package is the task's code
+    assert _front_door(environ).flush(ignore_quiet=True) == []
+    assert _checks(package / "task.py") == 2
+    assert front.ledger_snapshot()["submissions"] == []
