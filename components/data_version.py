@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ RAW_SUFFIXES = (".csv", ".parquet")  # the tabular task's; a run pins its own ta
 # depth): bounds a model's [trigger] depth, and the front door's blob scopes.
 MAX_RAW_DEPTH = 8
 MANIFEST_SUFFIX = ".manifest.json"
+CONTENTS_SUFFIX = ".contents.json"  # beside a copy pinned by eTags: its files' sha256, taken as written
 VERSION_PREFIX = "rd-"
 
 
@@ -203,11 +205,34 @@ def pinned_manifest_file(folder: Path) -> Path:
     return folder.with_name(f"{folder.name}{MANIFEST_SUFFIX}")
 
 
+def pinned_contents_file(folder: Path) -> Path:
+    """Where the sha256 of each file of a copy pinned by eTags (downloaded blobs) is kept:
+    `<root>/<version>.contents.json`. An eTag names a blob's state in Storage, not the bytes on this disk,
+    so the copy's own hashes are taken as it is written, and re-checked before each reuse."""
+    return folder.with_name(f"{folder.name}{CONTENTS_SUFFIX}")
+
+
+def write_pinned_contents(folder: Path, hashes: Mapping[str, str]) -> None:
+    write_atomically(
+        pinned_contents_file(folder), json.dumps(dict(sorted(hashes.items())), indent=1).encode()
+    )
+
+
+def _pinned_contents(folder: Path) -> dict[str, str]:
+    try:
+        contents = json.loads(pinned_contents_file(folder).read_text())
+    except (OSError, ValueError):  # none (a copy pinned by sha256), or damaged: sizes are all it has
+        return {}
+    return {str(name): str(digest) for name, digest in contents.items()} if isinstance(contents, dict) else {}
+
+
 def pinned_change(folder: Path, manifest: DataManifest) -> str | None:
     """The first way a pinned copy differs from its manifest, in one phrase naming the file ("a.csv
     changed since it was pinned (sha256 A... in its manifest, B... now)"), or None when it is the
     version. Any file counts, hidden ones too: a task reads the whole folder. A file pinned by its eTag
-    (a downloaded blob) is checked by its size."""
+    (a downloaded blob) is checked by the sha256 taken as it was written (pinned_contents_file), or by its
+    size where none was."""
+    contents = _pinned_contents(folder)
     expected = {entry.name: entry for entry in manifest.files}
     found = {
         Path(parent, name).relative_to(folder).as_posix(): Path(parent, name)
@@ -220,8 +245,9 @@ def pinned_change(folder: Path, manifest: DataManifest) -> str | None:
         if name not in expected:
             return f"{name} was added since it was pinned"
         entry, path = expected[name], found[name]
-        if entry.fingerprint.startswith("sha256:"):
-            pinned, now = entry.fingerprint.removeprefix("sha256:"), file_sha256(path)
+        if entry.fingerprint.startswith("sha256:") or name in contents:
+            pinned = contents.get(name) or entry.fingerprint.removeprefix("sha256:")
+            now = file_sha256(path)
             was, became = f"sha256 {pinned[:12]}...", f"{now[:12]}..."
         else:
             pinned, now = str(entry.size), str(path.stat().st_size)

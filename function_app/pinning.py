@@ -33,6 +33,7 @@ from components.data_version import (
     is_raw_name,
     manifest_of_folder,
     pinned_change,
+    write_pinned_contents,
 )
 from components.request import DataRef
 from function_app.policy.rules import PendingBlob
@@ -228,17 +229,21 @@ def _write_snapshot(
         return DataRef(manifest.version, str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=target.parent))
+    hashes: dict[str, str] = {}
     try:
         for file in manifest.files:
             path = staging / file.name  # 'circle/a.png': the class folder is made first
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(fetch(file))
+            data = fetch(file)
+            path.write_bytes(data)
+            hashes[file.name] = hashlib.sha256(data).hexdigest()
         make_read_only(staging)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    write_pinned_contents(target, hashes)  # an eTag says nothing of the bytes here: their own hashes do
     manifest_file.write_text(manifest.to_json())
     return DataRef(manifest.version, str(target))
 

@@ -14,7 +14,7 @@ import corpus
 import pytest
 from test_models import IMAGE, TABULAR, served_environ, write_model
 
-from components.data_version import DataManifest
+from components.data_version import DataError, DataManifest, check_pinned
 from components.errors import ConfigError
 from components.model_config import load_model_config
 from function_app.events.parsing import parse_blob_created
@@ -240,3 +240,13 @@ def test_a_landing_container_lists_class_folders_and_downloads_them_in_the_class
     (pinned / "circle" / "a.png").write_bytes(b"circle a, and a row a task appended")
     assert Path(pinner.pin(manifest, "shapes").uri) == pinned  # a damaged copy is downloaded again
     assert (pinned / "circle" / "a.png").read_bytes() == b"circle a"
+    # An edit that keeps the size is seen too: the copy's own sha256 was taken as it was written.
+    (pinned / "circle" / "a.png").chmod(0o644)
+    (pinned / "circle" / "a.png").write_bytes(b"CIRCLE A")
+    with pytest.raises(
+        DataError, match=r"circle/a\.png changed since it was pinned \(sha256 .* in its manifest"
+    ):
+        check_pinned(pinned)
+    assert Path(pinner.pin(manifest, "shapes").uri) == pinned
+    assert (pinned / "circle" / "a.png").read_bytes() == b"circle a"
+    check_pinned(pinned)
