@@ -432,7 +432,7 @@ def write_atomically(path: Path, content: Content, *, sync_folder: bool = False)
     with _temporary_sibling(path, content) as temporary:
         os.replace(temporary, path)
     if sync_folder:
-        _fsync_folder(path.parent)
+        fsync_folder(path.parent)
 
 
 def create_atomically(path: Path, content: Content, *, sync_folder: bool = False) -> bool:
@@ -447,7 +447,7 @@ def create_atomically(path: Path, content: Content, *, sync_folder: bool = False
         except FileExistsError:
             return False
     if sync_folder:
-        _fsync_folder(path.parent)
+        fsync_folder(path.parent)
     return True
 
 
@@ -472,7 +472,8 @@ def _temporary_sibling(path: Path, content: Content) -> Iterator[Path]:
         temporary.unlink(missing_ok=True)
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
+    """Make a folder's entries durable: a file created, renamed or deleted in it survives a crash."""
     descriptor = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(descriptor)

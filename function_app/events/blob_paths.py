@@ -15,6 +15,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from function_app.events.envelope import Invalid, has_unsafe_characters, shown
 from function_app.settings.app import BLOB_CONTAINER, BLOB_PREFIX, BLOB_SUFFIXES, BlobScope
+from training.common import displayable_url as common_displayable_url
 
 MAX_BLOB_NAME_CHARS = 1024  # Azure's limit
 _ENCODED_TRICK = re.compile(r"%(?:2e|2f|5c|[01][0-9a-f]|7f)", re.IGNORECASE)
@@ -56,11 +57,9 @@ def subject_blob(subject: str) -> tuple[str, str]:
 
 
 def displayable_url(url: str) -> str:
-    """`url` without the places a credential could hide (query, fragment, user info), quoted by `shown`."""
-    plain = url.split("?", 1)[0].split("#", 1)[0]
-    scheme, separator, rest = plain.partition("://")
-    host, slash, path = rest.partition("/")
-    return shown(f"{scheme}{separator}{host.rsplit('@', 1)[-1]}{slash}{path}")
+    """`url` without the places a credential could hide (training.common.displayable_url), quoted as
+    untrusted input is (`shown`: one line, bounded)."""
+    return shown(common_displayable_url(url))
 
 
 def url_blob(url: str, scope: BlobScope, what: str, *, data_lake: bool = False) -> tuple[str, str]:

@@ -31,7 +31,7 @@ from function_app.ledger.store import (
     quarantine_name,
     read_holder_stamp,
 )
-from training.common import create_atomically, write_atomically
+from training.common import create_atomically, fsync_folder, write_atomically
 
 _TAG_LINE = b"#tag="
 _LOCKS = ".locks"
@@ -109,7 +109,7 @@ class LocalRecordStore:
                 return None
             create_atomically(self._path(target), _encode(raw, ""), sync_folder=True)  # False: copied already
             path.unlink(missing_ok=True)
-            _sync(path.parent)  # the delete survives a crash, as a write does
+            fsync_folder(path.parent)  # the delete survives a crash, as a write does
         return target
 
     @contextlib.contextmanager
@@ -180,14 +180,6 @@ def _decode(raw: bytes) -> tuple[bytes, str]:
     if not head.startswith(_TAG_LINE) or not newline:
         return raw, UNREADABLE
     return data, head[len(_TAG_LINE) :].decode("ascii", "replace")
-
-
-def _sync(folder: Path) -> None:
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _stripe(name: str) -> str:
