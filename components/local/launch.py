@@ -38,7 +38,7 @@ from typing import Protocol
 
 from components.errors import SpecError
 from components.local.clock import Clock
-from components.local.runs import StepAttempt
+from components.local.runs import STEP_PID_FILE, StepAttempt
 from components.specs import Distribution
 from training.common import mask_secrets
 
@@ -230,7 +230,7 @@ class StepLaunch:
 
     @property
     def pid_file(self) -> Path:
-        return self.folder / "pid"
+        return self.folder / STEP_PID_FILE
 
 
 ProcessStarted = Callable[[str, int, int], None]  # (step, attempt number, pid)

@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -23,13 +23,14 @@ from typing import Any
 
 from components.errors import PipelineError
 from components.local.clock import SystemClock
-from components.local.liveness import ProcessIdentity
+from components.local.liveness import ProcessIdentity, start_token
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING
 from training.common import mask_secrets_in, write_atomically
 
 log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
+STEP_PID_FILE = "pid"  # in a step's folder while its process runs: that process's id
 # A run (or step) whose runner died before it ended: a run's own word, never a submission's (whose
 # status the local submitter reports as Failed, with the reason).
 ABANDONED = "Abandoned"
@@ -206,14 +207,31 @@ class RunRecord:
             steps=tuple(StepRecord.from_dict(item) for item in data["steps"]),
         )
 
-    def abandoned(self, now: str) -> RunRecord | None:
-        """This record as `Abandoned` when it is still in progress but its runner has ended; else None."""
-        if self.status not in IN_PROGRESS or self.runner is None or self.runner.alive() is not False:
+    def abandoned(
+        self, now: str, step_pid: Callable[[str], int | None] = lambda step: None
+    ) -> RunRecord | None:
+        """This record as `Abandoned` when it is still in progress but its runner has ended; else None.
+
+        A record written before runners were recorded is judged by its running step's process, whose pid
+        the runner keeps in the step's folder while it runs (`step_pid`): a model stuck on such a run
+        before an upgrade is freed by the upgrade. Between two steps nothing tells, so it is left alone."""
+        if self.status not in IN_PROGRESS:
             return None
+        stopped = next((step.name for step in self.steps if step.status == RUNNING), None)
+        if self.runner is not None:
+            if self.runner.alive() is not False:
+                return None
+            owner = f"its runner ({self.runner.describe()})"
+        else:
+            if stopped is None:
+                return None
+            pid = step_pid(stopped)
+            if pid is not None and start_token(pid) is not None:
+                return None
+            owner = "its step's process" + (f" (pid {pid})" if pid is not None else "")
         steps = tuple(
             replace(step, status=ABANDONED) if step.status in IN_PROGRESS else step for step in self.steps
         )
-        stopped = next((step.name for step in self.steps if step.status == RUNNING), None)
         where = f" during step '{stopped}'" if stopped else ""
         return replace(
             self,
@@ -221,7 +239,7 @@ class RunRecord:
             steps=steps,
             finished_at=now,
             failed_step=stopped,
-            error=f"abandoned{where}: its runner ({self.runner.describe()}) ended before the run did",
+            error=f"abandoned{where}: {owner} ended before the run did",
         )
 
 
@@ -262,7 +280,7 @@ class RunStore:
             ) from None
         except (ValueError, KeyError, TypeError) as error:
             raise PipelineError(f"run record {path}: unreadable ({error}); expected a run.json") from None
-        abandoned = record.abandoned(SystemClock().now())
+        abandoned = record.abandoned(SystemClock().now(), lambda step: _pid_in(self.step_dir(run_id, step)))
         if abandoned is None:
             return record
         try:  # its runner is gone: nobody else writes this record any more
@@ -287,3 +305,11 @@ class RunStore:
                 log.warning("skipping %s: %s", folder, error)
         records.sort(key=lambda record: (record.created_at, record.run_id), reverse=True)
         return records if limit is None else records[:limit]
+
+
+def _pid_in(step_folder: Path) -> int | None:
+    """The pid the runner wrote for a step's process (`<step>/pid`, there while the step runs)."""
+    try:
+        return int((step_folder / STEP_PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None

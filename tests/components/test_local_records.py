@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from components.errors import PipelineError
 from components.local.cache import ENTRY_FILE, CacheEntry, StepCache, cache_key
-from components.local.runs import RUN_FILE, RunRecord, RunStore, StepAttempt, StepRecord, new_run_id
+from components.local.runs import (
+    ABANDONED,
+    RUN_FILE,
+    STEP_PID_FILE,
+    RunRecord,
+    RunStore,
+    StepAttempt,
+    StepRecord,
+    new_run_id,
+)
 from components.request import COMPLETED, FAILED, RUNNING
 
 KEY = "0" * 32
@@ -152,3 +165,43 @@ def test_records_refuse_a_bad_status_or_run_id():
         StepRecord("prep", "retrain_prep:1", status="Done")
     with pytest.raises(PipelineError, match=r"run id 'latest': expected YYYYmmdd-HHMMSS-<6 hex digits>"):
         RunRecord("latest", "j", "k", "m", "rd-0123456789abcdef", "/d", "2026-11-29T10:00:00+00:00", ())
+
+
+def _legacy_record(tmp_path, step_pid: int | None) -> tuple[RunStore, RunRecord]:
+    """A run Running at `train`, as written before runners were recorded (no `runner`), its step's pid
+    file naming `step_pid`."""
+    store = RunStore(tmp_path / "runs")
+    record = make_record("2026-11-29T10:00:00.000+00:00")
+    record = record.with_step(replace(record.step("train"), status=RUNNING, attempts=()))
+    store.create(record)
+    if step_pid is not None:
+        store.step_dir(record.run_id, "train").mkdir(parents=True)
+        (store.step_dir(record.run_id, "train") / STEP_PID_FILE).write_text(f"{step_pid}\n")
+    return store, record
+
+
+def test_a_run_recorded_before_runners_were_is_abandoned_once_its_steps_process_has_ended(tmp_path):
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()  # its pid names no process now
+    store, record = _legacy_record(tmp_path, ended.pid)
+
+    loaded = store.load(record.run_id)
+
+    assert loaded.status == ABANDONED and loaded.step("train").status == ABANDONED
+    assert (
+        loaded.error
+        == f"abandoned during step 'train': its step's process (pid {ended.pid}) ended before the run did"
+    )
+    assert RunStore(tmp_path / "runs").load(record.run_id).status == ABANDONED  # saved once
+
+
+def test_a_run_recorded_before_runners_were_is_left_running_while_its_steps_process_lives(tmp_path):
+    store, record = _legacy_record(tmp_path, os.getpid())
+    assert store.load(record.run_id).status == RUNNING
+
+
+def test_a_run_recorded_before_runners_were_whose_step_left_no_pid_is_abandoned(tmp_path):
+    store, record = _legacy_record(tmp_path, None)
+    assert store.load(record.run_id).error == (
+        "abandoned during step 'train': its step's process ended before the run did"
+    )
