@@ -165,3 +165,67 @@ def test_a_task_never_touches_the_engine_checkpoints_or_the_registry():
 def test_the_planner_reaches_a_built_in_task_only_for_its_sample_data():
     users = {file for file, module, _ in _imports("training/planning") if _within(module, BUILT_IN_TASKS)}
     assert users <= {"training/planning/measure.py"}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each project module (a file of the rooms, demo/, infra/ or the root) and the project modules it
+    imports, anywhere in it (lazily or for type checking too: a circle is one however it is closed). `from
+    package import name` imports the submodule `package.name` when there is one, else the package."""
+    files = [*REPO_ROOT.glob("*.py")]
+    files += [
+        f
+        for room in ("function_app", "components", "training", "demo", "infra")
+        for f in (REPO_ROOT / room).rglob("*.py")
+    ]
+    modules = {}
+    for path in files:
+        parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def project_module(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        imported: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                imported |= {project_module(alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([node.module] if node.module else [])])
+                imported |= {project_module(f"{base}.{alias.name}") for alias in node.names}
+        graph[module] = {name for name in imported if name is not None and name != module}
+    return graph
+
+
+def test_no_two_project_modules_import_each_other_even_through_others():
+    graph, circles = _module_graph(), []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            circle = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
+            if len(circle) > 1:
+                circles.append(sorted(circle))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    assert circles == []

@@ -5,7 +5,8 @@ folders under the state folder, reuses unchanged steps from an immutable cache, 
 pytorch` steps under torchrun, and restarts a preempted training step so that it resumes.
 """
 
-from components.local.runner import LocalRunner, LocalStepFailed, RunnerOptions
+from components.local.options import RunnerOptions
+from components.local.runner import LocalRunner, LocalStepFailed
 from components.local.runs import RunRecord, RunStore, StepAttempt, StepRecord
 
 __all__ = [

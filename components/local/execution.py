@@ -23,11 +23,12 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from components.data_version import check_pinned
 from components.errors import PipelineError, StepFailed, SubmissionError
-from components.local.cache import CacheEntry, cache_key
+from components.local.cache import CacheEntry, StepCache, cache_key
+from components.local.clock import Clock
 from components.local.commands import format_value
 from components.local.credentials import credentials_apart
 from components.local.fingerprint import (
@@ -45,6 +46,7 @@ from components.local.launch import (
     reported_reason,
     step_environment,
 )
+from components.local.options import RunnerOptions
 from components.local.plan import (
     durable_outputs,
     durable_path,
@@ -52,15 +54,12 @@ from components.local.plan import (
     step_argv,
     step_input_values,
 )
-from components.local.runs import RunRecord, StepAttempt, StepRecord
+from components.local.runs import RunRecord, RunStore, StepAttempt, StepRecord
 from components.request import CANCELED, COMPLETED, FAILED, RUNNING, RunRequest
 from components.run_inputs import TASK_INPUT
 from components.specs import PipelineSpec, StepOutput, StepSpec
 from components.task_ref import TaskCode, parse_task_reference, task_code
 from training.common import mask_secrets
-
-if TYPE_CHECKING:
-    from components.local.runner import LocalRunner
 
 
 class _Stopped(Exception):
@@ -110,12 +109,26 @@ class _Produced:
     hashes: Mapping[str, str]
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What one run's execution needs of the runner that starts it: its options and environment, its clock,
+    where run records and cache entries go, and where a step's progress is said. Given, not reached for:
+    the execution never imports the runner."""
+
+    options: RunnerOptions
+    environ: Mapping[str, str]
+    clock: Clock
+    runs: RunStore
+    cache: StepCache
+    say: Callable[[str, str], None]
+
+
 class PipelineExecution:
     """One run's mutable progress: its record, the outputs produced so far, and the hashes computed."""
 
     def __init__(
         self,
-        runner: LocalRunner,
+        context: RunContext,
         pipeline: PipelineSpec,
         request: RunRequest,
         values: Mapping[str, Any],
@@ -125,9 +138,9 @@ class PipelineExecution:
         task_code: TaskCode | None = None,
         task_search_path: Sequence[str] = (),
     ) -> None:
-        self.runner, self.pipeline, self.request, self.values = runner, pipeline, request, values
+        self.context, self.pipeline, self.request, self.values = context, pipeline, request, values
         self.record, self.executor, self.force_rerun = record, executor, force_rerun
-        self.options = runner.options
+        self.options = context.options
         self.produced: dict[str, _Produced] = {}
         # The code as the run started: each code folder's files and the task's, which every step must see.
         self._code_listings: dict[Path, dict[str, str]] = {}
@@ -146,7 +159,7 @@ class PipelineExecution:
             self._finish(FAILED, failed_step=failure.step, error=failure.headline)
             raise
         except StepUntrue as failure:
-            self.runner.say(failure.step, str(failure))
+            self.context.say(failure.step, str(failure))
             self._finish(FAILED, failed_step=failure.step, error=str(failure))
             raise
         except BaseException as error:
@@ -159,7 +172,7 @@ class PipelineExecution:
     def _stopped(self) -> RunRecord:
         signum = self.executor.stop_signal
         name = signal.Signals(signum).name if signum is not None else "a stop request"
-        self.runner.say("run", f"stopped by {name}; run the same command again to continue")
+        self.context.say("run", f"stopped by {name}; run the same command again to continue")
         return self._finish(CANCELED)
 
     def _finish(self, status: str, failed_step: str | None = None, error: str | None = None) -> RunRecord:
@@ -172,7 +185,7 @@ class PipelineExecution:
                 self.record,
                 steps=steps,
                 status=status,
-                finished_at=self.runner.clock.now(),
+                finished_at=self.context.clock.now(),
                 failed_step=failed_step,
                 error=error,
                 outputs=self._parent_outputs() if status == COMPLETED else {},
@@ -190,7 +203,7 @@ class PipelineExecution:
 
     def _save(self, record: RunRecord) -> None:
         self.record = record
-        self.runner.runs.save(record)
+        self.context.runs.save(record)
 
     def _update_step(self, name: str, **changes: Any) -> StepRecord:
         updated = replace(self.record.step(name), **changes)
@@ -234,13 +247,13 @@ class PipelineExecution:
 
     def _true_entry(self, step: StepSpec, key: str) -> CacheEntry | None:
         """The entry of `key`, if its outputs are still what was published; a changed one is set aside."""
-        cache = self.runner.cache
+        cache = self.context.cache
         entry = cache.lookup(step.name, key)
         change = cache.changed_output(entry) if entry is not None else None
         if entry is None or change is None:
             return entry
         aside = cache.set_aside(entry)
-        self.runner.say(
+        self.context.say(
             step.name, f"cache entry {entry.path}: {change}; moved aside to {aside}, running the step again"
         )
         return None
@@ -343,11 +356,11 @@ class PipelineExecution:
             status=COMPLETED,
             reused=True,
             cache_key=entry.key,
-            started_at=self.runner.clock.now(),
+            started_at=self.context.clock.now(),
             duration_s=0.0,
             outputs={name: str(path) for name, path in paths.items()},
         )
-        self.runner.say(step.name, f"reused (cache entry {entry.key[:12]}, made by run {entry.run_id})")
+        self.context.say(step.name, f"reused (cache entry {entry.key[:12]}, made by run {entry.run_id})")
         return _Produced(paths, entry.output_hashes)
 
     def _run(
@@ -360,8 +373,8 @@ class PipelineExecution:
         cached_outputs: list[str],
         listings: Mapping[str, Mapping[str, str]],
     ) -> _Produced:
-        cache, clock = self.runner.cache, self.runner.clock
-        step_folder = self.runner.runs.step_dir(self.record.run_id, step.name)
+        cache, clock = self.context.cache, self.context.clock
+        step_folder = self.context.runs.step_dir(self.record.run_id, step.name)
         step_folder.mkdir(parents=True)
         staging = cache.stage(step.name, self.record.run_id)
         try:
@@ -373,11 +386,11 @@ class PipelineExecution:
                 step.name, status=RUNNING, cache_key=key, started_at=clock.now(), command=launch.argv,
                 log=str(launch.log_file),
             )  # fmt: skip
-            self.runner.say(
+            self.context.say(
                 step.name, f"started ({self.record.step(step.name).component}, log {launch.log_file})"
             )
             attempt = self.executor.execute(
-                launch, self._recorder(step.name), lambda text: self.runner.say(step.name, text)
+                launch, self._recorder(step.name), lambda text: self.context.say(step.name, text)
             )
             duration = round(clock.monotonic() - started, 3)
             if attempt is None or attempt.exit_code != 0:
@@ -400,7 +413,7 @@ class PipelineExecution:
             duration_s=duration,
             outputs={name: str(path) for name, path in paths.items()},
         )
-        self.runner.say(step.name, f"completed in {duration:.1f} s")
+        self.context.say(step.name, f"completed in {duration:.1f} s")
         return _Produced(paths, hashes)
 
     def _create_output_folders(self, step: StepSpec, paths: Mapping[str, Path]) -> None:
@@ -421,7 +434,7 @@ class PipelineExecution:
             cwd=self._code_folder(step),
             env={
                 **step_environment(
-                    self.runner.environ, self.options.state_root, python, reports, self.record.run_id
+                    self.context.environ, self.options.state_root, python, reports, self.record.run_id
                 ),
                 **credentials,
             },
@@ -440,7 +453,9 @@ class PipelineExecution:
     ) -> Exception:
         if attempt is None or self.executor.stop_signal is not None:
             self._update_step(step.name, status=CANCELED, duration_s=duration)
-            self.runner.say(step.name, f"stopped after {duration:.1f} s, as asked; its outputs are discarded")
+            self.context.say(
+                step.name, f"stopped after {duration:.1f} s, as asked; its outputs are discarded"
+            )
             return _Stopped(step.name)
         exit_code = attempt.exit_code
         note = ""
@@ -462,7 +477,7 @@ class PipelineExecution:
             log_tail(launch.log_file, self.options.log_tail_lines),
             note,
         )
-        self.runner.say(step.name, f"failed after {duration:.1f} s: {failure.headline}")
+        self.context.say(step.name, f"failed after {duration:.1f} s: {failure.headline}")
         return failure
 
     def _publish(
@@ -471,9 +486,9 @@ class PipelineExecution:
     ) -> Path:  # fmt: skip
         entry = CacheEntry(
             step=step.name, key=key, path=staging, output_hashes=hashes, run_id=self.record.run_id,
-            created_at=self.runner.clock.now(), material=material,
+            created_at=self.context.clock.now(), material=material,
         )  # fmt: skip
-        published = self.runner.cache.publish(staging, entry)
+        published = self.context.cache.publish(staging, entry)
         if published is not None:
             return published.path
         kept = step_folder / "outputs"

@@ -34,25 +34,26 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 from components.data_version import check_pinned
-from components.errors import PipelineError, SubmissionError
+from components.errors import SubmissionError
 from components.local.cache import StepCache
 from components.local.clock import Clock, SystemClock
 from components.local.commands import format_value
-from components.local.execution import LocalStepFailed, PipelineExecution
+from components.local.execution import LocalStepFailed, PipelineExecution, RunContext
 from components.local.launch import ProcessLauncher, ProcessStarted, StepExecutor, SubprocessLauncher
 from components.local.liveness import ProcessIdentity
+from components.local.options import RunnerOptions
 from components.local.plan import durable_outputs, durable_path, pipeline_values
 from components.local.runs import RunRecord, RunStore, StepRecord, new_run_id
 from components.local.staging import sweep_staging
 from components.preflight import Preflight, SubprocessPreflight
 from components.request import RunRequest
 from components.run_inputs import TASK_INPUT
-from components.specs import ENVIRONMENT_FILE, PIPELINE_FILE, PipelineSpec, load_pipeline_spec
+from components.specs import PipelineSpec, load_pipeline_spec
 from components.task_ref import TaskCode, parse_task_reference, task_code
 from training.common import exclusive_file_lock
 
@@ -61,28 +62,6 @@ __all__ = ["LocalRunner", "LocalStepFailed", "RunnerOptions"]
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _NAME_WIDTH = 9
 LOCKS_FOLDER = "locks"
-
-
-@dataclass(frozen=True)
-class RunnerOptions:
-    """Where the runner keeps its state, which specs it runs, and how it treats preemptions."""
-
-    state_root: Path
-    pipeline_file: Path = PIPELINE_FILE
-    environment_file: Path = ENVIRONMENT_FILE
-    code_root: Path | None = None  # instead of every component's `code` folder: try code without editing it
-    max_preemption_restarts: int = 3
-    log_tail_lines: int = 20
-    python: str = sys.executable
-
-    def __post_init__(self) -> None:
-        if self.max_preemption_restarts < 0:
-            raise PipelineError(f"max preemption restarts {self.max_preemption_restarts}: expected 0 or more")
-        if self.log_tail_lines < 1:
-            raise PipelineError(f"log tail lines {self.log_tail_lines}: expected 1 or more")
-        object.__setattr__(self, "state_root", Path(self.state_root).resolve())
-        if self.code_root is not None:
-            object.__setattr__(self, "code_root", Path(self.code_root).resolve())
 
 
 class LocalRunner:
@@ -128,8 +107,9 @@ class LocalRunner:
         executor = StepExecutor(
             self._launcher, self.clock, self.options.max_preemption_restarts, self._on_process_started
         )
+        context = RunContext(self.options, self.environ, self.clock, self.runs, self.cache, self.say)
         run = PipelineExecution(
-            self, pipeline, request, values, record, executor, force_rerun,
+            context, pipeline, request, values, record, executor, force_rerun,
             task_code=task_code, task_search_path=self.task_search_path(pipeline),
         )  # fmt: skip
         with self._durable_folders_held(pipeline, request, record.run_id):
