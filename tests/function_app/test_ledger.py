@@ -399,3 +399,9 @@ def test_a_storm_leaves_one_record_per_event_id_each_duplicate_naming_its_claim(
     assert {(d["kind"], d["model_name"], d["received_at"]) for d in duplicates} == {
         (KIND_BLOB, MODEL, T0.isoformat())
     }
+
+    # An HTTP retry (same Idempotency-Key and body) is a new request id: recorded as a duplicate too.
+    body, headers = b'{"reason": "operator"}', {"Idempotency-Key": "op-1"}
+    first, retry = (front.retrain(body, headers).body["id"] for _ in range(2))
+    http = [d for d in front.ledger.snapshot()["duplicates"] if d["kind"] == "http"]
+    assert first == retry and [d["duplicate_of"] for d in http] == [first]
