@@ -3,9 +3,11 @@
 Event Grid delivers at least once, several Function instances handle events at once, and a burst brings
 thousands. An event costs one read (its model's small state, for the decision's word) and one conditional
 write: its claim, created if absent under its dedupe key, which records the decision and the item it adds
-to the batch. A claim that loses is a duplicate. Nothing all events must win is written, so the cost of an
-event does not grow with what is pending. Flushes (function_app/flush.py) assemble the batch from the
-claims, one flush per model at a time. Permanent rejections are recorded and returned; transient failures
+to the batch. A claim that loses is a duplicate: it reads the claim that won and, unless it is that event
+redelivered, records itself beside it in one more create-if-absent write, keyed by its own event id, so
+that every event id has a record. Nothing all events must win is written, so the cost of an event does not
+grow with what is pending. Flushes (function_app/flush.py) assemble the batch from the claims, one flush
+per model at a time. Permanent rejections are recorded and returned; transient failures
 (storage, the submitter) raise, so Event Grid retries.
 """
 
@@ -45,6 +47,7 @@ from function_app.events.triggers import (
 from function_app.flush import OUTCOME_KEYS, Flusher
 from function_app.ledger.ledger import Ledger
 from function_app.ledger.records import (
+    DuplicateRecord,
     EventRecord,
     LedgerError,
     SubmissionRecord,
@@ -157,11 +160,18 @@ class FrontDoor:
         subject = request.blob.name if request.blob is not None else None
         if self.ledger.claim(claim):
             return EventOutcome(claim.id, request.event_id, request.kind, decision, reason, subject=subject)
+        # A duplicate: the claim that won is read (which event it holds; for an HTTP retry, which body), and
+        # this delivery is recorded beside it unless it is that very event again.
+        earlier = self.ledger.claim_of(request.model_name, claim.id)
+        if earlier is None or earlier.record.event_id != request.event_id:
+            self.ledger.record_duplicate(
+                DuplicateRecord.of(
+                    request.event_id, request.kind, request.model_name, request.received_at, claim.id
+                )
+            )
         if fingerprint is None:
-            # An Event Grid redelivery: its lost claim says all there is to say, in no more requests.
             reason = f"duplicate of an event already claimed as {claim.id}"
             return EventOutcome(claim.id, request.event_id, request.kind, DUPLICATE, reason, subject=subject)
-        earlier = self.ledger.claim_of(request.model_name, claim.id)  # an HTTP retry: which body was it?
         what = f"{earlier.record.decision} as {claim.id}" if earlier else "claimed by another delivery"
         return EventOutcome(
             claim.id,

@@ -18,12 +18,19 @@ safe when two readers move it at once) with a warning naming it, and goes on wit
 lists what is there. A damaged model state is rebuilt from the model's submissions (the claims are its
 pending items) and saved in its place.
 
+A delivery whose claim lost is a duplicate. The claim's own event redelivered needs nothing more: the
+claim is its record. Another event (a second write event for the same blob version, an HTTP retry) costs
+one more conditional write, `duplicates/<model>/<e-id>.json`, created if absent under its own event id's
+hash and naming the claim it duplicates, so every event id has one record, a redelivery of that event
+writes nothing new, and a first arrival still costs its one write.
+
 An HTTP request's Idempotency-Key is the front door's, not a model's: before its claim, the key's
 record (`keys/<id>.json`, created if absent) binds it to one model and one body, so the same key for
 another model or body is refused however the requests race.
 
-Layout: `claims/<model>/<id>.json`, `deliveries/<id>.json` (rejections), `keys/<id>.json` (Idempotency-Keys),
-`submissions/<id>.json`, `models/<model>.json`, `leases/`, `quarantine/<name>.<version>`.
+Layout: `claims/<model>/<id>.json`, `duplicates/<model>/<id>.json`, `deliveries/<id>.json` (rejections),
+`keys/<id>.json` (Idempotency-Keys), `submissions/<id>.json`, `models/<model>.json`, `leases/`,
+`quarantine/<name>.<version>`.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import Any, TypeVar
 
 from function_app.ledger.records import (
     DamagedRecord,
+    DuplicateRecord,
     EventRecord,
     LedgerBusyError,
     LedgerError,
@@ -59,7 +67,7 @@ from training.common import mask_secrets
 log = logging.getLogger(__name__)
 
 CLAIMS, DELIVERIES, SUBMISSIONS, MODELS = "claims", "deliveries", "submissions", "models"
-KEYS = "keys"
+KEYS, DUPLICATES = "keys", "duplicates"
 _CLAIM_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.json")  # a claim's name in its model's folder
 PENDING = ""  # a pending claim's tag
 MAX_UPDATE_ATTEMPTS = 16  # compare-and-set rounds on one submission before giving up as busy (transient)
@@ -115,6 +123,12 @@ class Ledger:
             f"{DELIVERIES}/{check_record_id(record.id, 'delivery id')}.json", _json(record)
         ):
             raise LedgerError(f"event record {record.id} exists; expected a fresh id from new_delivery_id()")
+
+    def record_duplicate(self, record: DuplicateRecord) -> bool:
+        """Record a delivery that duplicates a claim, created if absent under its own event id's record id:
+        False when that event was recorded before (a redelivery of the duplicate), which writes nothing."""
+        name = f"{DUPLICATES}/{record.model_name}/{check_record_id(record.id, 'duplicate id')}.json"
+        return self.store.create(name, _json(record))
 
     def claim_of(self, model_name: str, record_id: str) -> Claim | None:
         """The claim of `record_id`; None if there is none, or it could not be read (moved aside)."""
@@ -240,16 +254,18 @@ class Ledger:
         raise LedgerBusyError(f"submission {record.id} changed under {MAX_UPDATE_ATTEMPTS} updates; retry")
 
     def snapshot(self) -> dict[str, Any]:
-        """`{"events": [...], "submissions": [...], "quarantined": [...]}`: events and submissions oldest
-        first, each its record's to_dict; the names of the records moved aside, this time or before."""
+        """`{"events": [...], "duplicates": [...], "submissions": [...], "quarantined": [...]}`: events,
+        duplicates and submissions oldest first, each its record's to_dict; the names of the records moved
+        aside, this time or before."""
         events = [
             event
             for area in (CLAIMS, DELIVERIES)
             for event in self._records(f"{area}/", EventRecord.from_dict)
         ]
+        duplicates = self._records(f"{DUPLICATES}/", DuplicateRecord.from_dict)
         submissions = self._records(f"{SUBMISSIONS}/", SubmissionRecord.from_dict)
         quarantined = [entry.name for entry in self.store.list(f"{QUARANTINE}/")]
-        return build_snapshot(events, submissions, quarantined)
+        return build_snapshot(events, submissions, quarantined, duplicates)
 
     # -- helpers --------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, TERMINAL_STATES
 from function_app.events.triggers import DECISIONS, KINDS, SUBMITTED, TriggerRequest
 from function_app.policy.state import ModelState, PendingItem, PolicyError, utc_day
+from training.common import mask_secrets
 
 SUBMITTING = "Submitting"  # recorded before the submitter has accepted the job
 SUBMISSION_STATUSES = (SUBMITTING, QUEUED, RUNNING, COMPLETED, FAILED, CANCELED)
@@ -51,6 +52,12 @@ def event_id_for_key(dedupe_key: str) -> str:
 def new_delivery_id() -> str:
     """A fresh record id for one delivery (a rejection, a duplicate): never claims, never collides."""
     return "d-" + uuid.uuid4().hex
+
+
+def duplicate_id_for_event(event_id: str) -> str:
+    """The record id a duplicate delivery is recorded under: its own event id, hashed (an Event Grid id may
+    hold any printable character), so that a redelivery of that duplicate finds its record taken."""
+    return "e-" + hashlib.sha256(event_id.encode()).hexdigest()[:40]
 
 
 def check_record_id(value: Any, what: str) -> str:
@@ -185,6 +192,60 @@ class EventRecord:
         values = {name: data[name] for name in _EVENT_FIELDS}
         return cls(**values, item=None if item is None else PendingItem.from_dict(item))
 
+
+@dataclass(frozen=True)
+class DuplicateRecord:
+    """One delivery whose claim lost: an event that brings nothing new (a redelivery, a second write event
+    for the same blob version, an HTTP retry) recorded beside the claim it duplicates, so that every event
+    id the ledger was given has a record that says what became of it. `id` is
+    `duplicate_id_for_event(event_id)` of the event as delivered; `event_id` is kept masked."""
+
+    id: str
+    event_id: str
+    kind: str
+    model_name: str
+    received_at: datetime
+    duplicate_of: str  # the claim's record id (k-...): its decision is this event's
+
+    def __post_init__(self) -> None:
+        check_record_id(self.id, "duplicate record id")
+        if not self.id.startswith("e-"):
+            raise LedgerError(f"duplicate record id {self.id}: expected duplicate_id_for_event(event id)")
+        if not isinstance(self.event_id, str) or not self.event_id:
+            raise LedgerError(f"duplicate {self.id} event id {self.event_id!r}: expected text")
+        if self.kind not in KINDS:
+            raise LedgerError(f"duplicate {self.id} kind {self.kind!r}: expected one of {list(KINDS)}")
+        if not isinstance(self.model_name, str) or not self.model_name:
+            raise LedgerError(f"duplicate {self.id} model {self.model_name!r}: expected a model name")
+        if not check_record_id(self.duplicate_of, f"duplicate {self.id} claim id").startswith("k-"):
+            raise LedgerError(f"duplicate {self.id} names {self.duplicate_of!r}; expected a claim id (k-...)")
+        object.__setattr__(self, "received_at", _aware(self.received_at, f"duplicate {self.id} received_at"))
+
+    @classmethod
+    def of(
+        cls, event_id: str, kind: str, model_name: str, received_at: datetime, claim_id: str
+    ) -> DuplicateRecord:
+        """The record of the delivery `event_id` that duplicates the claim `claim_id`."""
+        return cls(
+            duplicate_id_for_event(event_id), mask_secrets(event_id), kind, model_name, received_at, claim_id
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "event_id": self.event_id,
+            "kind": self.kind,
+            "model_name": self.model_name,
+            "received_at": self.received_at.isoformat(),
+            "duplicate_of": self.duplicate_of,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DuplicateRecord:
+        return cls(**{name: data[name] for name in _DUPLICATE_FIELDS})
+
+
+_DUPLICATE_FIELDS = ("id", "event_id", "kind", "model_name", "received_at", "duplicate_of")
 
 _EVENT_FIELDS = (
     *("id", "kind", "decision", "reason", "received_at"),
@@ -335,10 +396,14 @@ def encode(payload: Mapping[str, Any]) -> bytes:
 
 
 def build_snapshot(
-    events: list[EventRecord], submissions: list[SubmissionRecord], quarantined: list[str]
+    events: list[EventRecord],
+    submissions: list[SubmissionRecord],
+    quarantined: list[str],
+    duplicates: list[DuplicateRecord] | None = None,
 ) -> dict[str, Any]:
     return {
         "events": [e.to_dict() for e in sorted(events, key=lambda e: (e.received_at, e.id))],
+        "duplicates": [d.to_dict() for d in sorted(duplicates or [], key=lambda d: (d.received_at, d.id))],
         "submissions": [s.to_dict() for s in sorted(submissions, key=lambda s: (s.created_at, s.id))],
         "quarantined": sorted(quarantined),
     }

@@ -4,7 +4,7 @@
     retrain watch [--folder PATH | --container] [--model NAME] [--once] [--interval SECONDS] [--flush]
     retrain trigger [--model-name NAME] [--data URI] [--reason TEXT] [--force] [--idempotency-key KEY]
     retrain flush [--now]
-    retrain ledger [--json]
+    retrain ledger [--json] [--event ID]
 
 These play Event Grid and the host. `event` delivers Event Grid payloads (a JSON object or array, either
 schema) to the very handler functions the Event Grid triggers call, each event as the worker's own converter
@@ -14,7 +14,9 @@ and prints each decision line, which names the blob; `trigger` sends the handler
 what the HTTP request would carry and, once a forced request submitted, what its status URL tells; `flush`
 runs the timer's flush (`--now` ignores the quiet period). A submission is printed with its run's status
 and the gate's decision beside it (components/outcome.py). `ledger` prints every event's decision and every
-submission, with its estimated cost, and the records moved aside to `quarantine/` as unreadable.
+submission, with its estimated cost, every duplicate delivery with the claim it duplicates, and the records
+moved aside to `quarantine/` as unreadable; `--event ID` tells what became of one event (its Event Grid or
+request id, or its record id), or fails in one line when the ledger has no record of it.
 
 Settings come from the environment (`args.environ`), as app settings reach a Function App. Exit codes: 0
 done (rejections are decisions too); 1 a delivery or flush failed (transient: run it again, the ledger
@@ -42,7 +44,7 @@ from function_app import runtime
 from function_app.events.parsing import PayloadError, load_event_grid_payload
 from function_app.events.triggers import KIND_BLOB, KIND_DRIFT
 from function_app.ledger.ledger import Ledger, open_ledger
-from function_app.ledger.records import LedgerError
+from function_app.ledger.records import LedgerError, duplicate_id_for_event
 from function_app.local.watch import ContainerSource, FolderSource, Watcher, WatchError, watched_scopes
 from function_app.local.worker import deliver, event_family
 from function_app.service import FrontDoor, utc_now
@@ -59,6 +61,7 @@ from function_app.settings.app import (
     LedgerLocation,
     mask_secrets,
 )
+from training.common import quoted
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,9 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
 
     ledger = commands.add_parser("ledger", help="every event's decision and every submission")
     ledger.add_argument("--json", action="store_true", help="the ledger as JSON")
+    ledger.add_argument(
+        "--event", metavar="ID", help="only what became of this event (its event id, or its record id)"
+    )
     ledger.set_defaults(handler=_reports_errors(ledger_command))
 
 
@@ -343,14 +349,20 @@ def open_configured_ledger(environ: Mapping[str, str]) -> Ledger:
 
 def ledger_command(args: argparse.Namespace) -> int:
     snapshot = open_configured_ledger(args.environ).snapshot()
+    if args.event is not None:
+        return _print_event(snapshot, args.event, args.json)
     if args.json:
         print(json.dumps(snapshot, indent=2))
         return EXIT_OK
     events, submissions = snapshot["events"], snapshot["submissions"]
     print(f"events ({len(events)}):")
     for event in events:
-        into = f" -> {event['submission']}" if event.get("submission") else ""
-        print(f"  {event['id']}  {event['kind']:<5}  {event['decision']:<9}{into}  {event['reason']}")
+        print(f"  {_event_line(event)}")
+    duplicates = snapshot["duplicates"]
+    if duplicates:  # deliveries whose claim lost: each event's decision is its claim's
+        print(f"duplicates ({len(duplicates)}):")
+        for duplicate in duplicates:
+            print(f"  {_duplicate_line(duplicate)}")
     print(f"submissions ({len(submissions)}):")
     for record in submissions:
         print(
@@ -364,4 +376,42 @@ def ledger_command(args: argparse.Namespace) -> int:
         print(f"quarantined ({len(quarantined)}):")
         for name in quarantined:
             print(f"  {name}")
+    return EXIT_OK
+
+
+def _event_line(event: Mapping[str, Any]) -> str:
+    into = f" -> {event['submission']}" if event.get("submission") else ""
+    return f"{event['id']}  {event['kind']:<5}  {event['decision']:<9}{into}  {event['reason']}"
+
+
+def _duplicate_line(duplicate: Mapping[str, Any]) -> str:
+    return (
+        f"{duplicate['id']}  {duplicate['kind']:<5}  duplicate of {duplicate['duplicate_of']}  "
+        f"event {duplicate['event_id']}"
+    )
+
+
+def _print_event(snapshot: Mapping[str, Any], wanted: str, as_json: bool) -> int:
+    """What became of the event `wanted`, by its event id or its record id: its own records (a claim, or
+    each rejected delivery of it), and for a duplicate the claim it duplicates, whose decision is its."""
+    events = [e for e in snapshot["events"] if wanted in (e["id"], e["event_id"])]
+    wanted_id = duplicate_id_for_event(wanted)
+    duplicates = [d for d in snapshot["duplicates"] if d["id"] in (wanted, wanted_id)]
+    if not events and not duplicates:
+        raise CliError(
+            f"no event {quoted(wanted, 130)} in the ledger; expected an event id or a record id that "
+            "`retrain ledger` lists"
+        )
+    claims = {event["id"]: event for event in snapshot["events"]}
+    if as_json:
+        found = [{**d, "claim": claims.get(d["duplicate_of"])} for d in duplicates]
+        print(json.dumps({"events": events, "duplicates": found}, indent=2))
+        return EXIT_OK
+    for event in events:
+        print(_event_line(event))
+    for duplicate in duplicates:
+        claim = claims.get(duplicate["duplicate_of"])
+        print(_duplicate_line(duplicate))
+        # The claim's decision is the duplicate's: printed beside it, or why it is not.
+        print(f"  {_event_line(claim)}" if claim else "  (that claim is not in the ledger: quarantined?)")
     return EXIT_OK

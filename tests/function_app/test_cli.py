@@ -107,9 +107,48 @@ def test_event_delivers_every_payload_and_prints_each_decision_once(retrain, tmp
     assert [
         r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and "empty" in r.getMessage()
     ] == []
-    decisions = [event["decision"] for event in _ledger(retrain)["events"]]
-    # The duplicate lost its claim and wrote nothing: one record per event.
+    snapshot = _ledger(retrain)
+    decisions = [event["decision"] for event in snapshot["events"]]
+    # The duplicate lost its claim and is recorded beside it: one record per event.
     assert sorted(decisions) == ["accepted", "accepted", "debounced", "rejected"]
+    assert [(d["event_id"], d["duplicate_of"]) for d in snapshot["duplicates"]] == [("again", claim)]
+
+
+def test_ledger_tells_what_became_of_any_event_id(retrain, tmp_path):
+    first = blob_created()
+    events = [
+        first,
+        blob_created(envelope={"id": "second-write"}),
+        first,
+        blob_created(envelope={"id": "x?"}),
+    ]
+    retrain("event", str(_write(tmp_path / "events.json", events)))
+    [claim] = _ledger(retrain)["events"]
+
+    code, out, _ = retrain("ledger")  # a section of duplicates, each naming its claim
+    duplicates = out[out.index("duplicates (2):") + 1 : out.index("submissions (0):")]
+    assert code == 0 and len(duplicates) == 2
+    assert all(f"duplicate of {claim['id']}" in line for line in duplicates)
+    assert any(line.endswith("event second-write") for line in duplicates)
+
+    code, out, _ = retrain("ledger", "--event", first["id"])  # a claim: its decision
+    assert (code, len(out)) == (0, 1) and out[0].startswith(f"{claim['id']}  blob   {claim['decision']}")
+    for asked in ("second-write", "x?"):  # a duplicate, by its event id: the claim it duplicates
+        code, out, _ = retrain("ledger", "--event", asked)
+        assert code == 0 and f"duplicate of {claim['id']}" in out[0] and out[0].endswith(f"event {asked}")
+        assert out[1].startswith(f"  {claim['id']}  blob   {claim['decision']}")
+    code, out, _ = retrain("ledger", "--event", "second-write", "--json")
+    answer = json.loads("\n".join(out))
+    assert answer["events"] == [] and [d["event_id"] for d in answer["duplicates"]] == ["second-write"]
+    assert (
+        answer["duplicates"][0]["duplicate_of"] == claim["id"] and answer["duplicates"][0]["claim"] == claim
+    )
+    code, out, _ = retrain("ledger", "--event", answer["duplicates"][0]["id"])  # or by its record id
+    assert code == 0 and "event second-write" in out[0]
+
+    code, out, err = retrain("ledger", "--event", "never-delivered")
+    assert (code, out) == (2, []) and len(err) == 1
+    assert err[0].startswith("retrain ledger: error: no event 'never-delivered' in the ledger; expected")
 
 
 def test_event_goes_to_the_trigger_it_is_told(retrain, tmp_path):

@@ -92,8 +92,11 @@ def test_the_same_upload_in_the_other_schema_is_a_duplicate(handler, start_front
     # Another delivery of the same blob version, under another id (Event Grid may): keyed on url + eTag.
     handler(BLOB)(worker_event(blob_created(CLOUD_EVENTS, envelope={"id": "another-delivery"})))
 
-    # The redelivery's claim lost to the first: it writes nothing (one conditional write per event).
+    # The second delivery's claim lost to the first: it is recorded beside it, naming the claim.
     assert [(e["event_id"], e["decision"]) for e in _events(front)] == [(payload["id"], "debounced")]
+    [claim] = _events(front)
+    duplicates = front.ledger_snapshot()["duplicates"]
+    assert [(d["event_id"], d["duplicate_of"]) for d in duplicates] == [("another-delivery", claim["id"])]
     assert len(_pending(front)) == 1
 
 

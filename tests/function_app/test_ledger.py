@@ -6,12 +6,14 @@ tested in test_record_store.py."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 from azure.storage.blob import ContainerClient
+from corpus import ETAG, PREFIX, blob_created
 from ledger_harness import MODEL, SETTINGS, T0, blob_request, blob_url, drift_request, http_request
 
 from components.request import COMPLETED, FAILED, QUEUED, RUNNING
@@ -21,6 +23,7 @@ from function_app.ledger.ledger import Ledger, open_ledger
 from function_app.ledger.local import LocalRecordStore
 from function_app.ledger.records import (
     SUBMITTING,
+    DuplicateRecord,
     EventRecord,
     InputPin,
     LedgerBusyError,
@@ -30,6 +33,8 @@ from function_app.ledger.records import (
 )
 from function_app.policy.rules import on_arrival, start_submission
 from function_app.policy.state import ModelState, PendingItem
+from function_app.settings.app import AppSettings
+from function_app.wiring import build_front_door
 
 OTHER = "churn"
 
@@ -219,7 +224,8 @@ def test_the_snapshot_has_the_shape_retrain_ledger_json_prints(ledger):
     [taken] = [claim for claim in ledger.claims(MODEL) if claim.record.id == first.id]
     ledger.retag([taken], lambda r: r.with_decision(SUBMITTED, "quiet", submission="sub-1"), "sub-1")
     snapshot = json.loads(json.dumps(ledger.snapshot()))
-    assert set(snapshot) == {"events", "submissions", "quarantined"} and snapshot["quarantined"] == []
+    assert set(snapshot) == {"events", "duplicates", "submissions", "quarantined"}
+    assert snapshot["quarantined"] == [] and snapshot["duplicates"] == []
     assert [event["decision"] for event in snapshot["events"]] == [REJECTED, SUBMITTED, DEBOUNCED]
     assert [event["id"] for event in snapshot["events"][1:]] == [first.id, second.id]  # oldest first
     assert {"id", "kind", "decision", "reason", "submission", "item"} <= set(snapshot["events"][1])
@@ -240,8 +246,11 @@ def test_a_corrupt_record_is_moved_aside_by_every_reader_naming_it(ledger, caplo
     ledger.claim(record)
     ledger.create_submission(submission())
     ledger.save_state(MODEL, ModelState.empty(MODEL), None)
+    duplicate = DuplicateRecord.of("evt-second-write", KIND_BLOB, MODEL, T0, record.id)
+    assert ledger.record_duplicate(duplicate)
     claim_name = f"claims/{MODEL}/{record.id}.json"
     readers = [
+        (f"duplicates/{MODEL}/{duplicate.id}.json", lambda: ledger.snapshot()["duplicates"], []),
         (claim_name, lambda: ledger.claims(MODEL), []),
         (claim_name, lambda: ledger.event(record.id, [MODEL]), None),
         (claim_name, lambda: ledger.snapshot()["events"], []),
@@ -316,3 +325,83 @@ def test_a_malformed_connection_string_is_refused_without_quoting_it():
     with pytest.raises(LedgerError, match="connection string is malformed") as caught:
         open_ledger("http://127.0.0.1:10000/devacct/ledger", "AccountKey=SECRETKEY;garbage")
     assert "SECRETKEY" not in str(caught.value)
+
+
+# -- every event has a record: duplicates ---------------------------------------------------------------
+
+
+class CountingStore:
+    """The record store seam with its writes counted: each create or replace asked (`asked`), and each that
+    wrote (`wrote`); everything else passes through."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.location = store.location
+        self.asked = self.wrote = 0
+
+    def _count(self, done: bool) -> bool:
+        self.asked += 1
+        self.wrote += bool(done)
+        return done
+
+    def create(self, name: str, data: bytes, tag: str = "") -> bool:
+        return self._count(self._store.create(name, data, tag))
+
+    def replace(self, name: str, data: bytes, version: str, tag: str = "") -> bool:
+        return self._count(self._store.replace(name, data, version, tag))
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+
+NEXT_ETAG = "0x8DE2F4C1A2B3C4E"
+# (event id, blob, eTag, what it is, write requests asked, of which wrote): a storm of first arrivals,
+# redeliveries of them, second write events for the same blob version, and redeliveries of those.
+STORM = [
+    ("a-1", "a.csv", ETAG, "first", 1, 1),
+    ("a-2", "a.csv", ETAG, "second write", 2, 1),  # the lost claim, then its own record
+    ("a-1", "a.csv", ETAG, "redelivery of a claim", 1, 0),  # its claim is its record
+    ("b-1", "b.csv", ETAG, "first", 1, 1),
+    ("a-2", "a.csv", ETAG, "redelivery of a duplicate", 2, 0),
+    ("a-3", "a.csv", ETAG, "third write", 2, 1),
+    ("b-2", "b.csv", ETAG, "second write", 2, 1),
+    ("a-4", "a.csv", NEXT_ETAG, "first (a new version)", 1, 1),
+    ("b-2", "b.csv", ETAG, "redelivery of a duplicate", 2, 0),
+    ("b-1", "b.csv", ETAG, "redelivery of a claim", 1, 0),
+    ("a-3", "a.csv", ETAG, "redelivery of a duplicate", 2, 0),
+]
+
+
+def test_a_storm_leaves_one_record_per_event_id_each_duplicate_naming_its_claim(
+    backend, tmp_path, app_settings
+):
+    environ = app_settings(tmp_path / "home")
+    front = build_front_door(AppSettings.from_environ(environ), environ, clock=lambda: T0)
+    store = CountingStore(backend().store)
+    front.ledger.store = store  # the front door's ledger, on this backend's store, counted
+    for event_id, blob, etag, what, asked, wrote in STORM:
+        before = (store.asked, store.wrote)
+        outcome = front.deliver(blob_created(name=f"{PREFIX}/{blob}", eTag=etag, envelope={"id": event_id}))
+        assert (store.asked - before[0], store.wrote - before[1]) == (asked, wrote), f"{event_id}: {what}"
+        assert (outcome.decision == DUPLICATE) == (not what.startswith("first")), event_id
+
+    snapshot = json.loads(json.dumps(front.ledger.snapshot()))
+    claims, duplicates = snapshot["events"], snapshot["duplicates"]
+    records = Counter(record["event_id"] for record in claims + duplicates)
+    assert records == Counter({event_id: 1 for event_id, *_ in STORM})  # one record per event id
+    claim_of_event = {claim["event_id"]: claim["id"] for claim in claims}
+    assert sorted(claim_of_event) == ["a-1", "a-4", "b-1"]
+    assert {d["event_id"]: d["duplicate_of"] for d in duplicates} == {
+        "a-2": claim_of_event["a-1"],
+        "a-3": claim_of_event["a-1"],
+        "b-2": claim_of_event["b-1"],
+    }
+    assert {(d["kind"], d["model_name"], d["received_at"]) for d in duplicates} == {
+        (KIND_BLOB, MODEL, T0.isoformat())
+    }
+
+    # An HTTP retry (same Idempotency-Key and body) is a new request id: recorded as a duplicate too.
+    body, headers = b'{"reason": "operator"}', {"Idempotency-Key": "op-1"}
+    first, retry = (front.retrain(body, headers).body["id"] for _ in range(2))
+    http = [d for d in front.ledger.snapshot()["duplicates"] if d["kind"] == "http"]
+    assert first == retry and [d["duplicate_of"] for d in http] == [first]
