@@ -21,7 +21,7 @@ demo: $(VENV_STAMP)
 # sets PYTHONDONTWRITEBYTECODE, each would compile the project's modules again; compiled once here, every
 # process reads them (Python checks each against its source, so a stale one is never used).
 test: $(VENV_STAMP) $(CHECKOV_STAMP) $(AZURITE) $(OLDEST_STAMP) lint
-	$(PY) -m compileall -q training components function_app demo retrain_cli.py function_entry.py > /dev/null
+	$(PY) -m compileall -q core training components function_app demo retrain_cli.py function_entry.py > /dev/null
 	$(PY) -m pytest -n 2 --dist loadfile
 
 lint: $(VENV_STAMP)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from components import cli_azure, cli_local
 from components.errors import PipelineError
+from core.errors import RetrainError
+from core.secrets import mask_logged_secrets, mask_secrets
 from demo import cli as demo_cli
 from function_app.local import cli as front_door_cli
 from training import cli as training_cli
-from training.common import mask_logged_secrets, mask_secrets
-from training.errors import RetrainError
 from training.local_state import state_root
 
 

@@ -23,7 +23,7 @@ from components.data_version import (
     DataManifest,
     is_raw_name,
 )
-from training.common import mask_secrets
+from core.secrets import mask_secrets
 
 if TYPE_CHECKING:
     from azure.storage.blob import BlobClient, ContainerClient

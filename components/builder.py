@@ -40,7 +40,7 @@ from components.specs import (
     load_yaml,
 )
 from components.task_ref import DEFAULT_TASK, parse_task_reference
-from training.common import parse_blob_url
+from core.blob_urls import parse_blob_url
 
 if TYPE_CHECKING:
     from azure.ai.ml.entities import PipelineJob

@@ -68,7 +68,8 @@ from components.request import DataRef, Submission
 from components.run_inputs import trigger_argument
 from components.run_settings import RunSettings
 from components.task_ref import parse_task_reference, raw_depth
-from training.common import displayable_url, mask_secrets, quoted
+from core.secrets import displayable_url, mask_secrets
+from core.text import quoted
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient

@@ -34,7 +34,7 @@ from components.request import CANCELED, COMPLETED, FAILED, DataRef, RunRequest
 from components.run_settings import DEFAULT_MODEL_NAME, RunSettings, resolve_run_settings
 from components.specs import load_pipeline_spec
 from components.task_ref import raw_depth
-from training.common import mask_secrets, mask_secrets_in
+from core.secrets import mask_secrets, mask_secrets_in
 
 DEFAULT_RUNS_LISTED = 10
 # What a shell reports for a run stopped by Ctrl-C (128 + SIGINT); the steps saved their state.

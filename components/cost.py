@@ -1,7 +1,7 @@
 """What a run is about to spend: GPU count x expected hours x price, with the spot model.
 
 Every submission is estimated before it is sent, and the estimate travels in the job's tags and the front
-door's ledger. The formula has one home, `training.spot.spot_estimate` (`retrain plan spot` uses it too);
+door's ledger. The formula has one home, `core.spot.spot_estimate` (`retrain plan spot` uses it too);
 this module only chooses its inputs from the request and the settings:
 
 - GPUs: the train step's processes per node x nodes.
@@ -32,7 +32,7 @@ from typing import Any
 from components.errors import PipelineError, SpecError
 from components.request import RunRequest
 from components.specs import COMPUTE_FILES, PIPELINE_FILE, load_pipeline_spec, load_yaml
-from training.spot import SECONDS_PER_HOUR, SpotScenario, is_finite_number, spot_estimate
+from core.spot import SECONDS_PER_HOUR, SpotScenario, is_finite_number, spot_estimate
 
 GPU_HOUR_PRICE = "RETRAIN_GPU_HOUR_PRICE"
 SPOT_DISCOUNT = "RETRAIN_SPOT_DISCOUNT"

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import PipelineError
-from training.common import file_sha256, make_read_only, mask_secrets, write_atomically
+from core.files import file_sha256, make_read_only, write_atomically
+from core.secrets import mask_secrets
 
 log = logging.getLogger(__name__)
 

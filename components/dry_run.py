@@ -25,7 +25,7 @@ from components.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.errors import JobNotFound, SubmissionError
 from components.request import COMPLETED, RunRequest, Submission
 from components.specs import PIPELINE_FILE
-from training.common import mask_secrets
+from core.secrets import mask_secrets
 
 log = logging.getLogger(__name__)
 

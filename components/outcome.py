@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from components.request import COMPLETED, FAILED
-from training.common import mask_secrets
+from core.secrets import mask_secrets
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from components.task_ref import (
     parse_task_reference,
     task_file_sha256,
 )
-from training.common import quoted
+from core.text import quoted
 
 MODEL_NAME_FORM = "1-40 lowercase letters, digits or '-', starting with a letter"
 _MODEL_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")

@@ -9,7 +9,7 @@ pinned or submitted. Whether the task really loads, and has every part, is the p
 A task file travels with the code: locally the steps read it where it is (its content hash joins each step's
 cache key), and on Azure ML the builder copies it into the job's code snapshot, under `user_tasks/`, and
 rewrites the reference to that relative path (components/code_snapshot.py). A module task's code is its
-package's source files (training/common.module_sources), which the local runner hashes the same way.
+package's source files (core/sources.py module_sources), which the local runner hashes the same way.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def parse_task_reference(text: str, base: Path | None, what: str = "--task") -> 
 
 def task_file_sha256(path: Path) -> str:
     """The content hash of a task file: what the local step cache keys on and lineage records."""
-    from training.common import file_sha256
+    from core.files import file_sha256
 
     return file_sha256(Path(path))
 
@@ -99,7 +99,7 @@ def task_file_sha256(path: Path) -> str:
 @dataclass(frozen=True)
 class TaskCode:
     """The source files a user's task runs from, each by its path with its sha256, and their one hash: a
-    task file's own sha256 (the request's task_sha256), or a module task's training.common.sources_sha256."""
+    task file's own sha256 (the request's task_sha256), or a module task's core.sources.sources_sha256."""
 
     files: Mapping[str, str]
     sha256: str
@@ -128,7 +128,7 @@ def _prefix(digest: str | None) -> str:
 def task_code(reference: TaskReference, search_path: Sequence[str]) -> TaskCode | None:
     """What a user's task runs from, hashed now; None for a built-in (part of the code snapshot) or a
     module that `search_path` (the steps' sys.path) does not have, which the preflight then refuses."""
-    from training.common import module_sources, sources_sha256
+    from core.sources import module_sources, sources_sha256
 
     if reference.path is not None:
         digest = task_file_sha256(reference.path) if reference.path.is_file() else ""

@@ -18,8 +18,8 @@ from typing import Any
 from components import cli_local
 from components.local import RunStore
 from components.specs import REPO_ROOT
+from core.errors import RetrainError
 from demo.narration import Narrator
-from training.errors import RetrainError
 
 IMAGE_MODEL = "shapes"
 CONFIG_FILE = REPO_ROOT / "models" / f"{IMAGE_MODEL}.toml"

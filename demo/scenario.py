@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.errors import InputError
+from core.errors import InputError
 from training.tasks.tabular.sample_data import (
     batch_file_name,
     batch_ranges,

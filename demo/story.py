@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from components.local import RunnerOptions, RunStore
 from components.submitters.local import LocalSubmitter
+from core.errors import RetrainError
 from demo.eviction import EvictOnFirstCheckpoint
 from demo.image_chapter import ImageChapter, run_image_chapter
 from demo.narration import Narrator
@@ -29,7 +30,6 @@ from function_app.local.watch import FolderSource, Watcher
 from function_app.service import EventOutcome, FrontDoor
 from function_app.settings.app import AppSettings
 from function_app.wiring import build_front_door
-from training.errors import RetrainError
 
 DEMO_FOLDER = "demo"
 MODEL_NAME = "digits"

@@ -36,9 +36,10 @@ from components.data_version import (
     write_pinned_contents,
 )
 from components.request import DataRef
+from core.files import file_sha256, make_read_only
+from core.secrets import displayable_url, mask_secrets
 from function_app.policy.rules import PendingBlob
 from function_app.settings.storage import BlobScope
-from training.common import displayable_url, file_sha256, make_read_only, mask_secrets
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from components.request import Submitter
+from core.text import quoted
 from function_app.events.http_retrain import (
     BAD_REQUEST,
     IDEMPOTENCY_KEY,
@@ -65,7 +66,6 @@ from function_app.policy.rules import (
 )
 from function_app.settings.app import AppSettings
 from function_app.task_check import TaskCheck
-from training.common import quoted
 
 log = logging.getLogger(__name__)
 

@@ -9,25 +9,10 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The modules of training/ that components/ and function_app/ may import: the helpers every room needs
-# (URL parsing and masking, atomic writes, file hashing, the spot formula, the built-in tasks' metrics and
-# which metrics a gate policy may name, the trainer's parameter rules) have one home. The Function App ships
-# them with the package's __init__, and nothing else of training/ (.funcignore).
-SHARED_TRAINING_MODULES = (
-    "training.common",
-    "training.spot",
-    "training.errors",
-    "training.metrics",
-    "training.train_rules",
-)
-SHIPPED_TRAINING_FILES = (
-    "training/__init__.py",
-    "training/errors.py",
-    "training/common.py",
-    "training/spot.py",
-    "training/metrics.py",
-    "training/train_rules.py",
-)
+# core/ is the vocabulary every room speaks (model names, task references, data versions, blob URLs and
+# masking, files written whole, the storage seam, the one error root): each room may import it, and it
+# imports no room. The Function App ships it whole and nothing of training/ (.funcignore).
+CORE_MAY_IMPORT = ("core", "azure.core", "azure.storage.blob", "azure.identity")
 
 
 def _file_imports(path: Path) -> list[tuple[str, str, bool]]:
@@ -75,9 +60,10 @@ def _offenders(
 @pytest.mark.parametrize(
     ("package", "forbidden", "allowed"),
     [
-        ("function_app", ("torch", "mlflow", "training", "demo"), SHARED_TRAINING_MODULES),
-        ("components", ("torch", "mlflow", "function_app", "training", "demo"), SHARED_TRAINING_MODULES),
+        ("function_app", ("torch", "mlflow", "training", "demo"), ()),
+        ("components", ("torch", "mlflow", "function_app", "training", "demo"), ()),
         ("training", ("function_app", "components", "demo", "azure.functions", "azure.ai.ml"), ()),
+        ("core", ("training", "components", "function_app", "demo", "torch", "mlflow"), ()),
     ],
 )
 def test_rooms_import_only_downstream(package, forbidden, allowed):
@@ -110,15 +96,14 @@ def test_training_uses_event_grid_only_to_publish_a_drift_alert_and_only_lazily(
     assert not any(at_module_level for _, at_module_level in users)
 
 
-def test_the_training_files_the_function_app_ships_import_only_the_standard_library():
-    # components/ and function_app/ import training.common, so the Function App, which has no torch and
-    # none of training/ but these files, imports it too: they may import the standard library and
-    # training.errors only.
+def test_core_imports_only_the_standard_library_itself_and_the_blob_sdk():
+    # core/ is imported by the Function App (no torch, no mlflow) and by every step: besides the standard
+    # library it may use itself and the Blob SDK its storage seam's Azure twin speaks (requirements.txt and
+    # the training environment both pin it).
     offenders = [
         f"{file} imports {module}"
-        for path in SHIPPED_TRAINING_FILES
-        for file, module, _ in _file_imports(REPO_ROOT / path)
-        if module.split(".")[0] not in sys.stdlib_module_names and module != "training.errors"
+        for file, module, _ in _imports("core")
+        if module.split(".")[0] not in sys.stdlib_module_names and not _within(module, CORE_MAY_IMPORT)
     ]
     assert offenders == []
 

@@ -9,10 +9,10 @@ import sys
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
-from training.common import mask_logged_secrets, mask_secrets
+from core.errors import InputError, RetrainError
+from core.secrets import mask_logged_secrets, mask_secrets
 from training.drift import cli as drift_cli
 from training.engine.train_args import add_task_arguments, add_train_arguments, task_options_from_args
-from training.errors import InputError, RetrainError
 from training.gate import check as model_check
 from training.gate import cli as registry_cli
 from training.local_state import state_root

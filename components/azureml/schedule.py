@@ -20,7 +20,7 @@ import yaml
 
 from components.builder import CHECKPOINTS_ROOT, PipelineBuild, build_pipeline_job, validate_job
 from components.errors import SubmissionError
-from training.common import write_atomically
+from core.files import write_atomically
 
 if TYPE_CHECKING:
     from azure.ai.ml.entities import JobSchedule

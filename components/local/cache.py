@@ -24,7 +24,7 @@ from typing import Any
 from components.errors import PipelineError
 from components.local.fingerprint import content_hash
 from components.local.runs import write_json_atomically
-from training.common import make_read_only
+from core.files import make_read_only
 
 log = logging.getLogger(__name__)
 

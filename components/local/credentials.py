@@ -4,7 +4,7 @@ A command line is readable by every user of the machine (`ps`), and the local ru
 step's log and the run's record. The one input that may carry a password is the train step's MLflow
 tracking URI (`--param mlflow_tracking_uri=https://user:password@host`): the step gets the URI without its
 user info, and the user info in MLflow's own MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, which
-MLflow sends as basic auth. What is written about the run is masked besides (training.common.mask_secrets).
+MLflow sends as basic auth. What is written about the run is masked besides (core.secrets.mask_secrets).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from training.common import tracking_credentials_apart
+from core.secrets import tracking_credentials_apart
 
 TRACKING_URI_INPUT = "mlflow_tracking_uri"
 

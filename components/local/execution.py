@@ -59,7 +59,7 @@ from components.request import CANCELED, COMPLETED, FAILED, RUNNING, RunRequest
 from components.run_inputs import TASK_INPUT
 from components.specs import PipelineSpec, StepOutput, StepSpec
 from components.task_ref import TaskCode, parse_task_reference, task_code
-from training.common import mask_secrets
+from core.secrets import mask_secrets
 
 
 class _Stopped(Exception):

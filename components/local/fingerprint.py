@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from components.errors import SpecError
 from components.specs import load_yaml
-from training.common import file_sha256
+from core.files import file_sha256
 
 IGNORE_FILES = (".amlignore", ".gitignore")
 

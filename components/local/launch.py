@@ -40,7 +40,7 @@ from components.errors import SpecError
 from components.local.clock import Clock
 from components.local.runs import STEP_PID_FILE, StepAttempt
 from components.specs import Distribution
-from training.common import mask_secrets
+from core.secrets import mask_secrets
 
 log = logging.getLogger(__name__)
 

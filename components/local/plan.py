@@ -24,8 +24,8 @@ from components.local.launch import TorchrunReports, launch_argv
 from components.request import RunRequest
 from components.run_inputs import DATA_INPUT, RESERVED_INPUTS, reserved_values
 from components.specs import ParentInput, PipelineSpec, Port, StepOutput, StepSpec
-from training.common import quoted
-from training.train_rules import TRAIN_RULES
+from core.text import quoted
+from core.train_rules import TRAIN_RULES
 
 # The tabular model's sizes were train inputs before tasks existed; a parameter naming one gets a hint.
 TASK_MODEL_OPTIONS = ("hidden_width", "hidden_layers", "dropout")
@@ -136,7 +136,7 @@ def parse_text_value(text: str, port: Port) -> Any:
 
 def parameter_refusal(name: str, value: Any, port: Port) -> str | None:
     """The form `name` expects when `value` (typed, or text as `parse_text_value` reads it) does not suit
-    its port or, for a trainer's parameter, the trainer's own rule (training/train_rules.py, which the
+    its port or, for a trainer's parameter, the trainer's own rule (core/train_rules.py, which the
     trainer checks by too: a learning rate of 0 passes the port's inclusive `min: 0`, not the trainer);
     None when it does."""
     rule = TRAIN_RULES.get(name)

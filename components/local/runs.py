@@ -25,7 +25,8 @@ from components.errors import PipelineError
 from components.local.clock import SystemClock
 from components.local.liveness import ProcessIdentity, start_token
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING
-from training.common import mask_secrets_in, write_atomically
+from core.files import write_atomically
+from core.secrets import mask_secrets_in
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import re
 from collections.abc import Sequence
 from urllib.parse import quote, unquote, urlsplit
 
+from core.secrets import displayable_url as common_displayable_url
 from function_app.events.envelope import Invalid, has_unsafe_characters, shown
 from function_app.settings.app import BLOB_CONTAINER, BLOB_PREFIX, BLOB_SUFFIXES, BlobScope
-from training.common import displayable_url as common_displayable_url
 
 MAX_BLOB_NAME_CHARS = 1024  # Azure's limit
 _ENCODED_TRICK = re.compile(r"%(?:2e|2f|5c|[01][0-9a-f]|7f)", re.IGNORECASE)
@@ -57,7 +57,7 @@ def subject_blob(subject: str) -> tuple[str, str]:
 
 
 def displayable_url(url: str) -> str:
-    """`url` without the places a credential could hide (training.common.displayable_url), quoted as
+    """`url` without the places a credential could hide (core.secrets.displayable_url), quoted as
     untrusted input is (`shown`: one line, bounded)."""
     return shown(common_displayable_url(url))
 

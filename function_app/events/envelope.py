@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from core.text import has_unsafe_characters  # one definition of unsafe, shared with training
 from function_app.settings.app import mask_secrets
-from training.common import has_unsafe_characters  # one definition of unsafe, shared with training
 
 EVENT_GRID, CLOUD_EVENTS = "eventgrid", "cloudevents"
 CLOUD_EVENTS_VERSION = "1.0"

@@ -27,6 +27,9 @@ from azure.core.exceptions import (
 )
 from azure.storage.blob import BlobLeaseClient, BlobServiceClient, ContainerClient, ContentSettings
 
+from core.blob_urls import BlobLocation, check_prefix, parse_blob_url
+from core.locks import LeaseRenewal
+from core.secrets import mask_secrets
 from function_app.ledger.records import LedgerError
 from function_app.ledger.store import (
     Holder,
@@ -38,7 +41,6 @@ from function_app.ledger.store import (
     quarantine_name,
     read_holder_stamp,
 )
-from training.common import BlobLocation, LeaseRenewal, check_prefix, mask_secrets, parse_blob_url
 
 log = logging.getLogger(__name__)
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from core.secrets import mask_secrets
 from function_app.ledger.records import (
     DamagedRecord,
     DuplicateRecord,
@@ -62,7 +63,6 @@ from function_app.ledger.records import (
 )
 from function_app.ledger.store import QUARANTINE, UNREADABLE, Hold, Holder, Listed, RecordStore, Stored
 from function_app.policy.state import ModelState
-from training.common import mask_secrets
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.files import create_atomically, fsync_folder, write_atomically
 from function_app.ledger.records import LedgerError
 from function_app.ledger.store import (
     UNREADABLE,
@@ -31,7 +32,6 @@ from function_app.ledger.store import (
     quarantine_name,
     read_holder_stamp,
 )
-from training.common import create_atomically, fsync_folder, write_atomically
 
 _TAG_LINE = b"#tag="
 _LOCKS = ".locks"

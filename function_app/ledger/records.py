@@ -16,9 +16,9 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, TERMINAL_STATES
+from core.secrets import mask_secrets
 from function_app.events.triggers import DECISIONS, KINDS, SUBMITTED, TriggerRequest
 from function_app.policy.state import ModelState, PendingItem, PolicyError, utc_day
-from training.common import mask_secrets
 
 SUBMITTING = "Submitting"  # recorded before the submitter has accepted the job
 SUBMISSION_STATUSES = (SUBMITTING, QUEUED, RUNNING, COMPLETED, FAILED, CANCELED)

@@ -40,6 +40,7 @@ from azure.core.exceptions import AzureError
 
 from components.errors import PipelineError
 from components.outcome import describe_outcome
+from core.text import quoted
 from function_app import runtime
 from function_app.events.parsing import PayloadError, load_event_grid_payload
 from function_app.events.triggers import KIND_BLOB, KIND_DRIFT
@@ -61,7 +62,6 @@ from function_app.settings.app import (
     LedgerLocation,
     mask_secrets,
 )
-from training.common import quoted
 
 log = logging.getLogger(__name__)
 

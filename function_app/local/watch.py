@@ -28,11 +28,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from core.files import write_atomically
 from function_app.events.blob_created import BLOB_CREATED, BLOCK_BLOB
 from function_app.events.blob_paths import blob_url
 from function_app.pinning import content_etag
 from function_app.settings.app import AppSettings, BlobScope
-from training.common import write_atomically
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient

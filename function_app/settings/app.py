@@ -24,6 +24,8 @@ from components.azureml.data_assets import DATA_DATASTORE_SETTING
 from components.builder import DATASTORE_SETTING, DEFAULT_DATASTORE, check_datastore_name
 from components.cost import CostSettings, CostSettingsError
 from components.errors import SubmissionError
+from core.secrets import mask_secrets
+from core.text import quoted
 from function_app.settings.gates import check_gate_policies
 from function_app.settings.models import ModelRoute, check_served_models
 from function_app.settings.served import MODEL_NAME, MODELS, served_models
@@ -42,7 +44,6 @@ from function_app.settings.storage import (
     SettingsError,
     blob_scope_from,
 )
-from training.common import mask_secrets, quoted
 
 __all__ = [
     "BLOB_ACCOUNT",

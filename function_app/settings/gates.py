@@ -1,7 +1,7 @@
 """Each served model's gate policy against its task's metrics, checked at start-up, without torch.
 
 A policy naming a metric its task does not report would pass every event and fail every run after its
-training (on Azure ML, at register). A built-in task's metrics are static (training/metrics.py, which the
+training (on Azure ML, at register). A built-in task's metrics are static (core/metrics.py, which the
 task classes read too), so start-up refuses such a model in one line naming it, the metric and the task's
 metrics. A user's task declares its metrics in a file that needs torch to import: the flush checks it
 (function_app/task_check.py), once per version of the file, before anything is spent; on Azure ML the
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from core.errors import InputError
+from core.metrics import BOUND_OPTIONS, BUILTIN_TASK_METRICS, check_policy_metrics, configured_metrics
 from function_app.settings.models import ModelRoute
 from function_app.settings.storage import SettingsError
-from training.errors import InputError
-from training.metrics import BOUND_OPTIONS, BUILTIN_TASK_METRICS, check_policy_metrics, configured_metrics
 
 METRIC_PARTS = ("primary_metric", *BOUND_OPTIONS)  # the policy's parts that name metrics
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from components.errors import PipelineError
+from core.text import quoted
 from function_app.settings.models import ModelRoute
 from function_app.settings.storage import (
     BLOB_ACCOUNT,
@@ -38,7 +39,6 @@ from function_app.settings.storage import (
     account_endpoint,
     configured_endpoint,
 )
-from training.common import quoted
 
 if TYPE_CHECKING:
     from components.model_config import ModelConfig

@@ -6,7 +6,7 @@ An endpoint is `https://<account>.blob.<Azure cloud suffix>` or Azurite's path-s
 `http://127.0.0.1:<port>/<account>`. The connection string is for Azurite only: in Azure the managed
 identity is used. It carries the account key, so no message ever quotes it, and `mask_secrets` scrubs keys,
 SAS tokens, signatures and URL user info from any text that could hold one. The URL, name and prefix rules
-are training/common.py's, shared with the ledger and the checkpoint store.
+are core/blob_urls.py's, shared with the ledger and the checkpoint store.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from components.data_version import MAX_RAW_DEPTH, RAW_SUFFIXES
-from training.common import (
+from core.blob_urls import (
     EMULATOR_HOSTS,
     AccountEndpoint,
     check_account_name,
     check_container_name,
     check_prefix,
-    displayable_url,
     parse_account_endpoint,
     parse_blob_url,
-    quoted,
 )
+from core.secrets import displayable_url
+from core.text import quoted
 
 BLOB_ACCOUNT, BLOB_CONTAINER, BLOB_PREFIX = (
     "RETRAIN_BLOB_ACCOUNT",

@@ -185,8 +185,8 @@ def test_the_custom_task_prepares_and_trains_one_epoch_with_retrain(custom):
 
 @pytest.mark.parametrize("target", ["nan", "inf", "-Infinity"])
 def test_the_custom_task_refuses_a_target_that_is_not_finite_in_one_line(custom, tmp_path, target):
+    from core.errors import InputError
     from training.data.splits import SplitFractions
-    from training.errors import InputError
     from training.tasks.loader import load_task
 
     raw = tmp_path / "raw"

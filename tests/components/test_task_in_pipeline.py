@@ -321,7 +321,7 @@ def test_a_module_task_s_source_files_are_part_of_the_step_s_cache_key(show_runn
     assert [run.step("show").reused for run in (first, again, edited)] == [False, True, False]
     assert edited.step("show").cache_key != first.step("show").cache_key
     # The hash the step's key holds is the one a step computes for lineage, where the task is imported.
-    from training.common import module_sources_sha256
+    from core.sources import module_sources_sha256
 
     entry = json.loads((Path(edited.outputs["shown"]).parent / "entry.json").read_text())
     assert entry["material"]["task_code_sha256"] == module_sources_sha256("flowerpkg.task", [str(site)])

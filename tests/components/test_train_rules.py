@@ -1,4 +1,4 @@
-"""A pipeline parameter the trainer would refuse is refused, by the same rule (training/train_rules.py), at
+"""A pipeline parameter the trainer would refuse is refused, by the same rule (core/train_rules.py), at
 every room it enters: the model's configuration file, `--param`, the pre-run check and the trainer itself."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from components.local.plan import check_parameter_texts
 from components.model_config import load_model_config
 from components.preflight import SubprocessPreflight
 from components.specs import load_pipeline_spec
+from core.errors import InputError
+from core.train_rules import TRAIN_RULES
 from training.engine.config import TrainConfig
-from training.errors import InputError
-from training.train_rules import TRAIN_RULES
 
 PIPELINE = load_pipeline_spec()
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from components.errors import SubmissionError
 from components.request import COMPLETED, RunRequest, Submission
+from core.files import create_atomically
 from function_app.service import FrontDoor
 from function_app.settings.app import AppSettings
 from function_app.wiring import build_front_door
-from training.common import create_atomically
 
 BARRIER_TIMEOUT_S = 60.0
 BACKEND = "job-board"

@@ -17,25 +17,9 @@ ENTRY_SETTING = "PYTHON_SCRIPT_FILE_NAME"
 HEAVY_MODULES = ("torch", "mlflow", "azure.ai.ml")
 IMPORT_TIMEOUT_S = 60
 GIT_TIMEOUT_S = 30
-SHIPPED_TRAINING = (
-    "training/__init__.py",
-    "training/errors.py",
-    "training/common.py",
-    "training/spot.py",
-    "training/metrics.py",
-    "training/train_rules.py",
-)
-# What the front door loads of training/: the shared helpers (URL parsing, atomic writes, file hashing, the
-# spot model that components/cost.py estimates runs with, the built-in tasks' metrics its start-up checks
-# each served model's gate policy against, the trainer's parameter rules the pipeline's parameters are
-# checked by).
-LOADED_TRAINING = (
-    "training",
-    "training.common",
-    "training.errors",
-    "training.metrics",
-    "training.spot",
-    "training.train_rules",
+# The front door loads nothing of training/: what it shares with the steps is core/, which it ships whole.
+CORE_FILES = tuple(
+    sorted(path.relative_to(REPO_ROOT).as_posix() for path in (REPO_ROOT / "core").rglob("*.py"))
 )
 
 
@@ -127,8 +111,7 @@ def _candidates() -> set[str]:
 
 def _shipped(root: Path, candidates: set[str]) -> set[str]:
     """Which candidates the deployment package keeps, by .funcignore read with gitignore semantics: git
-    itself applies the rules to empty stand-ins. (Core Tools' own matcher also lets a `!` rule win, so
-    `training/*` plus negations mean the same there.)"""
+    itself applies the rules to empty stand-ins."""
     for path in candidates:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).touch()
@@ -159,9 +142,9 @@ def test_the_deployment_package_keeps_what_the_entry_needs(shipped):
     kept |= {"components/cost.py", "components/pipeline.yml", "components/compute/gpu-spot.yml"}
     kept |= {"models/digits.toml", "models/shapes.toml"}  # the served models' files (RETRAIN_MODELS)
     assert kept <= shipped
-    # Of training/, only the shared helpers that components/ and function_app/ import
-    # (tests/test_architecture.py).
-    assert {path for path in shipped if path.startswith("training/")} == set(SHIPPED_TRAINING)
+    # core/ whole, and nothing of training/ (tests/test_architecture.py).
+    assert not any(path.startswith("training/") for path in shipped)
+    assert {path for path in shipped if path.startswith("core/")} >= set(CORE_FILES)
     left_outs = ("tests", "bench", "docs", ".venv", "node_modules", ".retrain", "local.settings.json")
     left_outs += (".venv-checkov", ".azure-functions-oldest", "infra", "azure.yaml")
     for left_out in (*left_outs, "function_app/local"):
@@ -186,7 +169,7 @@ def test_the_deployment_package_starts_on_its_own(shipped, tmp_path, app_setting
 
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report == {"heavy": [], "functions": 5, "training": list(LOADED_TRAINING), "outside": []}
+    assert report == {"heavy": [], "functions": 5, "training": [], "outside": []}
 
 
 def _import_entry(settings: dict[str, str], root: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
@@ -198,7 +181,7 @@ def _import_entry(settings: dict[str, str], root: Path = REPO_ROOT) -> subproces
         f"roots = {HEAVY_MODULES!r}\n"
         "def under(*names):\n"
         "    return sorted(m for m in sys.modules if any(m == r or m.startswith(r + '.') for r in names))\n"
-        "ours = under('function_entry', 'function_app', 'components', 'training')\n"
+        "ours = under('function_entry', 'function_app', 'components', 'core', 'training')\n"
         "outside = [m for m in ours if not sys.modules[m].__file__.startswith(os.getcwd() + os.sep)]\n"
         "print(json.dumps({'heavy': under(*roots), 'functions': len(function_entry.app.get_functions()),\n"
         "                  'training': under('training'), 'outside': outside}))\n"
@@ -226,7 +209,7 @@ def test_importing_the_root_entry_loads_no_heavy_sdk(tmp_path, app_settings, sub
     result = _import_entry(settings)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report == {"heavy": [], "functions": 5, "training": list(LOADED_TRAINING), "outside": []}
+    assert report == {"heavy": [], "functions": 5, "training": [], "outside": []}
 
 
 def test_an_invalid_setting_stops_start_up_naming_it(tmp_path, app_settings):

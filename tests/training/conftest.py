@@ -12,9 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from core.files import write_atomically
+from core.locks import exclusive_file_lock
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
-from training.common import exclusive_file_lock, write_atomically
 from training.engine.supervise import TrainingProcess
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches

@@ -1,4 +1,4 @@
-"""The built-in tasks' metrics are declared once, torch-free (training/metrics.py), where the front door's
+"""The built-in tasks' metrics are declared once, torch-free (core/metrics.py), where the front door's
 start-up check reads them: the task classes report exactly those declarations, and every built-in task has
 one."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from components.task_ref import BUILTIN_RAW_SUFFIXES
+from core.metrics import BUILTIN_TASK_METRICS, check_policy_metrics
 from training.gate.policy import task_defaults
-from training.metrics import BUILTIN_TASK_METRICS, check_policy_metrics
 from training.tasks.loader import load_task
 
 

@@ -13,6 +13,7 @@ import torch
 from azure.storage.blob import ContainerClient
 from conftest import NO_TRACKING, SMALL_RUN, STEPS_PER_EPOCH
 
+from core.errors import CheckpointError
 from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
 from training.checkpoint.local_store import LocalCheckpointStore
@@ -20,7 +21,6 @@ from training.checkpoint.records import checkpoint_name, committed_checkpoints, 
 from training.checkpoint.store import CheckpointStore
 from training.checkpoint.stores import CONNECTION_STRING_VARIABLE
 from training.cli import main
-from training.errors import CheckpointError
 
 
 @pytest.mark.parametrize(

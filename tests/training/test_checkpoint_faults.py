@@ -27,6 +27,7 @@ import pytest
 from azure.storage.blob import ContainerClient
 from filling_disk import FillingStore, can_mount, fill_up, obey_file_modes_as_root, tmpfs
 
+from core.errors import CheckpointError
 from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
 from training.checkpoint.lease import LEASE_NAME
@@ -41,7 +42,6 @@ from training.engine.tracking import make_tracker
 from training.engine.train_args import add_train_arguments, config_from_args
 from training.engine.trainer import COMPLETED, Trainer
 from training.engine.worker import run_worker
-from training.errors import CheckpointError
 from training.tasks.loader import load_task
 
 STEPS = 44  # one epoch of the small data at a global batch of 32: saves at 10, 20, 30, 40, and the final 44

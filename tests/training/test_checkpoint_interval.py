@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
+from core.errors import InputError
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.engine.checkpoint_interval import (
@@ -29,7 +30,6 @@ from training.engine.progress import describe
 from training.engine.tracking import make_tracker
 from training.engine.train_args import add_train_arguments, config_from_args, config_to_argv
 from training.engine.trainer import COMPLETED, PREEMPTED, Trainer
-from training.errors import InputError
 from training.tasks.loader import load_task
 
 # -- the choice: Daly's interval for the measured cost, floored at twice the write ------------------------

@@ -26,6 +26,8 @@ import pytest
 from azure.storage.blob import BlobLeaseClient, ContainerClient
 from conftest import NO_TRACKING, TOTAL_STEPS, is_checkpoint, read_metadata, train_arguments
 
+from core.errors import CheckpointError
+from core.locks import LeaseRenewal
 from training.checkpoint.blob_lease import BlobCheckpointLease
 from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.lease import (
@@ -46,9 +48,7 @@ from training.checkpoint.stores import (
     open_checkpoint_store,
 )
 from training.cli import main
-from training.common import LeaseRenewal
 from training.engine.supervise import TrainingProcess
-from training.errors import CheckpointError
 
 PREFIX = "runs/small"
 RESULT_TIMEOUT_S = 60.0  # bounds on waiting for another process or thread, never expected to be reached

@@ -1,12 +1,12 @@
 import pytest
 
+from core.errors import CheckpointError
 from training.checkpoint.records import (
     CheckpointRecord,
     checkpoint_name,
     committed_checkpoints,
     objects_to_prune,
 )
-from training.errors import CheckpointError
 
 
 def _objects(*names, record=True):

@@ -22,6 +22,7 @@ from urllib.parse import quote
 import pytest
 from azure.storage.blob import ContainerClient
 
+from core.errors import CheckpointError
 from training.checkpoint.blob_store import BlobCheckpointStore, mask_secrets, open_blob_store
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.room import check_room
@@ -32,7 +33,6 @@ from training.checkpoint.store import (
     storage_failure,
 )
 from training.checkpoint.stores import CONNECTION_STRING_VARIABLE, open_checkpoint_store
-from training.errors import CheckpointError
 
 if TYPE_CHECKING:
     from tests.conftest import Azurite

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.errors import CheckpointError
 from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import checkpoint_name, committed_checkpoints, objects_to_prune
 from training.checkpoint.store import CheckpointStore
-from training.errors import CheckpointError
 
 
 @dataclass

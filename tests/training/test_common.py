@@ -1,4 +1,4 @@
-"""The helpers every room shares (training/common.py): secret masking, the blob URL and prefix rules, the
+"""The helpers every room shares (core/): secret masking, the blob URL and prefix rules, the
 atomic write, the file sha256, and the spot and interval formulas against hand-computed values."""
 
 from __future__ import annotations
@@ -9,22 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from core.blob_urls import check_prefix, parse_account_endpoint, parse_blob_url
+from core.errors import CheckpointError, InputError
+from core.files import create_atomically, file_sha256, write_atomically
+from core.secrets import displayable_url, mask_secrets
+from core.spot import IntervalInputs, SpotScenario, checkpoint_interval, spot_estimate
 from function_app.ledger.blob import open_blob_store as open_ledger_store
 from function_app.ledger.records import LedgerError
 from function_app.settings.storage import LedgerLocation, SettingsError
 from training.checkpoint.blob_store import open_blob_store
-from training.common import (
-    check_prefix,
-    create_atomically,
-    displayable_url,
-    file_sha256,
-    mask_secrets,
-    parse_account_endpoint,
-    parse_blob_url,
-    write_atomically,
-)
-from training.errors import CheckpointError, InputError
-from training.spot import IntervalInputs, SpotScenario, checkpoint_interval, spot_estimate
 
 # Made up, shaped like the real thing: an account key is base64, so it may hold '/', '+' and '='.
 KEY = "Zm9vYmFy/c2VjcmV0+a2V5=="

@@ -9,7 +9,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from training.errors import InputError
+from core.errors import InputError
 from training.tasks.tabular.dataset import load_prepared
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches

@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from components.data_version import snapshot_folder
 from components.specs import COMPONENTS_DIR, load_component_spec
+from core.errors import InputError
 from training.cli import build_parser, main
 from training.drift.check import (
     EPSILON,
@@ -30,7 +31,6 @@ from training.drift.check import (
 from training.drift.cli import REPORT_FILE
 from training.drift.data import aligned, raw_data_version, reference_from_lineage
 from training.drift.publish import TopicSettings, event_data, new_check_id
-from training.errors import InputError
 from training.gate.lineage import Trigger, lineage_of
 from training.tasks.base import FeatureTable
 from training.tasks.tabular.sample_data import digits_table, with_shift, write_sample_batches

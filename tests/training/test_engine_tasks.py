@@ -11,9 +11,9 @@ import pytest
 import torch
 from test_tabular_task import SPECIES, write_iris
 
+from core.errors import InputError
 from training.cli import main
 from training.engine.outputs import MODEL_FORMAT, load_model_file, read_model_payload, weights_sha256
-from training.errors import InputError
 
 RUN = ["--epochs", "12", "--global-batch-size", "16", "--seed", "3", "--checkpoint-every-seconds", "off"]
 QUIET = ["--no-mlflow", "--progress", "none"]

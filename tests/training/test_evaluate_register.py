@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import NO_TRACKING, SMALL_RUN
 
+from core.errors import InputError
 from training.cli import main
-from training.errors import InputError
 from training.gate.evaluate import EVALUATION_FILE, EVALUATION_FORMAT, evaluate, load_trained_model
 from training.gate.register import REGISTRATION_FILE, REGISTRATION_FORMAT
 from training.gate.registry import MlflowStore, ModelRegistry, resolve_store

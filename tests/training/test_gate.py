@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from training.errors import InputError
+from core.errors import InputError
 from training.gate import policy as gate
 from training.gate.policy import (
     Champion,

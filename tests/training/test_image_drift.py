@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.errors import InputError
 from training.data.splits import SplitFractions
 from training.drift.check import DriftPolicy, compare
-from training.errors import InputError
 from training.tasks.base import FeatureTable
 from training.tasks.image.features import FEATURE_NAMES, image_features
 from training.tasks.image.manifest import read_manifest, read_split

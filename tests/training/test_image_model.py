@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from core.errors import InputError
 from training.data.splits import SplitFractions
-from training.errors import InputError
 from training.tasks.base import Task, TensorSplit, missing_parts
 from training.tasks.image.manifest import read_manifest, read_split
 from training.tasks.image.model import augment

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from core.errors import InputError
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
-from training.errors import InputError
 from training.tasks.image.manifest import read_manifest, read_split
 from training.tasks.image.prepare import prepare_images
 from training.tasks.image.raw_images import decode_image

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import training
-from training.errors import InputError
+from core.errors import InputError
 from training.gate import lineage as lineage
 from training.gate.lineage import (
     Trigger,

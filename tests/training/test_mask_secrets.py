@@ -1,4 +1,4 @@
-"""The one masking function (training/common.py `mask_secrets`), case by case: each place a credential hides
+"""The one masking function (core/secrets.py `mask_secrets`), case by case: each place a credential hides
 is masked, and the text around it, and harmless look-alikes, are left as they were. Then what is built on
 it: masking a record, masking what is logged, and taking a tracking URI's password apart from it."""
 
@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from training.common import (
+from core.secrets import (
     MLFLOW_PASSWORD_VARIABLE,
     MLFLOW_USERNAME_VARIABLE,
     mask_logged_secrets,

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
+from core.errors import InputError
 from training.cli import main
-from training.errors import InputError
 from training.planning.maths import (
     IntervalInputs,
     ScalingInputs,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import InputError, RetrainError
 from training.cli import build_parser, main
-from training.errors import InputError, RetrainError
 from training.planning import cli as planning_cli
 from training.planning.maths import (
     MeasuredRow,

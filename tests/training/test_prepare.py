@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from core.errors import InputError
 from training.cli import main
 from training.data.splits import assign_splits, split_position
-from training.errors import InputError
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches
 from training.tasks.tabular.schema import DIGITS_SCHEMA, SPLIT_NAMES, Manifest, SplitFractions

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from core.errors import InputError
+from core.text import escaped, has_unsafe_characters
 from training.cli import main
-from training.common import escaped, has_unsafe_characters
-from training.errors import InputError
 from training.tasks.image.prepare import prepare_images
 from training.tasks.tabular.schema import DIGITS_SCHEMA
 from training.tasks.tabular.task import DIGITS_OPTIONS

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from training.errors import CheckpointError, InputError
+from core.errors import CheckpointError, InputError
 from training.gate.lock import BlobLeaseLock, FileLock, LockTimeoutError, open_registry_lock
 
 HOLD_UNTIL_STDIN_CLOSES = """

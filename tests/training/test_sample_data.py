@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.datasets import load_digits
 
+from core.errors import InputError
 from training.cli import main
-from training.errors import InputError
 from training.tasks.tabular.sample_data import (
     OVERLAP_ROWS,
     batch_ranges,

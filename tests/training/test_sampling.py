@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from core.errors import InputError
 from training.engine.sampling import BatchPlan, DataCursor, epoch_permutation, rank_batch_indices, step_seed
-from training.errors import InputError
 
 
 def test_epoch_permutation_is_a_pure_function_of_seed_and_epoch():

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from training.errors import InputError
+from core.errors import InputError
 from training.tasks.tabular.schema import Manifest, SplitFractions, TableSchema
 
 

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
+from core.errors import InputError
 from training.data.splits import SplitFractions
-from training.errors import InputError
 from training.gate.serving import serving_signature
 from training.tasks.base import missing_parts
 from training.tasks.loader import load_task

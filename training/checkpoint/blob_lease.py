@@ -1,7 +1,7 @@
 """The checkpoint lease in Azure Blob Storage (and Azurite): a blob lease on `<prefix>/.lease`.
 
 The lease lasts BLOB_LEASE_SECONDS and a thread renews it every third of that while it is held
-(training.common.LeaseRenewal); the blob's content names the holder. A holder that dies stops renewing, so
+(core.locks.LeaseRenewal); the blob's content names the holder. A holder that dies stops renewing, so
 its lease expires and the next attempt takes it over. See training/checkpoint/lease.py for the protocol.
 """
 
@@ -15,6 +15,9 @@ from contextlib import contextmanager
 from azure.core.exceptions import AzureError, HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.storage.blob import BlobLeaseClient, ContainerClient
 
+from core.errors import CheckpointError
+from core.locks import LeaseRenewal
+from core.secrets import mask_secrets
 from training.checkpoint.blob_store import _describe  # the store's own wording of a failure, masked
 from training.checkpoint.lease import (
     BLOB_LEASE_SECONDS,
@@ -23,8 +26,6 @@ from training.checkpoint.lease import (
     LEASE_NAME,
     WaitingLease,
 )
-from training.common import LeaseRenewal, mask_secrets
-from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,10 @@ from azure.core.exceptions import (
 )
 from azure.storage.blob import BlobBlock, BlobClient, BlobPrefix, BlobServiceClient, ContainerClient
 
+from core.blob_urls import BlobLocation, check_prefix, parse_blob_url
+from core.errors import CheckpointError
+from core.secrets import mask_secrets
 from training.checkpoint.store import ObjectExistsError, ObjectNotFoundError, check_object_name
-from training.common import BlobLocation, check_prefix, mask_secrets, parse_blob_url
-from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from core.errors import CheckpointError
 from training.checkpoint.records import (
     DATA_SUFFIX,
     RECORD_SUFFIX,
@@ -42,7 +43,6 @@ from training.checkpoint.records import (
 from training.checkpoint.staging import SnapshotStager
 from training.checkpoint.store import CheckpointStore, ObjectExistsError, ObjectNotFoundError, storage_failure
 from training.checkpoint.stores import newest_record
-from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ then refused in one line naming the holder:
   kernel releases the lock the moment its process dies, however it dies. A flock is per machine: a folder
   mounted on several nodes needs the Blob location for a lease that holds across nodes.
 - Azure Blob Storage (training/checkpoint/blob_lease.py): a blob lease (30 s) on `<prefix>/.lease`, whose
-  content is the holder, renewed by a thread every third of its duration (training.common.LeaseRenewal). A
+  content is the holder, renewed by a thread every third of its duration (core.locks.LeaseRenewal). A
   holder that dies stops renewing, and its lease expires: the next attempt takes it over.
 Object names never start with '.', so `.lease` is never listed, read or pruned as a checkpoint.
 
@@ -40,9 +40,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Protocol
 
+from core.errors import CheckpointError
+from core.text import escaped, quoted
 from training.checkpoint.store import CheckpointStore
-from training.common import escaped, quoted
-from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

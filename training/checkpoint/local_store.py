@@ -12,8 +12,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from core.errors import CheckpointError
 from training.checkpoint.store import ObjectExistsError, ObjectNotFoundError, check_object_name
-from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from training.errors import CheckpointError
+from core.errors import CheckpointError
 
 CHECKPOINT_FORMAT = "retrain-checkpoint/1"
 DATA_SUFFIX = ".pt"

@@ -20,10 +20,10 @@ import logging
 import secrets
 from contextlib import suppress
 
+from core.errors import CheckpointError
+from core.secrets import mask_secrets
 from training.checkpoint.records import committed_checkpoints
 from training.checkpoint.store import CheckpointStore, storage_failure
-from training.common import mask_secrets
-from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import re
 from contextlib import AbstractContextManager
 from typing import BinaryIO, Protocol, runtime_checkable
 
-from training.common import mask_secrets
-from training.errors import CheckpointError, RetrainError
+from core.errors import CheckpointError, RetrainError
+from core.secrets import mask_secrets
 
 _OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 

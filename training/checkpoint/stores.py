@@ -11,12 +11,13 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from core.errors import CheckpointError
+from core.secrets import displayable_url
+from core.text import quoted
 from training.checkpoint.lease import CheckpointLease, LocalCheckpointLease, lease_wait_seconds
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
 from training.checkpoint.store import CheckpointStore
-from training.common import displayable_url, quoted
-from training.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

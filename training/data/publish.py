@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from training.errors import InputError
+from core.errors import InputError
 
 
 def publish(out: Path, files: Mapping[str, bytes]) -> None:

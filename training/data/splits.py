@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from training.errors import InputError
+from core.errors import InputError
 
 SPLIT_NAMES = ("train", "validation", "test")
 # The salt is part of the format, not a setting: changing it would move rows between splits.

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from core.errors import InputError
 from training.data.splits import SPLIT_METHOD, SPLIT_NAMES, SPLIT_SALT
-from training.errors import InputError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from training.errors import InputError
+from core.errors import InputError
 
 EPSILON = 1e-4
 # Conventional PSI reading: below 0.1 stable, 0.1-0.2 a moderate shift, above 0.2 a significant one.

@@ -28,9 +28,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from training.common import write_atomically
+from core.errors import InputError
+from core.files import write_atomically
 from training.drift.tracking import Tracking, log_check, tracking_of
-from training.errors import InputError
 
 if TYPE_CHECKING:
     from training.drift.check import DriftPolicy, DriftReport

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from training.errors import InputError
+from core.errors import InputError
 from training.gate.lineage import (
     DATA_DIR,
     DATA_VERSION,

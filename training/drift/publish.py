@@ -27,9 +27,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from training.common import displayable_url, mask_secrets
+from core.errors import InputError, RetrainError
+from core.secrets import displayable_url, mask_secrets
 from training.drift.check import DriftReport
-from training.errors import InputError, RetrainError
 
 if TYPE_CHECKING:
     from azure.eventgrid import EventGridEvent

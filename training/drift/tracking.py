@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.common import mask_secrets_in
+from core.secrets import mask_secrets_in
 from training.local_state import (
     artifacts_beside,
     default_mlflow_artifact_location,

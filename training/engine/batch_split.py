@@ -3,7 +3,7 @@ uneven split before it starts any process."""
 
 from __future__ import annotations
 
-from training.errors import InputError
+from core.errors import InputError
 
 
 def per_rank_batch_size(global_batch_size: int, world_size: int) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from training.errors import InputError
+from core.errors import InputError
 from training.tasks.base import TensorSplit
 
 

@@ -23,9 +23,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from core.errors import InputError
+from core.spot import IntervalInputs, checkpoint_interval
 from training.engine.config import DEFAULT_CHECKPOINT_EVERY_SECONDS
-from training.errors import InputError
-from training.spot import IntervalInputs, checkpoint_interval
 
 # The first save of an attempt allocates the staging buffers (pinned host memory on a GPU node) and opens
 # the store; later saves reuse both. It protects the first minutes but is not measured.

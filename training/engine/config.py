@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.errors import InputError
-from training.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
-from training.train_rules import TRAIN_RULES
+from core.errors import InputError
+from core.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
+from core.train_rules import TRAIN_RULES
 
 PROGRESS_MODES = ("auto", "bar", "log", "jsonl", "none")
 
@@ -88,7 +88,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         # The rules every room checks these parameters by (the configuration file, --param, the pre-run
-        # check): one definition, training/train_rules.py.
+        # check): one definition, core/train_rules.py.
         for name, rule in TRAIN_RULES.items():
             value = getattr(self, name)
             _require(rule.fits(value), f"{rule.flag} {_shown(value)}: expected {rule.expected}")

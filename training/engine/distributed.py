@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from training.errors import InputError
+from core.errors import InputError
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from core.errors import RetrainError
 from training.engine.failure_report import report_to_launcher
-from training.errors import RetrainError
 
 # EX_DATAERR from sysexits.h: "the input data was incorrect in some way". Clear of 0 (completed), 1 (a
 # crash; torchrun's own code for any failed worker), 2 (bad input, refused before training) and 75

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.errors import RetrainError
+from core.errors import RetrainError
 
 ELASTIC_ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
 

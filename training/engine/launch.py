@@ -37,9 +37,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from core.errors import InputError
+from core.secrets import tracking_credentials_apart
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
 from training.checkpoint.stores import newest_record, open_checkpoint_lease, open_checkpoint_store
-from training.common import tracking_credentials_apart
 from training.engine.batch_split import per_rank_batch_size
 from training.engine.config import TrainConfig
 from training.engine.divergence import DIVERGED_EXIT_CODE, TrainingDiverged
@@ -53,7 +54,6 @@ from training.engine.preemption import ELASTIC_ERROR_FILE_VARIABLE, LAUNCH_ID_VA
 from training.engine.process_tree import children, end_descendants
 from training.engine.resume_policy import check_resumable
 from training.engine.train_args import config_to_argv
-from training.errors import InputError
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from training.common import write_atomically
-from training.errors import InputError
+from core.errors import InputError
+from core.files import write_atomically
 from training.tasks.base import built_model
 
 if TYPE_CHECKING:

@@ -4,9 +4,9 @@ rule."""
 
 from __future__ import annotations
 
+from core.errors import ResumeRefusedError
 from training.checkpoint.records import CheckpointRecord
 from training.engine.config import TrainConfig, trajectory_mismatches
-from training.errors import ResumeRefusedError
 
 
 def check_resumable(record: CheckpointRecord, config: TrainConfig, data_version: str) -> None:

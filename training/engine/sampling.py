@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from core.errors import InputError
 from training.engine.batch_split import per_rank_batch_size
-from training.errors import InputError
 
 
 def _derive_seed(*parts: int) -> int:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from core.errors import CheckpointError
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta, LoadedCheckpoint, SaveResult
 from training.checkpoint.lease import check_lease
 from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL, REASON_PREEMPTED
@@ -38,7 +39,6 @@ from training.checkpoint.stores import newest_record, open_checkpoint_store
 from training.engine.checkpoint_interval import IntervalCalibration, IntervalChoice
 from training.engine.config import TrainConfig
 from training.engine.train_state import checkpoint_state
-from training.errors import CheckpointError
 from training.tasks.base import TaskContractError, built_model
 
 if TYPE_CHECKING:

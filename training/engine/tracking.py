@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from training.common import mask_secrets, mask_secrets_in
+from core.secrets import mask_secrets, mask_secrets_in
 
 log = logging.getLogger(__name__)
 

@@ -12,15 +12,15 @@ from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 
+from core.errors import InputError
+from core.train_rules import read_interval
 from training.engine.config import AUTO_INTERVAL, PROGRESS_MODES, TrainConfig, options_text
-from training.errors import InputError
 from training.local_state import (
     artifacts_beside,
     default_mlflow_artifact_location,
     default_mlflow_tracking_uri,
     state_root,
 )
-from training.train_rules import read_interval
 
 _DEFAULTS = {field.name: field.default for field in fields(TrainConfig)}
 

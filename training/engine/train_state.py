@@ -20,10 +20,10 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from core.errors import InputError
 from training.checkpoint.checkpointer import LoadedCheckpoint
 from training.engine.config import TrainConfig
 from training.engine.sampling import DataCursor
-from training.errors import InputError
 from training.tasks.base import Task, built_model
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import training
+from core.errors import CheckpointError
 from training.checkpoint.checkpointer import Checkpointer, LoadedCheckpoint
 from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL
 from training.engine.batches import BatchSource, on_device
@@ -44,7 +45,6 @@ from training.engine.saving import CheckpointSaving
 from training.engine.throughput import ThroughputMeter
 from training.engine.tracking import Tracker
 from training.engine.train_state import RunState, build_training_objects, restore
-from training.errors import CheckpointError
 from training.tasks.base import Task, TaskData, batch_loss
 
 log = logging.getLogger(__name__)

@@ -39,10 +39,11 @@ from pathlib import Path
 
 import torch
 
+from core.errors import RetrainError
+from core.secrets import mask_logged_secrets, mask_secrets
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.lease import CheckpointLease, LeasedStore
 from training.checkpoint.stores import open_checkpoint_lease, open_checkpoint_store
-from training.common import mask_logged_secrets, mask_secrets
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, barrier, init_distributed, shutdown_distributed
 from training.engine.divergence import (
@@ -63,7 +64,6 @@ from training.engine.progress import make_renderer
 from training.engine.tracking import make_tracker
 from training.engine.train_args import add_train_arguments, config_from_args
 from training.engine.trainer import DIVERGED, PREEMPTED, Trainer
-from training.errors import RetrainError
 from training.tasks.base import Task
 from training.tasks.loader import load_task
 

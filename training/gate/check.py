@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from training.errors import InputError
+from core.errors import InputError
 
 _BOOLEANS = {"true": True, "false": False}
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from training.errors import InputError
+from core.errors import InputError
 
 if TYPE_CHECKING:
     from training.gate.lock import RegistryLock

@@ -19,9 +19,9 @@ from typing import Any
 
 from torch import nn
 
-from training.common import write_atomically
+from core.errors import InputError
+from core.files import write_atomically
 from training.engine.outputs import METADATA_FILE, MODEL_FILE, read_model_payload, scores, weights_sha256
-from training.errors import InputError
 from training.gate.policy import LOADED, NO_CHAMPION, UNLOADABLE, Champion, Scored
 from training.gate.registry import (
     CHAMPION,

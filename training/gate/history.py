@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from training.errors import InputError
+from core.errors import InputError
 from training.gate.lineage import (
     DATA_DIR,
     MANIFEST_FILE,

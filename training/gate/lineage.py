@@ -21,8 +21,8 @@ from types import MappingProxyType
 from typing import Any
 
 import training
-from training.common import file_sha256
-from training.errors import InputError
+from core.errors import InputError
+from core.files import file_sha256
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
-from training.errors import InputError, RetrainError
+from core.errors import InputError, RetrainError
 
 if TYPE_CHECKING:
     from azure.storage.blob import BlobClient, BlobLeaseClient
@@ -252,7 +252,7 @@ def _storage_errors(action: str, location: str) -> Iterator[None]:
 def _describe(error: BaseException) -> str:
     from azure.core.exceptions import HttpResponseError
 
-    from training.common import mask_secrets
+    from core.secrets import mask_secrets
 
     if isinstance(error, HttpResponseError) and error.status_code is not None:
         code = getattr(error, "error_code", None) or "no error code"

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from training.errors import InputError
-from training.metrics import DEFAULT, FAMILY, MetricSet, check_policy_metrics, parse_bounds
+from core.errors import InputError
+from core.metrics import DEFAULT, FAMILY, MetricSet, check_policy_metrics, parse_bounds
 
 if TYPE_CHECKING:
     from training.tasks.base import Task

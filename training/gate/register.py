@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.common import write_atomically
+from core.errors import InputError
+from core.files import write_atomically
 from training.engine.outputs import METADATA_FILE, MODEL_FILE
-from training.errors import InputError
 from training.gate.evaluate import (
     EVALUATED_SPLIT,
     EVALUATION_FILE,

@@ -21,9 +21,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from training.common import displayable_url, mask_secrets, mask_secrets_in
+from core.errors import InputError, RetrainError
+from core.secrets import displayable_url, mask_secrets, mask_secrets_in
 from training.engine.outputs import weights_sha256
-from training.errors import InputError, RetrainError
 from training.gate.lineage import WEIGHTS_SHA256
 from training.local_state import (
     artifacts_beside,

@@ -6,10 +6,10 @@ lineage. `mlflow.pyfunc.load_model("models:/NAME@champion")` rebuilds the model 
 `load_task(ref, options).build_model(info)`, and `predict` hands the caller's input to `task.predict`: a
 DataFrame read straight from a raw CSV for the tabular task, a uint8 N×H×W×3 array for the image task.
 
-The `training` package travels with the model (MLflow's `code_paths`), so a serving environment needs
-only the pip requirements recorded beside it, not this repository. A task file is shipped as an artifact,
-and its reference is pointed at that copy when the model loads, wherever that is. The same rebuild loads a
-champion for the gate (registry.py), so what is scored is exactly what serves.
+The `training` and `core` packages travel with the model (MLflow's `code_paths`), so a serving
+environment needs only the pip requirements recorded beside it, not this repository. A task file is
+shipped as an artifact, and its reference is pointed at that copy when the model loads, wherever that is.
+The same rebuild loads a champion for the gate (registry.py), so what is scored is exactly what serves.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import torch
 from mlflow.types import DataType
 from torch import nn
 
+import core
 import training
+from core.errors import InputError
 from training.engine.outputs import load_model_file, read_model_payload
-from training.errors import InputError
 from training.tasks.base import Task
 from training.tasks.loader import load_task, parse_task_ref
 
@@ -186,8 +187,8 @@ def log_served_model(served: ServedModel, name: str) -> Any:
         # A file MLflow runs at load ("models from code"), not a pickled object.
         python_model=str(Path(__file__).with_name(SERVED_MODEL_FILE)),
         artifacts={key: str(path) for key, path in served.artifact_paths().items()},
-        # The package, so the model loads where this repository is not installed.
-        code_paths=[str(Path(training.__file__).parent)],
+        # The packages, so the model loads where this repository is not installed.
+        code_paths=[str(Path(training.__file__).parent), str(Path(core.__file__).parent)],
         input_example=example,
         signature=signature,
         # Explicit requirements: inferring them would load and probe the model once more.

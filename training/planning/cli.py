@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
-from training.errors import InputError
+from core.errors import InputError
 from training.planning.maths import (
     DEFAULT_EFFICIENCY_THRESHOLD,
     DEFAULT_RUN_STEPS,

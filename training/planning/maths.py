@@ -1,5 +1,5 @@
 """Planning maths for training runs: spot vs dedicated and the checkpoint interval (whose formulas are
-training/common.py's), and GPU scaling (modelled, or fitted to measured step times).
+core/spot.py), and GPU scaling (modelled, or fitted to measured step times).
 
 Pure functions over frozen inputs. Inputs validate themselves, and their messages name the `retrain plan`
 option that carries the value, so the command line can print them as they are.
@@ -12,17 +12,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from training.errors import InputError
+from core.errors import InputError
 
-# The spot and interval formulas live in training/common.py, which components/ uses too; `retrain plan`
+# The spot and interval formulas live in core/spot.py, which components/ uses too; `retrain plan`
 # reaches them here, beside the scaling maths (the redundant aliases mark them as re-exported).
-from training.spot import SECONDS_PER_HOUR, is_finite_number
-from training.spot import IntervalAdvice as IntervalAdvice
-from training.spot import IntervalInputs as IntervalInputs
-from training.spot import SpotEstimate as SpotEstimate
-from training.spot import SpotScenario as SpotScenario
-from training.spot import checkpoint_interval as checkpoint_interval
-from training.spot import spot_estimate as spot_estimate
+from core.spot import SECONDS_PER_HOUR, is_finite_number
+from core.spot import IntervalAdvice as IntervalAdvice
+from core.spot import IntervalInputs as IntervalInputs
+from core.spot import SpotEstimate as SpotEstimate
+from core.spot import SpotScenario as SpotScenario
+from core.spot import checkpoint_interval as checkpoint_interval
+from core.spot import spot_estimate as spot_estimate
 
 DEFAULT_EFFICIENCY_THRESHOLD = 0.8
 

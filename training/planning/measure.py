@@ -25,9 +25,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from core.errors import InputError, RetrainError
 from training.engine.config import TrainConfig
 from training.engine.supervise import TrainingProcess
-from training.errors import InputError, RetrainError
 from training.planning.maths import StepTime
 
 log = logging.getLogger(__name__)

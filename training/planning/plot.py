@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from training.errors import InputError
+from core.errors import InputError
 from training.planning.maths import ScalingPlan
 
 FIGURE_INCHES = (8.0, 4.5)

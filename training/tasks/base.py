@@ -44,15 +44,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.data.splits import SPLIT_NAMES, SplitFractions
-from training.errors import InputError
+from core.errors import InputError
 
-# The contract's metric types, re-exported: they live torch-free (training/metrics.py), where the front door
+# The contract's metric types, re-exported: they live torch-free (core/metrics.py), where the front door
 # reads the built-in tasks' declarations too.
-from training.metrics import DIRECTIONS as DIRECTIONS
-from training.metrics import Direction as Direction
-from training.metrics import Metric as Metric
-from training.metrics import MetricSet
+from core.metrics import DIRECTIONS as DIRECTIONS
+from core.metrics import Direction as Direction
+from core.metrics import Metric as Metric
+from core.metrics import MetricSet
+from training.data.splits import SPLIT_NAMES, SplitFractions
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import math
 import torch
 from torch import nn
 
-from training.metrics import BUILTIN_TASK_METRICS, RECALL_PREFIX
+from core.metrics import BUILTIN_TASK_METRICS, RECALL_PREFIX
 
-# The tabular task's declaration (training/metrics.py): the classifier's metrics.
+# The tabular task's declaration (core/metrics.py): the classifier's metrics.
 CLASSIFICATION_METRICS = BUILTIN_TASK_METRICS["tabular"].metrics
 
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.common import file_sha256, module_sources_sha256
-from training.errors import InputError, RetrainError
+from core.errors import InputError, RetrainError
+from core.files import file_sha256
+from core.sources import module_sources_sha256
 from training.tasks.base import Task, missing_parts
 
 BUILTIN_TASKS: dict[str, str] = {
@@ -75,7 +76,7 @@ def task_file_sha256(ref: TaskRef) -> str | None:
 def task_code_sha256(ref: TaskRef) -> str | None:
     """The hash of a user's task code, as the local runner's cache key holds it and lineage records it: a
     task file's sha256, or the sha256 of a module task's package sources found on this process's sys.path
-    (training/common.module_sources; in a step, the code folder comes first, as where the runner looks).
+    (core/sources.py module_sources; in a step, the code folder comes first, as where the runner looks).
     None for a built-in, whose code is the code snapshot's."""
     if ref.path is not None:
         return task_file_sha256(ref)

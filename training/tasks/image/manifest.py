@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from core.errors import InputError
 from training.data.splits import SPLIT_NAMES, SplitFractions, split_config
 from training.data.versions import (
     MANIFEST_NAME,
@@ -26,7 +27,6 @@ from training.data.versions import (
     split_entry,
     without_name,
 )
-from training.errors import InputError
 from training.tasks.image.raw_images import RESIZE_FILTER
 
 FORMAT = "retrain-image-prepared/1"

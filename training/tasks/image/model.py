@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from training.errors import InputError
+from core.errors import InputError
 
 # A channel (near-)constant in the training split gets std 1: dividing by a tiny std would blow up any value
 # it takes elsewhere, while 1 leaves it merely centred.

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from training.common import escaped
+from core.errors import InputError
+from core.text import escaped
 from training.data.publish import publish
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
 from training.data.versions import existing_manifest, same_version_or_refuse
-from training.errors import InputError
 from training.tasks.image.manifest import (
     MANIFEST_NAME,
     ImageManifest,

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from training.common import escaped, file_sha256
-from training.errors import InputError
+from core.errors import InputError
+from core.files import file_sha256
+from core.text import escaped
 
 log = logging.getLogger(__name__)
 

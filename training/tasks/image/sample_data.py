@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.errors import InputError
+from core.errors import InputError
 
 SHAPES = ("circle", "cross", "square", "triangle")
 DEFAULT_SIDE = 32

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from core.errors import InputError
+from core.metrics import BUILTIN_TASK_METRICS
 from training.data.splits import SPLIT_NAMES, SplitFractions
-from training.errors import InputError
-from training.metrics import BUILTIN_TASK_METRICS
 from training.tasks.base import FeatureTable, TaskData, TensorSplit
 from training.tasks.classification import score_classifier
 from training.tasks.image.features import prepared_features, raw_folder_features

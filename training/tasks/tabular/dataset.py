@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.errors import InputError
+from core.errors import InputError
 from training.tasks.tabular.schema import (
     SPLIT_NAMES,
     Manifest,

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from training.errors import InputError
+from core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from training.common import escaped
+from core.errors import InputError
+from core.text import escaped
 from training.data.publish import publish
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
 from training.data.versions import existing_manifest, same_version_or_refuse
-from training.errors import InputError
 from training.tasks.tabular.raw_files import (
     RawFingerprint,
     fingerprint,

@@ -24,8 +24,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from training.common import escaped, file_sha256
-from training.errors import InputError
+from core.errors import InputError
+from core.files import file_sha256
+from core.text import escaped
 from training.tasks.tabular.schema import (
     DERIVED_KEY_COLUMN,
     SOURCE_FILE_COLUMN,

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from training.common import write_atomically
-from training.errors import InputError
+from core.errors import InputError
+from core.files import write_atomically
 from training.tasks.tabular.schema import DIGITS_SCHEMA
 
 FILE_FORMATS = ("csv", "parquet")

@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.common import escaped
+from core.errors import InputError
+from core.text import escaped
 from training.data.splits import SPLIT_NAMES, SplitFractions, split_config
 from training.data.versions import (
     MANIFEST_NAME,
@@ -28,7 +29,6 @@ from training.data.versions import (
     split_entry,
     without_name,
 )
-from training.errors import InputError
 
 FORMAT = "retrain-prepared/1"
 SOURCE_FILE_COLUMN = "source_file"

@@ -23,9 +23,9 @@ import pyarrow as pa
 import torch
 from torch import nn
 
+from core.errors import InputError
+from core.metrics import BUILTIN_TASK_METRICS
 from training.data.splits import SPLIT_NAMES, SplitFractions
-from training.errors import InputError
-from training.metrics import BUILTIN_TASK_METRICS
 from training.tasks.base import FeatureTable, MetricSet, TaskData, TensorSplit
 from training.tasks.classification import metrics_from_logits
 from training.tasks.tabular.dataset import load_prepared

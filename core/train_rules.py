@@ -9,7 +9,7 @@ check, inclusive only (a learning rate of 0 passes it); the rules here are the t
 
 A rule takes a value as a TOML file or a request types it (`0.003`, `"auto"`), or as text (`--param`, an
 app setting, a command line); `expected` words the form it accepts, for the caller's one-line error.
-Standard library and training.errors only, like training/common.py: the Function App ships it too
+Standard library and core.errors only, like the rest of core/: the Function App ships it too
 (.funcignore).
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from training.errors import InputError
+from core.errors import InputError
 
 # `--checkpoint-every-seconds auto`: the trainer measures its own checkpoint cost at its first saves and
 # takes Daly's optimum interval for that cost and `--mtbe-hours` (training/engine/checkpoint_interval.py).

@@ -1,6 +1,6 @@
 """The spot-vs-dedicated cost and the checkpoint interval: pure functions over frozen inputs, written once
 for the planner (`retrain plan`), the trainer's interval and the front door's cost estimate
-(components/cost.py). Standard library and training.errors only, like training/common.py: the Function App
+(components/cost.py). Standard library and core.errors only, like the rest of core/: the Function App
 ships it too (.funcignore). Each message names the `retrain plan` option that carries the value."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from training.errors import InputError
+from core.errors import InputError
 
 SECONDS_PER_HOUR = 3600.0
 

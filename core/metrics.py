@@ -1,6 +1,6 @@
 """The metrics a task declares, the built-in tasks' own, and which metrics a gate policy may name.
 
-Torch-free (the standard library and training/errors.py only), because three places read it: the task
+Torch-free (the standard library and core/errors.py only), because three places read it: the task
 contract (training/tasks/base.py re-exports `Metric` and `MetricSet`) and the built-in tasks, which take
 their declarations from `BUILTIN_TASK_METRICS`; the gate (training/gate/policy.py), which refuses a policy
 naming a metric its task does not report; and the front door, which checks every served model's policy
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from training.errors import InputError
+from core.errors import InputError
 
 Direction = Literal["higher", "lower"]
 DIRECTIONS: tuple[Direction, ...] = ("higher", "lower")
