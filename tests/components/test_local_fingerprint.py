@@ -56,11 +56,12 @@ def test_the_gitignore_subset(rules, path, is_dir, expected):
     assert ignored(rules, path, is_dir) is expected
 
 
-def test_the_amlignore_of_this_repository_keeps_the_training_package_only():
+def test_the_amlignore_of_this_repository_keeps_the_training_and_core_packages_only():
     files = kept_files(REPO_ROOT, ignore_rules_of(REPO_ROOT))
     assert files
-    assert {path.parts[0] for path in files} == {"training"}
+    assert {path.parts[0] for path in files} == {"training", "core"}
     assert PurePosixPath("training/cli.py") in files
+    assert PurePosixPath("core/errors.py") in files
     assert not [path for path in files if "__pycache__" in path.parts or path.suffix == ".pyc"]
 
 
