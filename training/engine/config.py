@@ -84,7 +84,7 @@ def _seconds_auto_or_off(text: str) -> float | str | None:
 
 
 def _interval_text(value: float | str) -> str:
-    return value if value == AUTO_INTERVAL else number_text(value)  # type: ignore[return-value]
+    return value if isinstance(value, str) else number_text(value)  # 'auto', or seconds
 
 
 def off_or_text(value: str | None) -> str | None:
