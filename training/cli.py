@@ -10,13 +10,16 @@ from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
 from core.errors import InputError, RetrainError
+from core.flags import add_flags, config_from_namespace
 from core.secrets import mask_logged_secrets, mask_secrets
+from training.data.prepare_config import PrepareConfig
 from training.drift import cli as drift_cli
-from training.engine.train_args import add_task_arguments, add_train_arguments, task_options_from_args
+from training.engine.train_args import add_train_arguments
 from training.gate import check as model_check
 from training.gate import cli as registry_cli
 from training.local_state import state_root
 from training.planning import cli as planning_cli
+from training.tasks.task_flags import TASK_OPTION_HELP, add_task_option_flag, task_options_from_args
 
 log = logging.getLogger("retrain")
 
@@ -48,21 +51,22 @@ def _prepare(args: argparse.Namespace) -> int:
     from training.gate.policy import policy_of
     from training.tasks.loader import load_task
 
-    split = SplitFractions.parse(args.split)
-    task = load_task(args.task, task_options_from_args(args))
+    config = config_from_namespace(PrepareConfig, args, task_options=task_options_from_args(args))
+    split = SplitFractions.parse(config.split)
+    task = load_task(config.task, config.task_options)
     # The pipeline's first step checks the gate policy before any data is prepared: on Azure ML no
     # preflight runs before the job, and a metric the task does not report would otherwise fail register
     # after a whole training.
-    policy_of(task, **registry_cli.policy_options(args), where=f"the gate policy (task {args.task!r})")
-    version = task.prepare(args.raw, args.out, previous=args.previous, split=split)
-    if not isinstance(version, str) or not version.strip() or not args.out.is_dir():
+    policy_of(task, **config.policy.given(), where=f"the gate policy (task {config.task!r})")
+    version = task.prepare(config.raw, config.out, previous=config.previous, split=split)
+    if not isinstance(version, str) or not version.strip() or not config.out.is_dir():
         # The step's output would be cached as a data version that is not one: the step fails instead.
         raise InputError(
-            f"--task {args.task!r}: prepare returned {version!r} and left {args.out} "
-            f"{'a folder' if args.out.is_dir() else 'absent'}; expected the data version it wrote "
+            f"--task {config.task!r}: prepare returned {version!r} and left {config.out} "
+            f"{'a folder' if config.out.is_dir() else 'absent'}; expected the data version it wrote "
             "into that folder (text, e.g. 'dv-0123456789abcdef')"
         )
-    log.info("prepared data version %s in %s", version, args.out)
+    log.info("prepared data version %s in %s", version, config.out)
     return 0
 
 
@@ -113,17 +117,8 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     sample.set_defaults(handler=_sample_data)
 
     prep = commands.add_parser("prepare", help="validate, dedupe and split raw files into a data version")
-    add_task_arguments(prep)
-    prep.add_argument("--raw", type=Path, required=True, help="folder of raw files (the task's kind)")
-    prep.add_argument("--out", type=Path, required=True, help="new folder for the prepared data version")
-    prep.add_argument("--previous", type=Path, help="an earlier prepared version to build on incrementally")
-    prep.add_argument(
-        "--split",
-        default="0.8,0.1,0.1",
-        metavar="TRAIN,VALIDATION,TEST",
-        help="fractions of rows per split, adding up to 1 (default 0.8,0.1,0.1)",
-    )
-    registry_cli.add_policy_options(prep)  # checked against the task's metrics before anything is prepared
+    add_flags(prep, PrepareConfig)
+    add_task_option_flag(prep, TASK_OPTION_HELP)
     prep.set_defaults(handler=_prepare)
 
     train = commands.add_parser("train", help="train with checkpoint/resume, on one or more processes")

@@ -13,6 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from core.errors import InputError
+from core.flags import config_to_argv
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.engine.checkpoint_interval import (
@@ -28,7 +29,7 @@ from training.engine.distributed import init_distributed
 from training.engine.preemption import PreemptionNotice
 from training.engine.progress import describe
 from training.engine.tracking import make_tracker
-from training.engine.train_args import add_train_arguments, config_from_args, config_to_argv
+from training.engine.train_args import add_train_arguments, config_from_args
 from training.engine.trainer import COMPLETED, PREEMPTED, Trainer
 from training.tasks.loader import load_task
 

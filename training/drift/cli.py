@@ -30,7 +30,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from core.errors import InputError
 from core.files import write_atomically
+from core.flags import add_flags, config_from_namespace
+from training.drift.options import CHART_FILE, REPORT_FILE, DriftConfig
 from training.drift.tracking import Tracking, log_check, tracking_of
+from training.tasks.task_flags import add_task_option_flag, task_options_from_args
 
 if TYPE_CHECKING:
     from training.drift.check import DriftPolicy, DriftReport
@@ -40,13 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REPORT_FILE = "drift.json"
-CHART_FILE = "drift_psi.png"
 DRIFT_FOLDER = "drift"
-DEFAULT_EXPERIMENT = "retrain-drift"
-# training/drift/check.py pulls in numpy; the parser is built for every `retrain` command, so defaults
-# come later.
-_POLICY_DEFAULT = "default: DriftPolicy's, training/drift/check.py"
 # training/gate/registry.py's rule for model names; importing it would import torch, which a check with
 # --reference never needs.
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -61,47 +58,33 @@ def check_model_name(name: str) -> str:
     return name
 
 
-def _policy(args: argparse.Namespace) -> DriftPolicy:
+def _policy(config: DriftConfig) -> DriftPolicy:
     from training.drift.check import DriftPolicy
 
-    given = {
-        name: getattr(args, name)
-        for name in ("psi_threshold", "ks_pvalue", "min_drifted_features", "bins")
-        if getattr(args, name) is not None
-    }
-    return DriftPolicy(**given)
+    return DriftPolicy(**config.policy_given())
 
 
-def _topic(args: argparse.Namespace) -> TopicSettings | None:
+def _topic(config: DriftConfig, environ: Mapping[str, str]) -> TopicSettings | None:
     from training.drift.publish import TOPIC_ENDPOINT, TopicSettings
 
-    if args.publish is False:
+    if config.publish is False:
         return None
-    settings = TopicSettings.from_environ(args.environ)
-    if settings is None and args.publish:
+    settings = TopicSettings.from_environ(environ)
+    if settings is None and config.publish:
         raise InputError(f"--publish: {TOPIC_ENDPOINT} is not set; expected the drift topic's endpoint")
     return settings
 
 
-def _task_options(args: argparse.Namespace) -> dict[str, Any] | None:
-    from training.tasks.loader import options_from_json, parse_task_options
-
-    options = {**options_from_json(args.task_options), **parse_task_options(args.task_option)}
-    if args.task is None and options:
-        raise InputError("--task-options/--task-option: give --task too (or neither: the champion's task)")
-    return options if args.task is not None else None
-
-
 def _task_and_reference(
-    args: argparse.Namespace, tracking: Tracking | None, scratch: Path
+    config: DriftConfig, tracking: Tracking | None, scratch: Path
 ) -> tuple[Task, str, ReferenceData]:
     """The task (and where it came from) and the reference data: --reference, else the champion's."""
     from training.drift.data import champion_of, drift_task, reference_from_folder, reference_from_lineage
 
-    options = _task_options(args)
-    if args.reference is not None:
-        task, source = drift_task(None, None, args.task, options, scratch)
-        return task, source, reference_from_folder(task, args.reference)
+    options = config.task_options if config.task is not None else None
+    if config.reference is not None:
+        task, source = drift_task(None, None, config.task, options, scratch)
+        return task, source, reference_from_folder(task, config.reference)
     if tracking is None:
         raise InputError(
             "--mlflow-tracking-uri off: the champion's reference data is found through the registry; "
@@ -110,8 +93,8 @@ def _task_and_reference(
     from training.gate.registry import MlflowStore, ModelRegistry
 
     registry = ModelRegistry(MlflowStore(tracking.uri, tracking.artifact_location))
-    champion = champion_of(registry, args.model_name)
-    task, source = drift_task(registry, champion, args.task, options, scratch)
+    champion = champion_of(registry, config.model_name)
+    task, source = drift_task(registry, champion, config.task, options, scratch)
     return task, source, reference_from_lineage(task, champion.tags, champion.uri, champion.version)
 
 
@@ -122,13 +105,14 @@ def _drift(args: argparse.Namespace, stream: TextIO | None = None) -> int:
 
     stream = stream or sys.stdout
     check_model_name(args.model_name)
-    policy = _policy(args)
-    topic = _topic(args)  # a bad setting fails before any data is read
-    tracking = tracking_of(args.mlflow_tracking_uri, args.environ, args.state_root)
+    config = config_from_namespace(DriftConfig, args, task_options=task_options_from_args(args))
+    policy = _policy(config)
+    topic = _topic(config, args.environ)  # a bad setting fails before any data is read
+    tracking = tracking_of(config.mlflow_tracking_uri, args.environ, args.state_root)
     with tempfile.TemporaryDirectory(prefix="retrain-drift-") as scratch:
-        task, task_source, reference = _task_and_reference(args, tracking, Path(scratch))
+        task, task_source, reference = _task_and_reference(config, tracking, Path(scratch))
         log.info("drift features of task %s (from %s)", task.name, task_source)
-        current = read_current(task, args.current)
+        current = read_current(task, config.current)
     report = compare(
         reference.features.values,
         aligned(reference.features, current.features),
@@ -138,18 +122,18 @@ def _drift(args: argparse.Namespace, stream: TextIO | None = None) -> int:
         current_data_version=current.data_version,
     )
     check_id = new_check_id(datetime.now(UTC))
-    out = args.out if args.out is not None else args.state_root / DRIFT_FOLDER / check_id
-    document = report_document(report, args.model_name, check_id, reference, current)
+    out = config.out if config.out is not None else args.state_root / DRIFT_FOLDER / check_id
+    document = report_document(report, config.model_name, check_id, reference, current)
     document["task"] = {"name": task.name, "options": dict(task.options()), "from": task_source}
     files = write_outputs(document, report, out)
     event_id = None
     try:
         if report.alert and topic is not None:
-            event_id = _publish(report, args.model_name, check_id, reference, topic)
+            event_id = _publish(report, config.model_name, check_id, reference, topic)
     finally:
         if tracking is not None:
-            log_check(tracking, args.mlflow_experiment, args.environ, document, report, files, event_id)
-    print(_final_line(args, report, out, event_id, topic), file=stream)
+            log_check(tracking, config.mlflow_experiment, args.environ, document, report, files, event_id)
+    print(_final_line(config, report, out, event_id, topic), file=stream)
     return 0
 
 
@@ -166,7 +150,7 @@ def _publish(
 
 
 def _final_line(
-    args: argparse.Namespace,
+    config: DriftConfig,
     report: DriftReport,
     out: Path,
     event_id: str | None,
@@ -176,13 +160,13 @@ def _final_line(
 
     if event_id is not None and topic is not None:
         sent = f"; event {event_id} published to {topic.shown_endpoint}"
-    elif report.alert and args.publish is False:
+    elif report.alert and config.publish is False:
         sent = "; not published (--no-publish)"
     elif report.alert:
         sent = f"; not published ({TOPIC_ENDPOINT} is not set)"
     else:
         sent = ""
-    return f"drift {args.model_name}: {report.summary()}; report in {out / REPORT_FILE}{sent}"
+    return f"drift {config.model_name}: {report.summary()}; report in {out / REPORT_FILE}{sent}"
 
 
 # -- outputs ---------------------------------------------------------------------------------------------
@@ -237,67 +221,6 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     drift = commands.add_parser(
         "drift", help="compare the champion's training data with newly arrived data; alert on drift"
     )
-    drift.add_argument("--model-name", required=True, help="the registered model whose data is checked")
-    drift.add_argument(
-        "--current", type=Path, required=True, metavar="DIR", help="folder of newly arrived raw batch files"
-    )
-    drift.add_argument(
-        "--reference",
-        type=Path,
-        metavar="DIR",
-        help="a prepared data version to compare with (default: the champion's, from its lineage)",
-    )
-    drift.add_argument(
-        "--task",
-        metavar="REF",
-        help="the task whose drift features are compared: tabular, image, file.py:Attr, pkg.mod:Attr "
-        "(default: the champion's, from its lineage; else tabular)",
-    )
-    drift.add_argument("--task-options", metavar="JSON", help="the task's options as a JSON object")
-    drift.add_argument(
-        "--task-option", action="append", metavar="KEY=VALUE", help="one task option (repeatable)"
-    )
-    policy = drift.add_argument_group("thresholds")
-    policy.add_argument(
-        "--psi-threshold",
-        type=float,
-        metavar="NUMBER",
-        help=f"a feature's PSI above it drifts ({_POLICY_DEFAULT})",
-    )
-    policy.add_argument(
-        "--ks-pvalue",
-        type=float,
-        metavar="P",
-        help=f"...and its KS p-value below it ({_POLICY_DEFAULT})",
-    )
-    policy.add_argument(
-        "--min-drifted-features",
-        type=int,
-        metavar="N",
-        help=f"drifted features that raise an alert ({_POLICY_DEFAULT})",
-    )
-    policy.add_argument("--bins", type=int, metavar="N", help=f"PSI quantile bins ({_POLICY_DEFAULT})")
-    drift.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help=f"folder for {REPORT_FILE} and {CHART_FILE} (default: <state>/drift/<check id>)",
-    )
-    drift.add_argument(
-        "--publish",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="publish the drift event on an alert (default: when RETRAIN_DRIFT_TOPIC_ENDPOINT is set)",
-    )
-    drift.add_argument(
-        "--mlflow-tracking-uri",
-        metavar="URI",
-        help="MLflow store for the check and the registry, or 'off' "
-        "(default: $MLFLOW_TRACKING_URI, else SQLite in the state folder)",
-    )
-    drift.add_argument(
-        "--mlflow-experiment",
-        default=DEFAULT_EXPERIMENT,
-        help=f"experiment of the check's run ({DEFAULT_EXPERIMENT})",
-    )
+    add_flags(drift, DriftConfig)
+    add_task_option_flag(drift, "one task option (repeatable)")
     drift.set_defaults(handler=_drift)

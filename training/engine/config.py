@@ -1,4 +1,5 @@
-"""The trainer's configuration: one frozen dataclass, validated at construction.
+"""The trainer's configuration: one frozen dataclass, validated at construction, whose fields are the
+trainer's command-line flags too (core/flags.py: `retrain train`, the torchrun worker, components/train.yml).
 
 Every validation error names the option and says what to use instead, because these objects are built
 straight from command-line arguments and app settings.
@@ -6,14 +7,17 @@ straight from command-line arguments and app settings.
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.errors import InputError
+from core.flags import flag, number_text
 from core.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
-from core.train_rules import TRAIN_RULES
+from core.train_rules import OFF_WORDS, TRAIN_RULES, read_interval
+from training.tasks.task_flags import options_text, task_flag, task_options_flag
 
 PROGRESS_MODES = ("auto", "bar", "log", "jsonl", "none")
 
@@ -61,30 +65,132 @@ def _shown(value: object) -> str:
     return format(value, "g") if _is_number(value) else str(value)
 
 
+def _optional_whole(text: str) -> int | None:
+    if text.lower() in OFF_WORDS:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a int or 'off', got {text!r}") from None
+
+
+def _seconds_auto_or_off(text: str) -> float | str | None:
+    try:
+        return read_interval(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds, '{AUTO_INTERVAL}' or 'off', got {text!r}"
+        ) from None
+
+
+def _interval_text(value: float | str) -> str:
+    return value if isinstance(value, str) else number_text(value)  # 'auto', or seconds
+
+
+def off_or_text(value: str | None) -> str | None:
+    """A location flag's text: 'off' (any case) is none."""
+    return None if value is None or value.lower() == "off" else value
+
+
+_TASK, _DATA, _TRAINING, _CHECKPOINTS, _REPORTING = (
+    "task",
+    "data and outputs",
+    "training",
+    "checkpoints",
+    "reporting",
+)
+FLAG_GROUPS = (_TASK, _DATA, _TRAINING, _CHECKPOINTS, _REPORTING)  # their order in `retrain train --help`
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    data: Path
-    out: Path
-    checkpoints: str
-    epochs: int = 5
-    seed: int = 0
-    global_batch_size: int = 64
-    learning_rate: float = 3e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 20
-    task: str = DEFAULT_TASK
-    task_options: dict[str, Any] = field(default_factory=dict)
-    checkpoint_every_steps: int | None = None
-    checkpoint_every_seconds: float | str | None = DEFAULT_CHECKPOINT_EVERY_SECONDS
-    mtbe_hours: float = DEFAULT_MTBE_HOURS
-    keep_checkpoints: int = 2
-    deterministic: bool = False
-    allow_data_change: bool = False
-    device: str = "auto"
-    progress: str = "auto"
-    mlflow_tracking_uri: str | None = None
-    mlflow_experiment: str = "retrain"
-    mlflow_artifact_location: str | None = None
+    """The trainer's options; each field is its command-line flag too (core/flags.py)."""
+
+    data: Path = field(
+        metadata=flag(parse=Path, group=_DATA, help="a prepared data version (retrain prepare)")
+    )
+    out: Path = field(metadata=flag(parse=Path, group=_DATA, help="folder for model.pt and metadata.json"))
+    checkpoints: str = field(
+        metadata=flag(
+            group=_DATA,
+            help="checkpoint folder, or https://<account>.blob.core.windows.net/<container>/<prefix>",
+        )
+    )
+    epochs: int = field(default=5, metadata=flag(parse=int, group=_TRAINING))
+    seed: int = field(default=0, metadata=flag(parse=int, group=_TRAINING))
+    global_batch_size: int = field(
+        default=64,
+        metadata=flag(
+            parse=int,
+            group=_TRAINING,
+            help="samples per step over all processes (kept when the world size changes)",
+        ),
+    )
+    learning_rate: float = field(
+        default=3e-3, metadata=flag(parse=float, format=number_text, group=_TRAINING)
+    )
+    weight_decay: float = field(default=0.01, metadata=flag(parse=float, format=number_text, group=_TRAINING))
+    warmup_steps: int = field(default=20, metadata=flag(parse=int, group=_TRAINING))
+    task: str = field(default=DEFAULT_TASK, metadata=task_flag(_TASK))
+    task_options: dict[str, Any] = field(default_factory=dict, metadata=task_options_flag(_TASK))
+    checkpoint_every_steps: int | None = field(
+        default=None,
+        metadata=flag(
+            parse=_optional_whole, none="off", group=_CHECKPOINTS, help="save every K steps ('off')"
+        ),
+    )
+    checkpoint_every_seconds: float | str | None = field(
+        default=DEFAULT_CHECKPOINT_EVERY_SECONDS,
+        metadata=flag(
+            parse=_seconds_auto_or_off,
+            format=_interval_text,
+            none="off",
+            group=_CHECKPOINTS,
+            help="save every T seconds; 'auto' measures the checkpoint cost at the first saves and takes "
+            "Daly's optimum for it and --mtbe-hours; 'off'",
+        ),
+    )
+    mtbe_hours: float = field(
+        default=DEFAULT_MTBE_HOURS,
+        metadata=flag(
+            parse=float,
+            format=number_text,
+            metavar="M",
+            group=_CHECKPOINTS,
+            help="mean hours between evictions of the job (a node's / the node count), for "
+            "--checkpoint-every-seconds auto (default %(default)s)",
+        ),
+    )
+    keep_checkpoints: int = field(default=2, metadata=flag(parse=int, group=_CHECKPOINTS))
+    deterministic: bool = field(
+        default=False, metadata=flag(group=_TRAINING, help="use deterministic algorithms only")
+    )
+    allow_data_change: bool = field(
+        default=False,
+        metadata=flag(group=_CHECKPOINTS, help="resume a checkpoint made on another data version"),
+    )
+    device: str = field(default="auto", metadata=flag(choices=("auto", "cpu", "cuda"), group=_TRAINING))
+    progress: str = field(
+        default="auto",
+        metadata=flag(
+            choices=PROGRESS_MODES,
+            group=_REPORTING,
+            help="bar (terminal), log (job logs), jsonl (machine-readable, stdout), none",
+        ),
+    )
+    mlflow_tracking_uri: str | None = field(
+        default=None,
+        metadata=flag(
+            read=off_or_text,
+            none="off",
+            group=_REPORTING,
+            help="MLflow store, or 'off' (default: $MLFLOW_TRACKING_URI, else SQLite in the state folder)",
+        ),
+    )
+    mlflow_experiment: str = field(default="retrain", metadata=flag(group=_REPORTING))
+    mlflow_artifact_location: str | None = field(
+        default=None, metadata=flag(read=off_or_text, none="off", group=_REPORTING, help=argparse.SUPPRESS)
+    )
 
     def __post_init__(self) -> None:
         # The rules every room checks these parameters by (the configuration file, --param, the pre-run
@@ -131,11 +237,6 @@ def _json_object(options: object) -> dict[str, Any]:
         return json.loads(json.dumps(options, allow_nan=False))
     except (TypeError, ValueError) as error:
         raise InputError(f"--task-options {options!r}: not representable as JSON ({error})") from None
-
-
-def options_text(options: dict[str, Any]) -> str:
-    """Task options as one canonical JSON object, for command lines and messages."""
-    return json.dumps(options, sort_keys=True, separators=(",", ":"))
 
 
 def _shown_option(name: str, value: object) -> str:

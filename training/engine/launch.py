@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError
+from core.flags import config_to_argv
 from core.secrets import tracking_credentials_apart
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
 from training.checkpoint.stores import newest_record, open_checkpoint_lease, open_checkpoint_store
@@ -53,7 +54,6 @@ from training.engine.parent_watch import (
 from training.engine.preemption import ELASTIC_ERROR_FILE_VARIABLE, LAUNCH_ID_VARIABLE, PREEMPTED_EXIT_CODE
 from training.engine.process_tree import children, end_descendants
 from training.engine.resume_policy import check_resumable
-from training.engine.train_args import config_to_argv
 
 log = logging.getLogger(__name__)
 

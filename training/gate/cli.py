@@ -15,28 +15,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from core.errors import InputError
+from core.flags import add_flags, config_from_namespace
+from training.gate.options import (
+    DEFAULT_MODEL_NAME,
+    LOCKS_FOLDER,
+    MODEL_NAME_HELP,
+    TASK_OPTION_HELP,
+    TRACKING_HELP,
+    EvaluateConfig,
+    RegisterConfig,
+)
+from training.tasks.task_flags import add_task_option_flag, task_options_from_args
 
 if TYPE_CHECKING:
     from training.gate.lock import RegistryLock
     from training.gate.registry import ModelRegistry
 
-DEFAULT_MODEL_NAME = "digits"
-LOCKS_FOLDER = "locks"
 PIPELINE_JOB_VARIABLES = ("AZUREML_ROOT_RUN_ID", "RETRAIN_PIPELINE_RUN")  # Azure ML's, the local runner's
-# The gate pulls in torch; the parser is built for every `retrain` command, so defaults are filled in later.
-_GATE_DEFAULT = "default or 'default': the task's, training/gate/policy.py task_defaults"
-_TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 _FAMILY_MEMBER = re.compile(r".+_\d+")  # recall_3: one of a family, left out of the listing's columns
 LISTED_METRICS = 3
-
-
-def _boolean(text: str) -> bool:
-    if text.lower() in _TRUE:
-        return True
-    if text.lower() in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _registry(args: argparse.Namespace) -> ModelRegistry:
@@ -56,71 +53,47 @@ def _lock(args: argparse.Namespace) -> RegistryLock:
 # -- handlers -------------------------------------------------------------------------------------------
 
 
-def _task(args: argparse.Namespace) -> tuple[str | None, dict[str, Any] | None]:
+def _task(config: EvaluateConfig | RegisterConfig) -> tuple[str | None, dict[str, Any] | None]:
     """--task with its options; (None, None) without --task: the task the model file records."""
-    from training.tasks.loader import options_from_json, parse_task_options
-
-    options = {**options_from_json(args.task_options), **parse_task_options(args.task_option)}
-    if args.task is None:
-        if options:
-            raise InputError("--task-options/--task-option: give --task too, or neither (the model's own)")
-        return None, None
-    return args.task, options
+    return (None, None) if config.task is None else (config.task, config.task_options)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     from training.gate.evaluate import write_evaluation
 
-    task_ref, task_options = _task(args)
+    config = config_from_namespace(EvaluateConfig, args, task_options=task_options_from_args(args))
+    task_ref, task_options = _task(config)
     registry = _registry(args)
-    write_evaluation(args.model, args.data, args.model_name, registry, args.out, task_ref, task_options)
+    write_evaluation(
+        config.model, config.data, config.model_name, registry, config.out, task_ref, task_options
+    )
     return 0
-
-
-def policy_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The gate options given; the rest are the task's defaults (training.gate.policy.policy_for_task)."""
-    return {
-        "primary_metric": args.primary_metric,
-        "min_improvement": args.min_improvement,
-        "floors": args.floors,
-        "max_regression": args.max_regression,
-        "first_model_floors": args.first_model_floors,
-        "bootstrap_unloadable_champion": args.bootstrap_unloadable_champion,
-    }
-
-
-def _improvement(text: str) -> float | None:
-    if text.strip().lower() == "default":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'default', got {text!r}") from None
 
 
 def _register(args: argparse.Namespace) -> int:
     from training.gate.lineage import Trigger
     from training.gate.register import RegisterRequest, write_registration
 
-    task_ref, task_options = _task(args)
+    config = config_from_namespace(RegisterConfig, args, task_options=task_options_from_args(args))
+    task_ref, task_options = _task(config)
     pipeline_job = next(
         (args.environ[name] for name in PIPELINE_JOB_VARIABLES if args.environ.get(name)), None
     )
     request = RegisterRequest(
-        model_dir=args.model,
-        evaluation_dir=args.evaluation,
-        data_dir=args.data,
-        model_name=args.model_name,
-        trigger=Trigger.parse(args.trigger),
-        raw_data_version=args.raw_data_version,
-        environment_version=args.environment_version,
+        model_dir=config.model,
+        evaluation_dir=config.evaluation,
+        data_dir=config.data,
+        model_name=config.model_name,
+        trigger=Trigger.parse(config.trigger),
+        raw_data_version=config.raw_data_version,
+        environment_version=config.environment_version,
         pipeline_job=pipeline_job,
-        experiment=args.mlflow_experiment,
-        gate=policy_options(args),
+        experiment=config.mlflow_experiment,
+        gate=config.policy.given(),
         task_ref=task_ref,
         task_options=task_options,
     )
-    write_registration(request, _registry(args), _lock(args), args.out)
+    write_registration(request, _registry(args), _lock(args), config.out)
     return 0
 
 
@@ -255,118 +228,31 @@ def _print_lineage(report: dict[str, Any], stream: TextIO) -> None:
 # -- parsers --------------------------------------------------------------------------------------------
 
 
-def _add_registry_options(parser: argparse.ArgumentParser, model_name_required: bool) -> None:
+def _add_registry_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-name",
-        required=model_name_required,
-        default=None if model_name_required else DEFAULT_MODEL_NAME,
-        help="the registered model's name"
-        + ("" if model_name_required else f" (default {DEFAULT_MODEL_NAME})"),
+        default=DEFAULT_MODEL_NAME,
+        help=f"{MODEL_NAME_HELP} (default {DEFAULT_MODEL_NAME})",
     )
-    parser.add_argument(
-        "--mlflow-tracking-uri",
-        help="MLflow tracking and registry store "
-        "(default: $MLFLOW_TRACKING_URI, else SQLite in the state folder)",
-    )
-
-
-def _add_lock_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--lock",
-        help="where the registry lock lives: a folder, or https://<account>.blob.core.windows.net/<container>"
-        f"[/<prefix>] for a blob lease (default: <state folder>/{LOCKS_FOLDER})",
-    )
-    parser.add_argument(
-        "--lock-wait", type=float, default=600.0, metavar="SECONDS", help="how long to wait for the lock"
-    )
-
-
-def add_policy_options(parser: argparse.ArgumentParser) -> None:
-    """The register step's gate policy options (`retrain prepare` takes them too, to check them first)."""
-    policy = parser.add_argument_group("gate policy")
-    policy.add_argument(
-        "--primary-metric", metavar="METRIC", help=f"one of the task's metrics ({_GATE_DEFAULT})"
-    )
-    policy.add_argument(
-        "--min-improvement",
-        type=_improvement,
-        metavar="NUMBER",
-        help=f"how much the primary metric must beat the champion's by, absolute ({_GATE_DEFAULT})",
-    )
-    policy.add_argument(
-        "--floors",
-        metavar="METRIC=NUMBER,...",
-        help=f"bounds for every candidate, or 'none' ({_GATE_DEFAULT})",
-    )
-    policy.add_argument(
-        "--max-regression",
-        metavar="METRIC=NUMBER,...",
-        help="how much worse than the champion a metric may get; a family such as 'recall_*' covers "
-        f"each member ({_GATE_DEFAULT})",
-    )
-    policy.add_argument(
-        "--first-model-floors",
-        metavar="METRIC=NUMBER,...",
-        help=f"what the first model must meet ({_GATE_DEFAULT})",
-    )
-    policy.add_argument(
-        "--bootstrap-unloadable-champion",
-        type=_boolean,
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="true|false",
-        help="let a candidate meeting the first-model floors replace a champion that cannot be loaded",
-    )
-
-
-def _add_task_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--task",
-        metavar="REF",
-        help="the model's task: tabular, image, file.py:Attr or pkg.mod:Attr "
-        "(default: the one the model file records; a different one is refused)",
-    )
-    parser.add_argument(
-        "--task-options", metavar="JSON", help="the task's options as a JSON object (with --task)"
-    )
-    parser.add_argument(
-        "--task-option",
-        action="append",
-        metavar="KEY=VALUE",
-        help="one task option, over --task-options (repeatable)",
-    )
+    parser.add_argument("--mlflow-tracking-uri", help=TRACKING_HELP)
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate = commands.add_parser(
         "evaluate", help="score a candidate and the champion on the same test split"
     )
-    evaluate.add_argument("--model", type=Path, required=True, help="a training's output folder")
-    evaluate.add_argument("--data", type=Path, required=True, help="the prepared data version it trained on")
-    evaluate.add_argument("--out", type=Path, required=True, help="folder for evaluation.json")
-    _add_task_options(evaluate)
-    _add_registry_options(evaluate, model_name_required=True)
+    add_flags(evaluate, EvaluateConfig)
+    add_task_option_flag(evaluate, TASK_OPTION_HELP)
     evaluate.set_defaults(handler=_evaluate)
 
     register = commands.add_parser("register", help="gate an evaluated candidate; register it if it passes")
-    register.add_argument("--model", type=Path, required=True, help="a training's output folder")
-    register.add_argument("--evaluation", type=Path, required=True, help="the evaluate step's output folder")
-    register.add_argument("--data", type=Path, required=True, help="the prepared data version it trained on")
-    register.add_argument("--trigger", default="manual", help="'manual' or KEY=VALUE,... (kind, event_id)")
-    register.add_argument("--raw-data-version", required=True, help="the pinned raw data version (rd-...)")
-    register.add_argument("--environment-version", required=True, help="the training environment's version")
-    register.add_argument("--out", type=Path, required=True, help="folder for registration.json")
-    register.add_argument("--mlflow-experiment", default="retrain", help="experiment of the registering run")
-    _add_task_options(register)
-    _add_registry_options(register, model_name_required=True)
-    _add_lock_options(register)
-    add_policy_options(register)
+    add_flags(register, RegisterConfig)
+    add_task_option_flag(register, TASK_OPTION_HELP)
     register.set_defaults(handler=_register)
 
     models = commands.add_parser("models", help="registered versions with aliases, metrics and lineage")
     models.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_registry_options(models, model_name_required=False)
+    _add_registry_options(models)
     models.set_defaults(handler=_models)
 
     lineage = commands.add_parser(
@@ -374,13 +260,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     lineage.add_argument("version", help="the version number (e.g. 3)")
     lineage.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_registry_options(lineage, model_name_required=False)
+    _add_registry_options(lineage)
     lineage.set_defaults(handler=_lineage)
 
     rollback_command = commands.add_parser("rollback", help="move 'champion' back to the 'previous' version")
     rollback_command.add_argument(
         "--reason", required=True, help="why; recorded on the version rolled back from"
     )
-    _add_registry_options(rollback_command, model_name_required=False)
-    _add_lock_options(rollback_command)
+    _add_registry_options(rollback_command)
+    add_flags(rollback_command, RegisterConfig, only=("lock", "lock_wait"))  # the lock register takes
     rollback_command.set_defaults(handler=_rollback)
