@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypeGuard
 
 from core.errors import InputError
 
@@ -63,7 +64,7 @@ def read_interval(value: object) -> float | str | None:
     return _number(value)
 
 
-def _finite(value: object) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
     return isinstance(value, float) and math.isfinite(value)
 
 

@@ -12,10 +12,14 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import FrameType
+from typing import Any
 
 from training.engine.failure_report import ELASTIC_ERROR_FILE_VARIABLE, report_to_launcher
+
+# What signal.signal returns and takes: a handler, SIG_DFL/SIG_IGN, or None for one not set from Python.
+SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 __all__ = [
     "ELASTIC_ERROR_FILE_VARIABLE",
@@ -49,7 +53,7 @@ class PreemptionNotice:
 
     def __init__(self) -> None:
         self.received_at: float | None = None
-        self._previous_handlers: dict[int, object] = {}
+        self._previous_handlers: dict[int, SignalHandler] = {}
 
     @property
     def received(self) -> bool:
