@@ -12,7 +12,7 @@ AZURITE := node_modules/.bin/azurite-blob
 OLDEST_AZURE_FUNCTIONS := .azure-functions-oldest
 OLDEST_STAMP := $(OLDEST_AZURE_FUNCTIONS)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint typecheck bench clean
 
 demo: $(VENV_STAMP)
 	$(VENV)/bin/retrain demo
@@ -20,13 +20,17 @@ demo: $(VENV_STAMP)
 # The suite starts hundreds of Python processes (torchrun workers, pipeline steps). Where the environment
 # sets PYTHONDONTWRITEBYTECODE, each would compile the project's modules again; compiled once here, every
 # process reads them (Python checks each against its source, so a stale one is never used).
-test: $(VENV_STAMP) $(CHECKOV_STAMP) $(AZURITE) $(OLDEST_STAMP) lint
+test: $(VENV_STAMP) $(CHECKOV_STAMP) $(AZURITE) $(OLDEST_STAMP) lint typecheck
 	$(PY) -m compileall -q core training components function_app demo retrain_cli.py function_entry.py > /dev/null
 	$(PY) -m pytest -n 2 --dist loadfile
 
 lint: $(VENV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# What it checks is pyproject.toml's [tool.mypy] `files`: the core, the engine, checkpoints and the ledger.
+typecheck: $(VENV_STAMP)
+	$(VENV)/bin/mypy
 
 bench: $(VENV_STAMP) $(AZURITE)
 	$(PY) bench/trainer.py
@@ -54,4 +58,4 @@ $(AZURITE): package.json package-lock.json
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) $(OLDEST_AZURE_FUNCTIONS) node_modules .retrain .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) $(OLDEST_AZURE_FUNCTIONS) node_modules .retrain .pytest_cache .ruff_cache .mypy_cache
