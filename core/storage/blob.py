@@ -59,7 +59,7 @@ class BlobRecords:
         self._owner, self._error = owner, error
         folder = check_prefix(prefix, f"{owner} prefix", error)
         self._folder = f"{folder}/" if folder else ""
-        self.location = container_url(container, self._folder)
+        self.location = f"{container_url(container)}/{self._folder}"
 
     def create(self, name: str, data: bytes, tag: str = "") -> bool:
         full = self._name(name)
