@@ -203,7 +203,7 @@ def test_a_lease_taken_away_from_its_holder_is_reported_lost(twin, tmp_path):
         BlobLeaseClient(twin.container.get_blob_client(f"{PREFIX}/{LEASES}/flush-digits")).break_lease(
             lease_break_period=0
         )
-        renewal = lease.renewal  # type: ignore[attr-defined]
+        renewal = lease.renewal
         renewal.thread.join(RESULT_TIMEOUT_S)  # the renewal ends at its first failure: wait for that
         assert lease.lost
     lease.release()
