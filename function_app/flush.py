@@ -30,10 +30,10 @@ from components.cost import CostSettings, with_estimate
 from components.data_version import DataManifest
 from components.errors import JobNotFound, SubmissionError
 from components.request import FAILED, TERMINAL_STATES, DataRef, RunRequest, Submitter, job_name_for
+from core.storage.leases import Holder
 from function_app.events.triggers import COALESCED, KIND_BLOB, REJECTED, SUBMITTED
 from function_app.ledger.ledger import PENDING, Claim, Ledger
 from function_app.ledger.records import SUBMITTING, InputPin, LedgerBusyError, SubmissionRecord
-from function_app.ledger.store import Holder
 from function_app.pinning import ASSET_PREFIX, DataPinner, PinError, Vanished, batch_manifest
 from function_app.policy.rules import (
     FlushVerdict,

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.locks import exclusive_file_lock
+from core.storage.local import exclusive_file_lock
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient

@@ -55,7 +55,7 @@ from components.request import RunRequest
 from components.run_inputs import TASK_INPUT
 from components.specs import PipelineSpec, load_pipeline_spec
 from components.task_ref import TaskCode, parse_task_reference, task_code
-from core.locks import exclusive_file_lock
+from core.storage.local import exclusive_file_lock
 
 __all__ = ["LocalRunner", "LocalStepFailed", "RunnerOptions"]
 

@@ -41,10 +41,10 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, TypeVar
 
-from core.secrets import mask_secrets
+from core.storage.leases import Holder
+from core.storage.records import UNREADABLE, Listed, Stored
 from function_app.ledger.records import (
     DamagedRecord,
     DuplicateRecord,
@@ -61,7 +61,7 @@ from function_app.ledger.records import (
     rebuild_state,
     submission_replaceable,
 )
-from function_app.ledger.store import QUARANTINE, UNREADABLE, Hold, Holder, Listed, RecordStore, Stored
+from function_app.ledger.store import QUARANTINE, Hold, RecordStore, open_ledger_store
 from function_app.policy.state import ModelState
 
 log = logging.getLogger(__name__)
@@ -349,19 +349,4 @@ def open_ledger(spec: str, connection_string: str | None = None) -> Ledger:
     """The ledger `spec` names: a local folder, or a container (and prefix) URL in Blob Storage
     (https://<account>.blob.core.windows.net/<container>/<prefix>, with the managed identity; or the
     emulator's http://127.0.0.1:<port>/<account>/<container>/<prefix>, with `connection_string`)."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise LedgerError("ledger location is empty; expected a folder or an https blob container URL")
-    spec = spec.strip()
-    scheme = spec.split("://", 1)[0].lower() if "://" in spec else ""
-    if scheme in ("http", "https"):
-        from function_app.ledger.blob import open_blob_store  # the Blob SDK, only when the ledger is there
-
-        return Ledger(open_blob_store(spec, connection_string))
-    if scheme:
-        raise LedgerError(
-            f"ledger location {mask_secrets(spec.split('?', 1)[0])!r}: scheme {scheme!r} is not supported; "
-            "expected a folder or an https blob container URL"
-        )
-    from function_app.ledger.local import LocalRecordStore
-
-    return Ledger(LocalRecordStore(Path(spec).expanduser()))
+    return Ledger(open_ledger_store(spec, connection_string))

@@ -1,58 +1,34 @@
-"""The record store: the few storage primitives the ledger is built on, with a local and a Blob twin.
+"""The ledger's record store: the storage seam's records (core/storage/records.py, a local folder or a Blob
+container, picked by core/storage/locations.py) with what the ledger adds to them:
 
-    create(name, data, tag)            create if absent; False when the name exists (another writer won)
-    read(name)                         the record's bytes, version and tag; None when absent
-    replace(name, data, version, tag)  replace if still `version`; False when another writer got there first
-    list(prefix)                       every record's name, version and tag under a prefix, without its bytes
-    quarantine(name, version)          move a record that cannot be read to `quarantine/`, if still `version`
-    hold(name)                         the single-writer lease: a file lock locally, a blob lease in Azure
-    holder(name)                       who holds that lease and since when, as its holder wrote it
+    quarantine(name, version)  move a record that cannot be read to `quarantine/`, if still `version`
+    hold(name)                 the single-writer flush lease: a file lock locally, a blob lease in Azure
+    holder(name)               who holds that lease and since when, as its holder wrote it
 
-A record is replaced whole and atomically: a reader sees the old one or the new one. The tag is a short
-word stored beside the bytes (blob metadata in Azure) that `list` returns without reading any record: it
-is how a flush finds the claims still pending among every claim ever made, at one listing call per 5,000.
-Transient storage failures raise their own errors, so that Event Grid retries; what the user must fix is
-a one-line `LedgerError`. A record that cannot be decoded at all (a local file without its tag line) is
-read and listed with the tag UNREADABLE, which no record can be given, so that the ledger moves it aside
-instead of stopping at it.
+Transient storage failures raise their own errors, so that Event Grid retries; what the user must fix is a
+one-line `LedgerError`. A record that cannot be decoded is read and listed with the tag UNREADABLE, so that
+the ledger moves it aside instead of stopping at it.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
 import re
-import socket
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
+from core.storage import records as seam
+from core.storage.leases import Holder, holder_stamp, read_holder_stamp
+from core.storage.locations import CONNECTION_STRING_VARIABLE, parse_location
+from core.storage.records import Listed, Stored
 from function_app.ledger.records import LedgerError
 
+if TYPE_CHECKING:
+    from azure.storage.blob import ContainerClient
+
+OWNER = "ledger"  # how the seam's messages name the ledger
 QUARANTINE = "quarantine"  # where records that cannot be read are moved, under their own names
-UNREADABLE = "?"  # the tag of a record that cannot be decoded; check_tag refuses it, so none is written
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127}){0,3}")
-_TAG = re.compile(r"[A-Za-z0-9._-]{0,128}")
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One record as read: its bytes, its version (the token `replace` needs) and its tag."""
-
-    data: bytes
-    version: str
-    tag: str = ""
-
-
-@dataclass(frozen=True)
-class Listed:
-    """One record as listed: its name (relative to the store), version and tag, not its bytes."""
-
-    name: str
-    version: str
-    tag: str = ""
 
 
 class Hold(Protocol):
@@ -62,85 +38,96 @@ class Hold(Protocol):
     def lost(self) -> bool: ...
 
 
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a lease, as its holder wrote it when it took the lease (`who`, `since`: None where it
-    wrote nothing, e.g. a lease someone took by hand), and what kind of lease it is: `endless` for one
-    that never expires (no flush takes one: only a person or another tool does), `dies_with_holder` where
-    the lease cannot outlive its process (a file lock), so that holding it long means a live, slow
-    holder, never a dead one."""
+class RecordStore:
+    """The ledger's records in `records`, a store of the seam."""
 
-    who: str | None
-    since: datetime | None
-    endless: bool = False
-    dies_with_holder: bool = False
+    def __init__(self, records: seam.RecordStore) -> None:
+        self.records = records
+        self.location = records.location
 
-    def age_seconds(self, now: datetime) -> float | None:
-        """How long it has been held by `now`; never negative (the holder's clock may run ahead)."""
-        return None if self.since is None else max(0.0, (now - self.since).total_seconds())
+    def create(self, name: str, data: bytes, tag: str = "") -> bool:
+        return self.records.create(name, data, tag)
 
+    def read(self, name: str) -> Stored | None:
+        return self.records.read(name)
 
-def holder_stamp(now: datetime | None = None) -> dict[str, str]:
-    """What a holder writes of itself on taking a lease: this process and host, and the time."""
-    taken = now or datetime.now(UTC)
-    return {"who": f"pid {os.getpid()} on {socket.gethostname()}", "since": taken.isoformat()}
+    def replace(self, name: str, data: bytes, version: str, tag: str = "") -> bool:
+        return self.records.replace(name, data, version, tag)
 
-
-def read_holder_stamp(
-    stamp: dict[str, str] | bytes | None, *, endless: bool = False, dies_with_holder: bool = False
-) -> Holder:
-    """A Holder from what `holder_stamp` wrote; fields that cannot be read are None (a report, not a
-    record: it must never stop a flush)."""
-    if isinstance(stamp, bytes):
-        try:
-            stamp = json.loads(stamp.decode())
-        except (UnicodeDecodeError, ValueError):
-            stamp = None
-    fields = stamp if isinstance(stamp, dict) else {}
-    who = fields.get("who") if isinstance(fields.get("who"), str) else None
-    try:
-        since = datetime.fromisoformat(fields["since"])
-        since = since if since.tzinfo else since.replace(tzinfo=UTC)
-    except (KeyError, TypeError, ValueError):
-        since = None
-    return Holder(who[:200] if who else None, since, endless=endless, dies_with_holder=dies_with_holder)
-
-
-class RecordStore(Protocol):
-    location: str
-
-    def create(self, name: str, data: bytes, tag: str = "") -> bool: ...
-
-    def read(self, name: str) -> Stored | None: ...
-
-    def replace(self, name: str, data: bytes, version: str, tag: str = "") -> bool: ...
-
-    def list(self, prefix: str) -> Iterator[Listed]: ...
+    def list(self, prefix: str) -> Iterator[Listed]:
+        return self.records.list(prefix)
 
     def quarantine(self, name: str, version: str) -> str | None:
         """Move the record `name` (as listed: it may be a stray name no record would have) to
         `quarantine_name(name, version)`: copy it there, then delete it if it is still `version`. Two
         readers may move one record at once: the copy is created if absent and the delete is conditional.
         The quarantined name; None when the record changed from `version` (it is left where it is)."""
-        ...
+        target = quarantine_name(name, version)
+        stored = self.records.read(name)
+        if stored is None:
+            return target  # another reader moved it first
+        if stored.version != version:
+            return None
+        self.records.create(target, stored.data)  # False: another reader copied it first
+        self.records.delete(name, version)  # False: rewritten meanwhile, and read again next time
+        return target
 
-    def hold(self, name: str) -> AbstractContextManager[Hold | None]:
+    @contextlib.contextmanager
+    def hold(self, name: str) -> Iterator[Hold | None]:
         """Enter to try to take the lease `name` without waiting: the Hold, or None when another holder
         has it. A holder that dies loses it (the lock with its process; a blob lease when it expires)."""
-        ...
+        lease = self.records.lease(name)
+        if not lease.take(holder_stamp()):
+            yield None
+            return
+        try:
+            yield lease
+        finally:
+            lease.release()
 
     def holder(self, name: str) -> Holder | None:
-        """Who holds the lease `name` (see Holder); None when nobody does."""
-        ...
+        """Who holds the lease `name`; None when nobody does."""
+        held = self.records.lease(name).holder()
+        return None if held is None else read_holder_stamp(held)
+
+
+class LocalRecordStore(RecordStore):
+    """The ledger in a local folder (core/storage/local.py)."""
+
+    def __init__(self, folder: Path) -> None:
+        from core.storage.local import LocalRecords
+
+        super().__init__(LocalRecords(folder, OWNER, LedgerError))
+
+
+class BlobRecordStore(RecordStore):
+    """The ledger under `prefix` in a container that exists (core/storage/blob.py)."""
+
+    def __init__(self, container: ContainerClient, prefix: str = "") -> None:
+        from core.storage.blob import BlobRecords  # the Blob SDK, only when the ledger is there
+
+        super().__init__(BlobRecords(container, OWNER, LedgerError, prefix))
+
+
+def open_ledger_store(spec: str, connection_string: str | None = None) -> RecordStore:
+    """The store `spec` names: a local folder, or a container (and prefix) URL in Blob Storage, with the
+    managed identity in Azure, or `connection_string` on the emulator (refused for a real account: keys stay
+    out of Azure app settings)."""
+    location = parse_location(
+        spec.strip() if isinstance(spec, str) else spec,
+        f"{OWNER} location",
+        LedgerError,
+        expected="a folder or an https blob container URL",
+    )
+    if location.folder is not None:
+        return LocalRecordStore(location.folder)
+    environ = {CONNECTION_STRING_VARIABLE: connection_string} if connection_string else {}
+    container, prefix = location.container(environ, f"{OWNER} URL", LedgerError, key_in_azure=False)
+    return BlobRecordStore(container, prefix)
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise LedgerError(
-            f"ledger record name {name!r}: expected up to 4 '/'-separated parts of letters, digits, '.', '_' "
-            "or '-'"
-        )
-    return name
+    return seam.check_name(name, OWNER, LedgerError)
 
 
 def quarantine_name(name: str, version: str) -> str:
@@ -155,9 +142,3 @@ def quarantine_name(name: str, version: str) -> str:
 def _name_part(text: str) -> str:
     part = re.sub(r"[^A-Za-z0-9._-]", "_", text)[:110]
     return part if part[:1].isalnum() else f"x{part}"
-
-
-def check_tag(tag: str) -> str:
-    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
-        raise LedgerError(f"ledger record tag {tag!r}: expected up to 128 letters, digits, '.', '_' or '-'")
-    return tag

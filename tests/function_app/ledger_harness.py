@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from function_app.events.triggers import KIND_BLOB, KIND_DRIFT, KIND_HTTP, BlobRef, TriggerRequest
-from function_app.ledger.local import LocalRecordStore
+from function_app.ledger.store import LocalRecordStore
 from function_app.policy.rules import PolicySettings
 
 MODEL = "digits"

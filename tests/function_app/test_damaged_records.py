@@ -21,10 +21,8 @@ from conftest import app_settings
 from corpus import EVENT_GRID, PREFIX, blob_created
 from flush_harness import front_door
 
-from function_app.ledger.blob import BlobRecordStore
 from function_app.ledger.ledger import Ledger, open_ledger
-from function_app.ledger.local import LocalRecordStore
-from function_app.ledger.store import QUARANTINE, quarantine_name
+from function_app.ledger.store import QUARANTINE, BlobRecordStore, LocalRecordStore, quarantine_name
 from function_app.local.cli import register_commands
 from function_app.service import FrontDoor
 

@@ -18,9 +18,7 @@ from ledger_harness import MODEL, SETTINGS, T0, blob_request, blob_url, drift_re
 
 from components.request import COMPLETED, FAILED, QUEUED, RUNNING
 from function_app.events.triggers import DEBOUNCED, DUPLICATE, KIND_BLOB, REJECTED, SUBMITTED, TriggerRequest
-from function_app.ledger.blob import BlobRecordStore
 from function_app.ledger.ledger import Ledger, open_ledger
-from function_app.ledger.local import LocalRecordStore
 from function_app.ledger.records import (
     SUBMITTING,
     DuplicateRecord,
@@ -31,6 +29,7 @@ from function_app.ledger.records import (
     SubmissionRecord,
     event_id_for_key,
 )
+from function_app.ledger.store import BlobRecordStore, LocalRecordStore
 from function_app.policy.rules import on_arrival, start_submission
 from function_app.policy.state import ModelState, PendingItem
 from function_app.settings.app import AppSettings

@@ -17,11 +17,10 @@ from azure.core.exceptions import ServiceRequestError
 from azure.storage.blob import BlobLeaseClient, ContainerClient
 from ledger_harness import CREATE_ROUNDS, RESULT_TIMEOUT_S, create_in_process, hold_in_process, run_processes
 
-from function_app.ledger import blob
-from function_app.ledger.blob import BlobRecordStore
-from function_app.ledger.local import LocalRecordStore
+from core.storage import blob
+from core.storage.records import UNREADABLE, Listed
 from function_app.ledger.records import LedgerError
-from function_app.ledger.store import UNREADABLE, Listed, RecordStore, quarantine_name
+from function_app.ledger.store import BlobRecordStore, LocalRecordStore, RecordStore, quarantine_name
 
 THREADS = 8
 PREFIX = "retrain/ledger"
@@ -263,8 +262,8 @@ def test_a_blob_lease_broken_from_outside_is_reported_lost_at_its_next_renewal(a
             lease_blob = container.get_blob_client(f"{PREFIX}/{blob.LEASES}/flush-digits")
             BlobLeaseClient(lease_blob).break_lease(lease_break_period=0)
             # The renewal thread ends at the first renewal that fails: wait for it, not for a time.
-            held._thread.join(blob.RENEW_SECONDS * 6)
-            assert not held._thread.is_alive() and held.lost
+            held.renewal.thread.join(blob.RECORD_LEASE_SECONDS * 2)
+            assert not held.renewal.thread.is_alive() and held.lost
             with store.hold("flush-digits") as taken_over:
                 assert taken_over is not None
     finally:

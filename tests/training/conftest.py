@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from core.files import write_atomically
-from core.locks import exclusive_file_lock
+from core.storage.local import exclusive_file_lock
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
 from training.engine.supervise import TrainingProcess

@@ -27,12 +27,12 @@ from azure.storage.blob import BlobLeaseClient, ContainerClient
 from conftest import NO_TRACKING, TOTAL_STEPS, is_checkpoint, read_metadata, train_arguments
 
 from core.errors import CheckpointError
-from core.locks import LeaseRenewal
-from training.checkpoint.blob_lease import BlobCheckpointLease
+from core.storage.leases import LeaseRenewal
 from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.lease import (
     LEASE_NAME,
     WAIT_VARIABLE,
+    BlobCheckpointLease,
     CheckpointLease,
     LeasedStore,
     LeaseHeldError,
@@ -143,9 +143,11 @@ from pathlib import Path
 spec, lease_seconds = sys.argv[1], int(sys.argv[2])
 if spec.startswith("http"):
     import os
-    from training.checkpoint.blob_lease import BlobCheckpointLease
-    from training.checkpoint.blob_store import open_container
-    container, prefix = open_container(spec, os.environ["RETRAIN_STORAGE_CONNECTION_STRING"])
+    from core.errors import CheckpointError
+    from core.storage.blob import open_container
+    from training.checkpoint.lease import BlobCheckpointLease
+    key = os.environ["RETRAIN_STORAGE_CONNECTION_STRING"]
+    container, prefix = open_container(spec, key, "checkpoint store URL", CheckpointError)
     lease = BlobCheckpointLease(container, prefix, "doomed-launch", 0, lease_seconds=lease_seconds)
 else:
     from training.checkpoint.lease import LocalCheckpointLease
@@ -225,7 +227,8 @@ def test_a_blob_lease_broken_from_outside_is_lost_at_its_next_renewal_and_its_st
     BlobLeaseClient(blob_container.get_blob_client(f"{PREFIX}/{LEASE_NAME}")).break_lease(
         lease_break_period=0
     )
-    lease._renewal.thread.join(RESULT_TIMEOUT_S)  # the renewal ends at its first failure: wait for that
+    # The renewal ends at its first failure: wait for that.
+    lease.storage_lease.renewal.thread.join(RESULT_TIMEOUT_S)
     assert lease.lost
     assert_writes_refused(store)
     lease.release()

@@ -23,7 +23,8 @@ import pytest
 from azure.storage.blob import ContainerClient
 
 from core.errors import CheckpointError
-from training.checkpoint.blob_store import BlobCheckpointStore, mask_secrets, open_blob_store
+from core.secrets import mask_secrets
+from training.checkpoint.blob_store import BlobCheckpointStore, open_blob_store
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.room import check_room
 from training.checkpoint.store import (

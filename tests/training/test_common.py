@@ -14,8 +14,8 @@ from core.errors import CheckpointError, InputError
 from core.files import create_atomically, file_sha256, write_atomically
 from core.secrets import displayable_url, mask_secrets
 from core.spot import IntervalInputs, SpotScenario, checkpoint_interval, spot_estimate
-from function_app.ledger.blob import open_blob_store as open_ledger_store
 from function_app.ledger.records import LedgerError
+from function_app.ledger.store import open_ledger_store
 from function_app.settings.storage import LedgerLocation, SettingsError
 from training.checkpoint.blob_store import open_blob_store
 

@@ -7,24 +7,22 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import BinaryIO, cast
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
-    AzureError,
     HttpResponseError,
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
 )
-from azure.storage.blob import BlobBlock, BlobClient, BlobPrefix, BlobServiceClient, ContainerClient
+from azure.storage.blob import BlobBlock, BlobClient, BlobPrefix, ContainerClient
 
-from core.blob_urls import BlobLocation, check_prefix, parse_blob_url
+from core.blob_urls import check_prefix
 from core.errors import CheckpointError
-from core.secrets import mask_secrets
+from core.storage.azure_errors import AzureErrors, is_container_missing
+from core.storage.blob import container_url, open_container
 from training.checkpoint.store import ObjectExistsError, ObjectNotFoundError, check_object_name
 
 log = logging.getLogger(__name__)
@@ -34,9 +32,7 @@ _MIXED_BLOCK_ID_LENGTHS = "InvalidBlobOrBlock"
 
 DEFAULT_SPOOL_LIMIT_BYTES = 64 * 1024 * 1024
 UPLOAD_CONCURRENCY = 4
-CHECKPOINT_URL = "checkpoint store URL"  # how errors name the URL unless the caller says otherwise
-
-_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+CHECKPOINT_URL = "checkpoint store URL"  # how errors name the URL
 
 
 class BlobCheckpointStore:
@@ -61,8 +57,7 @@ class BlobCheckpointStore:
 
     @property
     def location(self) -> str:
-        container_url = _without_query(self._container.url)
-        return f"{container_url}/{self._prefix}" if self._prefix else container_url
+        return container_url(self._container, self._prefix)
 
     @property
     def prefix(self) -> str:
@@ -89,7 +84,7 @@ class BlobCheckpointStore:
             try:
                 return self._container.download_blob(path, max_concurrency=UPLOAD_CONCURRENCY).readall()
             except ResourceNotFoundError as err:
-                if _is_container_missing(err):
+                if is_container_missing(err):
                     raise
                 raise ObjectNotFoundError(
                     f"checkpoint object {name!r} not found in {self.location}"
@@ -110,7 +105,7 @@ class BlobCheckpointStore:
             try:
                 self._container.delete_blob(path, delete_snapshots="include")
             except ResourceNotFoundError as err:
-                if _is_container_missing(err):
+                if is_container_missing(err):
                     raise
 
     def discard_incomplete(self) -> int:
@@ -136,7 +131,7 @@ class BlobCheckpointStore:
                 # committing as an existing blob (Azurite does); Put Block List counts only committed ones.
                 self._commit_as_one_block(blob, spool, length, name)
             except HttpResponseError as err:
-                if err.error_code != _MIXED_BLOCK_ID_LENGTHS:
+                if getattr(err, "error_code", None) != _MIXED_BLOCK_ID_LENGTHS:
                     raise
                 # Blocks left by an upload that died under another SDK version, whose block ids have
                 # another length: stage one block with an id of their length instead.
@@ -170,29 +165,17 @@ class BlobCheckpointStore:
             "write under a new name"
         )
 
-    @contextmanager
-    def _storage_errors(self, action: str, name: str | None = None) -> Iterator[None]:
-        """Turn Azure failures the user must fix into one-line, secret-free `CheckpointError`s.
-
-        Transient failures (network, throttling, 5xx) keep their Azure type so that callers can retry them.
-        """
-        try:
-            yield
-        except ResourceNotFoundError as err:
-            if _is_container_missing(err):
-                raise CheckpointError(
-                    f"the container of checkpoint store {self.location} does not exist; create it first "
-                    "(the store never creates containers)"
-                ) from None
-            raise self._failure(action, name, err) from None
-        except AzureError as err:
-            if _is_transient(err):
-                raise
-            raise self._failure(action, name, err) from None
-
-    def _failure(self, action: str, name: str | None, err: AzureError) -> CheckpointError:
+    def _storage_errors(self, action: str, name: str | None = None) -> AbstractContextManager[None]:
+        """Azure failures the user must fix as one-line, secret-free `CheckpointError`s naming the object;
+        transient ones (network, throttling, 5xx) keep their Azure type, so that callers can retry them."""
         target = f"checkpoint object {name!r} in" if name else "checkpoint store"
-        return CheckpointError(f"cannot {action} {target} {self.location}: {_describe(err)}")
+        return AzureErrors(
+            lambda action, reason: CheckpointError(f"cannot {action} {target} {self.location}: {reason}"),
+            lambda: CheckpointError(
+                f"the container of checkpoint store {self.location} does not exist; create it first "
+                "(the store never creates containers)"
+            ),
+        ).translated(action)
 
 
 def open_blob_store(url: str, connection_string: str | None = None) -> BlobCheckpointStore:
@@ -200,71 +183,8 @@ def open_blob_store(url: str, connection_string: str | None = None) -> BlobCheck
 
     The connection string is meant for Azurite and development; in Azure the managed identity is used.
     """
-    container, prefix = open_container(url, connection_string)
+    container, prefix = open_container(url, connection_string, CHECKPOINT_URL, CheckpointError)
     return BlobCheckpointStore(container, prefix)
-
-
-def open_container(
-    url: str, connection_string: str | None = None, what: str = CHECKPOINT_URL
-) -> tuple[ContainerClient, str]:
-    """The container `url` names and the prefix inside it, authenticated as `open_blob_store` does."""
-    target = parse_blob_url(url, what, CheckpointError)
-    if connection_string:
-        container = _container_from_connection_string(target, connection_string, what)
-    elif target.endpoint.is_emulator:
-        raise CheckpointError(
-            f"{what} {target.url} points at the emulator, which needs a connection string; "
-            "expected one for the emulator's account"
-        )
-    else:
-        from azure.identity import DefaultAzureCredential  # heavy import, and only needed in Azure
-
-        credential = DefaultAzureCredential()
-        container = ContainerClient(target.endpoint.url, target.container, credential=credential)
-    return container, target.prefix
-
-
-def _container_from_connection_string(
-    target: BlobLocation, connection_string: str, what: str
-) -> ContainerClient:
-    try:
-        service = BlobServiceClient.from_connection_string(connection_string)
-    except ValueError:
-        # The SDK's message may quote the connection string; ours must not.
-        raise CheckpointError(
-            "the storage connection string is malformed; expected "
-            "'DefaultEndpointsProtocol=...;AccountName=...;AccountKey=...;BlobEndpoint=...'"
-        ) from None
-    endpoint = _without_query(service.url).rstrip("/")
-    if service.account_name != target.endpoint.account or endpoint != target.endpoint.url:
-        raise CheckpointError(
-            f"the storage connection string is for account {service.account_name!r} at {endpoint}, but the "
-            f"{what} {target.url} is in account {target.endpoint.account!r} at {target.endpoint.url}; "
-            "expected a connection string for the URL's account"
-        )
-    return service.get_container_client(target.container)
-
-
-def _without_query(url: str) -> str:
-    return url.split("?", 1)[0]
-
-
-def _is_container_missing(err: ResourceNotFoundError) -> bool:
-    return getattr(err, "error_code", None) == "ContainerNotFound"
-
-
-def _is_transient(err: AzureError) -> bool:
-    if isinstance(err, ServiceRequestError | ServiceResponseError):
-        return True
-    return isinstance(err, HttpResponseError) and err.status_code in _TRANSIENT_STATUS
-
-
-def _describe(err: AzureError) -> str:
-    if isinstance(err, HttpResponseError) and err.status_code is not None:
-        code = getattr(err, "error_code", None)
-        return mask_secrets(f"HTTP {err.status_code} {err.reason or ''} ({code or 'no error code'})")
-    lines = str(err).strip().splitlines()
-    return mask_secrets(lines[0] if lines else type(err).__name__)[:300]
 
 
 def _is_object_name(name: str) -> bool:

@@ -9,13 +9,13 @@ then refused in one line naming the holder:
     retrain: error: checkpoint location L is held by another training attempt (host H, pid P, launch I,
     since T) and was not released within 90 s; wait for that attempt to end, or end that process, ...
 
-(exit code 2, nothing written). The twins:
-- a local folder: an exclusive `flock` on its hidden `.lease` file, which holds the holder as JSON. The
-  kernel releases the lock the moment its process dies, however it dies. A flock is per machine: a folder
-  mounted on several nodes needs the Blob location for a lease that holds across nodes.
-- Azure Blob Storage (training/checkpoint/blob_lease.py): a blob lease (30 s) on `<prefix>/.lease`, whose
-  content is the holder, renewed by a thread every third of its duration (core.locks.LeaseRenewal). A
-  holder that dies stops renewing, and its lease expires: the next attempt takes it over.
+(exit code 2, nothing written). The lease is the storage seam's (core/storage/leases.py), on `.lease` in the
+location, which holds the holder as JSON:
+- a local folder: an exclusive `flock` on its hidden `.lease` file. The kernel releases the lock the moment
+  its process dies, however it dies. A flock is per machine: a folder mounted on several nodes needs the
+  Blob location for a lease that holds across nodes.
+- Azure Blob Storage: a blob lease (30 s) on `<prefix>/.lease`, renewed by a thread every third of its
+  duration. A holder that dies stops renewing, and its lease expires: the next attempt takes it over.
 Object names never start with '.', so `.lease` is never listed, read or pruned as a checkpoint.
 
 A lease that could not be renewed is `lost`: the attempt may no longer write. `LeasedStore` refuses every
@@ -25,8 +25,6 @@ becomes visible), and the trainer stops at its next save with `LeaseLostError` (
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -38,11 +36,16 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from core.errors import CheckpointError
+from core.storage.leases import Lease, take_within
+from core.storage.local import LocalLease
 from core.text import escaped, quoted
 from training.checkpoint.store import CheckpointStore
+
+if TYPE_CHECKING:
+    from azure.storage.blob import ContainerClient
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,6 @@ MAX_WAIT_SECONDS = 480.0
 BLOB_LEASE_SECONDS = 30  # Azure allows 15 to 60 s: a dead holder's lease frees within this
 LOCAL_POLL_SECONDS = 0.2
 BLOB_POLL_SECONDS = 2.0
-_HOLDER_BYTES = 4096
 
 
 class LeaseHeldError(CheckpointError):
@@ -147,24 +149,27 @@ def lease_wait_seconds(environ: Mapping[str, str]) -> float:
 
 
 class WaitingLease:
-    """What both twins share: waiting for the lease up to a deadline, and the context manager."""
-
-    _expiry = ""  # when a dead holder's lease frees, for the refusal's advice
+    """A checkpoint lease on the seam's lease `storage_lease`: waiting for it up to a deadline, naming the
+    holder, and the context manager. `expiry` says when a dead holder's lease frees, for the refusal."""
 
     def __init__(
         self,
+        storage_lease: Lease,
         location: str,
         launch_id: str,
         wait_seconds: float,
         poll_seconds: float,
-        clock: Callable[[], float],
-        sleep: Callable[[float], None],
+        expiry: str,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self.storage_lease = storage_lease
         self._location = location
         self._launch_id = launch_id
         self.own: Holder | None = None  # who this lease says holds it, once held
         self._wait_seconds = wait_seconds
         self._poll_seconds = poll_seconds
+        self._expiry = expiry
         self._clock = clock
         self._sleep = sleep
         self._held = False
@@ -173,26 +178,33 @@ class WaitingLease:
     def location(self) -> str:
         return self._location
 
+    @property
+    def lost(self) -> bool:
+        return self._held and self.storage_lease.lost
+
     def acquire(self) -> WaitingLease:
         if self._held:
             raise RuntimeError(f"the checkpoint lease on {self._location} is already held by this object")
-        deadline = self._clock() + self._wait_seconds
-        waiting = False
-        while not self._try_acquire():
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                error = self._held_error()
-                self._give_up()
-                raise error
-            if not waiting:
-                waiting = True
-                log.info(
-                    "checkpoint location %s is held by %s; waiting up to %g s for it",
-                    self._location,
-                    self._describe_holder(),
-                    self._wait_seconds,
-                )
-            self._sleep(min(self._poll_seconds, remaining))
+
+        def on_wait() -> None:
+            log.info(
+                "checkpoint location %s is held by %s; waiting up to %g s for it",
+                self._location,
+                self._describe_holder(),
+                self._wait_seconds,
+            )
+
+        taken = take_within(
+            self.storage_lease,
+            self._claim,
+            self._wait_seconds,
+            lambda: self._poll_seconds,
+            clock=self._clock,
+            sleep=self._sleep,
+            on_wait=on_wait,
+        )
+        if not taken:
+            raise self._held_error()
         self._held = True
         log.debug("holding the checkpoint lease on %s", self._location)
         return self
@@ -200,7 +212,7 @@ class WaitingLease:
     def release(self) -> None:
         if self._held:
             self._held = False
-            self._release()
+            self.storage_lease.release()
 
     def __enter__(self) -> WaitingLease:
         return self.acquire()
@@ -211,7 +223,8 @@ class WaitingLease:
         self.release()
 
     def holder(self) -> Holder | None:
-        return Holder.from_bytes(self._read_holder())
+        held = self.storage_lease.holder()
+        return None if held is None else Holder.from_bytes(held.stamp)
 
     def _describe_holder(self) -> str:
         holder = self.holder()
@@ -230,23 +243,9 @@ class WaitingLease:
             f"{WAIT_VARIABLE} sets how long to wait"
         )
 
-    def _try_acquire(self) -> bool:
-        raise NotImplementedError
-
-    def _read_holder(self) -> bytes:
-        raise NotImplementedError
-
-    def _release(self) -> None:
-        raise NotImplementedError
-
-    def _give_up(self) -> None:
-        """Let go of what waiting kept open."""
-
 
 class LocalCheckpointLease(WaitingLease):
-    """An exclusive flock on `<folder>/.lease`, which names the holder while it is held."""
-
-    _expiry = "its lock frees the moment it exits"
+    """The lease on the local folder `folder`: an exclusive flock on `<folder>/.lease`."""
 
     def __init__(
         self,
@@ -258,80 +257,46 @@ class LocalCheckpointLease(WaitingLease):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        super().__init__(str(folder), launch_id, wait_seconds, poll_seconds, clock, sleep)
-        self._path = Path(folder) / LEASE_NAME
-        self._descriptor: int | None = None
-
-    @property
-    def lost(self) -> bool:
-        # A flock lasts as long as its descriptor; it is lost only if someone removed or replaced the file,
-        # after which another attempt could lock a new one.
-        if not self._held or self._descriptor is None:
-            return False
-        return not self._is_the_file(self._descriptor)
-
-    def _try_acquire(self) -> bool:
-        descriptor = self._open()
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise self._failure("lock", err) from None
-            return False
-        if not self._is_the_file(descriptor):  # removed between our open and our lock: open it again
-            self._close()
-            return False
-        try:
-            os.ftruncate(descriptor, 0)
-            os.pwrite(descriptor, self._claim(), 0)
-        except OSError as err:
-            self._close()
-            raise self._failure("write", err) from None
-        return True
-
-    def _read_holder(self) -> bytes:
-        try:
-            return os.pread(self._open(), _HOLDER_BYTES, 0)
-        except OSError:
-            return b""
-
-    def _release(self) -> None:
-        if self._descriptor is not None:
-            try:
-                os.ftruncate(self._descriptor, 0)  # it names nobody once released
-            except OSError as err:
-                log.warning("could not clear checkpoint lease file %s: %s", self._path, err.strerror)
-        self._close()  # closing the descriptor releases the lock
-
-    def _give_up(self) -> None:
-        self._close()
-
-    def _open(self) -> int:
-        if self._descriptor is None:
-            try:
-                self._path.parent.mkdir(parents=True, exist_ok=True)
-                self._descriptor = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as err:
-                raise self._failure("open", err) from None
-        return self._descriptor
-
-    def _close(self) -> None:
-        descriptor, self._descriptor = self._descriptor, None
-        if descriptor is not None:
-            os.close(descriptor)
-
-    def _is_the_file(self, descriptor: int) -> bool:
-        try:
-            found = os.stat(self._path)
-        except OSError:
-            return False
-        opened = os.fstat(descriptor)
-        return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
-
-    def _failure(self, action: str, err: OSError) -> CheckpointError:
-        return CheckpointError(
-            f"cannot {action} checkpoint lease file {self._path}: {err.strerror}; expected a writable folder"
+        storage_lease = LocalLease(Path(folder) / LEASE_NAME, "checkpoint lease file", CheckpointError)
+        expiry = "its lock frees the moment it exits"
+        super().__init__(
+            storage_lease, str(folder), launch_id, wait_seconds, poll_seconds, expiry, clock, sleep
         )
+
+
+class BlobCheckpointLease(WaitingLease):
+    """The lease on `<prefix>/` in a container that exists: a blob lease on `<prefix>/.lease`."""
+
+    def __init__(
+        self,
+        container: ContainerClient,
+        prefix: str,
+        launch_id: str,
+        wait_seconds: float = DEFAULT_WAIT_SECONDS,
+        *,
+        lease_seconds: int = BLOB_LEASE_SECONDS,
+        poll_seconds: float = BLOB_POLL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        from core.storage.azure_errors import AzureErrors  # the Blob SDK, only where the location is
+        from core.storage.blob import BlobLease, container_url
+
+        location = container_url(container, prefix)
+        errors = AzureErrors(
+            lambda action, why: CheckpointError(f"cannot {action} the checkpoint lease on {location}: {why}"),
+            lambda: CheckpointError(
+                f"the container of checkpoint location {location} does not exist; create it first "
+                "(the store never creates containers)"
+            ),
+            keep_transient=False,
+        )
+        blob = container.get_blob_client(f"{prefix}/{LEASE_NAME}" if prefix else LEASE_NAME)
+        storage_lease = BlobLease(
+            blob, lease_seconds, f"the checkpoint lease on {location}", errors, CheckpointError
+        )
+        expiry = f"its lease then expires within {lease_seconds} s"
+        super().__init__(storage_lease, location, launch_id, wait_seconds, poll_seconds, expiry, clock, sleep)
 
 
 class LeasedStore:

@@ -9,23 +9,22 @@ process's flock, and a lease that is no longer renewed expires.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import socket
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
-from core.errors import InputError, RetrainError
+from core.errors import CheckpointError, InputError, RetrainError
+from core.storage.leases import Lease, take_within
+from core.storage.local import LocalLease
+from core.storage.locations import parse_location
 
 if TYPE_CHECKING:
-    from azure.storage.blob import BlobClient, BlobLeaseClient
+    from azure.storage.blob import BlobClient
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +32,8 @@ DEFAULT_WAIT_SECONDS = 600.0
 LEASE_SECONDS = 60  # Azure allows 15-60 s (or infinite, which a crashed holder would never give back)
 _FIRST_POLL_SECONDS = 0.05
 _MAX_POLL_SECONDS = 1.0
-_BLOB_SCHEMES = ("https://", "http://")
 LOCK_URL = "registry lock URL"
+EXPECTED_LOCK = "a folder, or https://<account>.blob.core.windows.net/<container>"
 
 
 class LockTimeoutError(RetrainError):
@@ -66,70 +65,52 @@ def _poll_intervals() -> Callable[[], float]:
     return next_interval
 
 
-def _timeout(location: str, wait_seconds: float) -> LockTimeoutError:
-    return LockTimeoutError(
-        f"registry lock {location} is still held by another registration after {wait_seconds:g} s; "
-        "wait for it to finish (see the holder's logs), or raise the wait"
-    )
+def _holder() -> bytes:
+    """Who holds the lock, for a person wondering why a registration waits."""
+    return f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(UTC).isoformat()}\n".encode()
 
 
-class FileLock:
-    """An exclusive `flock` on a file: for processes sharing one machine's local state folder."""
+class LeaseLock:
+    """The registry lock on the storage seam's lease `storage_lease` (core/storage/leases.py), waited for up
+    to `wait_seconds`."""
 
-    def __init__(self, path: Path, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> None:
-        self._path = Path(path)
+    def __init__(self, storage_lease: Lease, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> None:
+        self._lease = storage_lease
         self._wait_seconds = wait_seconds
-        self._descriptor: int | None = None
+        self._held = False
 
     @property
     def location(self) -> str:
-        return str(self._path)
+        return self._lease.location
 
-    def __enter__(self) -> FileLock:
-        if self._descriptor is not None:
-            raise RuntimeError(f"registry lock {self._path} is already held by this object")
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            self._acquire(descriptor)
-            _write_holder(descriptor)
-        except BaseException:
-            os.close(descriptor)
-            raise
-        self._descriptor = descriptor
-        log.debug("holding registry lock %s", self._path)
+    def __enter__(self) -> LeaseLock:
+        if self._held:
+            raise RuntimeError(f"registry lock {self.location} is already held by this object")
+        if not take_within(self._lease, _holder, self._wait_seconds, _poll_intervals()):
+            raise LockTimeoutError(
+                f"registry lock {self.location} is still held by another registration after "
+                f"{self._wait_seconds:g} s; wait for it to finish (see the holder's logs), or raise the wait"
+            )
+        self._held = True
+        log.debug("holding registry lock %s", self.location)
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        descriptor, self._descriptor = self._descriptor, None
-        if descriptor is not None:
-            fcntl.flock(descriptor, fcntl.LOCK_UN)
-            os.close(descriptor)
-
-    def _acquire(self, descriptor: int) -> None:
-        deadline = time.monotonic() + self._wait_seconds
-        next_interval = _poll_intervals()
-        while True:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise _timeout(self.location, self._wait_seconds) from None
-                time.sleep(min(next_interval(), remaining))
+        if self._held:
+            self._held = False
+            self._lease.release()
 
 
-def _write_holder(descriptor: int) -> None:
-    """Who holds the lock, for a person wondering why a registration waits."""
-    holder = f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(UTC).isoformat()}\n"
-    os.ftruncate(descriptor, 0)
-    os.pwrite(descriptor, holder.encode(), 0)
+class FileLock(LeaseLock):
+    """An exclusive `flock` on a file: for processes sharing one machine's local state folder."""
+
+    def __init__(self, path: Path, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> None:
+        super().__init__(LocalLease(Path(path), "registry lock", InputError), wait_seconds)
 
 
-class BlobLeaseLock:
+class BlobLeaseLock(LeaseLock):
     """An exclusive lease on a lock blob: for registering jobs on different machines (Azure ML).
 
     The lease lasts `lease_seconds` and a background thread renews it while the lock is held, so a holder
@@ -137,128 +118,19 @@ class BlobLeaseLock:
     """
 
     def __init__(
-        self,
-        blob: BlobClient,
-        wait_seconds: float = DEFAULT_WAIT_SECONDS,
-        lease_seconds: int = LEASE_SECONDS,
+        self, blob: BlobClient, wait_seconds: float = DEFAULT_WAIT_SECONDS, lease_seconds: int = LEASE_SECONDS
     ) -> None:
-        if not 15 <= lease_seconds <= 60:
-            raise InputError(f"lease of {lease_seconds} s: Azure leases last 15 to 60 seconds")
-        self._blob = blob
-        self._wait_seconds = wait_seconds
-        self._lease_seconds = lease_seconds
-        self._lease: BlobLeaseClient | None = None
-        self._stop_renewing = threading.Event()
-        self._renewer: threading.Thread | None = None
+        from core.storage.azure_errors import AzureErrors  # the Blob SDK, only where the lock is
+        from core.storage.blob import BlobLease
 
-    @property
-    def location(self) -> str:
-        return self._blob.url.split("?", 1)[0]
-
-    def __enter__(self) -> BlobLeaseLock:
-        if self._lease is not None:
-            raise RuntimeError(f"registry lock {self.location} is already held by this object")
-        with _storage_errors("create", self.location):
-            self._create_lock_blob()
-        with _storage_errors("lease", self.location):
-            self._lease = self._acquire()
-        self._stop_renewing.clear()
-        self._renewer = threading.Thread(target=self._renew, name="registry-lock-renewal", daemon=True)
-        self._renewer.start()
-        log.debug("holding registry lock %s", self.location)
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        from azure.core.exceptions import AzureError
-
-        lease, self._lease = self._lease, None
-        if lease is None:
-            return
-        self._stop_renewing.set()
-        if self._renewer is not None:
-            self._renewer.join()
-        try:
-            lease.release()
-        except AzureError as failure:
-            # Not fatal: the lease expires by itself within lease_seconds.
-            log.warning(
-                "could not release registry lock %s (%s); it frees itself within %d s",
-                self.location,
-                _describe(failure),
-                self._lease_seconds,
-            )
-
-    def _create_lock_blob(self) -> None:
-        from azure.core.exceptions import HttpResponseError, ResourceExistsError
-
-        if self._blob.exists():
-            return
-        try:
-            self._blob.upload_blob(b"", overwrite=False)
-        except ResourceExistsError:
-            return  # another registration created it first: that is all we wanted
-        except HttpResponseError as failure:
-            if failure.status_code != 412:  # it exists and is leased already
-                raise
-
-    def _acquire(self) -> BlobLeaseClient:
-        from azure.core.exceptions import HttpResponseError
-
-        deadline = time.monotonic() + self._wait_seconds
-        next_interval = _poll_intervals()
-        while True:
-            try:
-                return self._blob.acquire_lease(lease_duration=self._lease_seconds)
-            except HttpResponseError as failure:
-                if failure.status_code != 409:  # 409 LeaseAlreadyPresent: someone else holds it
-                    raise
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise _timeout(self.location, self._wait_seconds)
-            time.sleep(min(next_interval(), remaining))
-
-    def _renew(self) -> None:
-        from azure.core.exceptions import AzureError
-
-        while not self._stop_renewing.wait(self._lease_seconds / 3):
-            lease = self._lease
-            if lease is None:
-                return
-            try:
-                lease.renew()
-            except AzureError as failure:
-                log.error("could not renew registry lock %s: %s", self.location, _describe(failure))
-
-
-@contextmanager
-def _storage_errors(action: str, location: str) -> Iterator[None]:
-    """Turn an Azure failure into a one-line, secret-free error naming the lock blob."""
-    from azure.core.exceptions import AzureError, ResourceNotFoundError
-
-    try:
-        yield
-    except ResourceNotFoundError as error:
-        if getattr(error, "error_code", None) == "ContainerNotFound":
-            raise InputError(
-                f"registry lock {location}: its container does not exist; create it first"
-            ) from None
-        raise InputError(f"cannot {action} registry lock {location}: {_describe(error)}") from None
-    except AzureError as error:
-        raise InputError(f"cannot {action} registry lock {location}: {_describe(error)}") from None
-
-
-def _describe(error: BaseException) -> str:
-    from azure.core.exceptions import HttpResponseError
-
-    from core.secrets import mask_secrets
-
-    if isinstance(error, HttpResponseError) and error.status_code is not None:
-        code = getattr(error, "error_code", None) or "no error code"
-        return mask_secrets(f"HTTP {error.status_code} {error.reason or ''} ({code})")
-    lines = str(error).strip().splitlines()
-    return mask_secrets(lines[0] if lines else type(error).__name__)[:300]
+        location = blob.url.split("?", 1)[0]
+        errors = AzureErrors(
+            lambda action, why: InputError(f"cannot {action} registry lock {location}: {why}"),
+            lambda: InputError(f"registry lock {location}: its container does not exist; create it first"),
+            keep_transient=False,
+        )
+        lease = BlobLease(blob, lease_seconds, f"registry lock {location}", errors, InputError)
+        super().__init__(lease, wait_seconds)
 
 
 def lock_name(model_name: str) -> str:
@@ -268,20 +140,18 @@ def lock_name(model_name: str) -> str:
 def open_registry_lock(
     spec: str, model_name: str, environ: Mapping[str, str], wait_seconds: float = DEFAULT_WAIT_SECONDS
 ) -> RegistryLock:
-    """The lock for `model_name` under `spec`: a folder (FileLock) or a blob URL prefix (BlobLeaseLock).
+    """The lock for `model_name` under `spec`: a folder (FileLock) or a blob URL prefix (BlobLeaseLock),
+    picked by core/storage/locations.py.
 
     A blob lock authenticates with RETRAIN_STORAGE_CONNECTION_STRING when set (Azurite, development), and
     with DefaultAzureCredential otherwise (the job's managed identity in Azure ML).
     """
     if not spec.strip():
-        raise InputError(
-            "--lock '': expected a folder, or https://<account>.blob.core.windows.net/<container>"
-        )
-    if not spec.startswith(_BLOB_SCHEMES):
-        return FileLock(Path(spec) / lock_name(model_name), wait_seconds)
-    from training.checkpoint.blob_store import open_container
-    from training.checkpoint.stores import CONNECTION_STRING_VARIABLE
-
-    container, prefix = open_container(spec, environ.get(CONNECTION_STRING_VARIABLE) or None, LOCK_URL)
+        raise InputError(f"--lock '': expected {EXPECTED_LOCK}")
+    location = parse_location(spec, "--lock", InputError, EXPECTED_LOCK)
+    if location.folder is not None:
+        return FileLock(location.folder / lock_name(model_name), wait_seconds)
+    # A URL the lock cannot use is refused as a checkpoint store URL is, by the same opener.
+    container, prefix = location.container(environ, LOCK_URL, CheckpointError)
     name = f"{prefix}/{lock_name(model_name)}" if prefix else lock_name(model_name)
     return BlobLeaseLock(container.get_blob_client(name), wait_seconds)
