@@ -14,7 +14,6 @@ source when there is one, and otherwise refused in one line naming the file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from pathlib import Path
 from components.errors import PipelineError
 from core.files import file_sha256, make_read_only, write_atomically
 from core.secrets import mask_secrets
+from core.versions import MANIFEST_SUFFIX, raw_version
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +34,7 @@ RAW_SUFFIXES = (".csv", ".parquet")  # the tabular task's; a run pins its own ta
 # The most folder levels a task's raw files may span below their data folder or blob prefix (is_raw_name's
 # depth): bounds a model's [trigger] depth, and the front door's blob scopes.
 MAX_RAW_DEPTH = 8
-MANIFEST_SUFFIX = ".manifest.json"
 CONTENTS_SUFFIX = ".contents.json"  # beside a copy pinned by eTags: its files' sha256, taken as written
-VERSION_PREFIX = "rd-"
 
 
 class DataError(PipelineError):
@@ -69,14 +67,10 @@ class DataManifest:
             raise DataError("duplicate file names in a data manifest; expected each file once")
         object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda file: file.name)))
 
-    def _canonical(self) -> bytes:
-        # The source (where a file was read from) is not content: moving data does not change its version.
-        entries = [[file.name, file.size, file.fingerprint] for file in self.files]
-        return json.dumps(entries, separators=(",", ":")).encode()
-
     @property
     def version(self) -> str:
-        return VERSION_PREFIX + hashlib.sha256(self._canonical()).hexdigest()[:16]
+        """The raw data version (core/versions.py): the source, where a file was read from, is not in it."""
+        return raw_version((file.name, file.size, file.fingerprint) for file in self.files)
 
     @property
     def total_bytes(self) -> int:

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote, unquote
 
 from components.data_version import (
-    MANIFEST_SUFFIX,
     DataError,
     DataFile,
     DataManifest,
@@ -36,8 +35,10 @@ from components.data_version import (
     write_pinned_contents,
 )
 from components.request import DataRef
+from core.errors import RetrainError
 from core.files import file_sha256, make_read_only
 from core.secrets import displayable_url, mask_secrets
+from core.versions import MANIFEST_SUFFIX
 from function_app.policy.rules import PendingBlob
 from function_app.settings.storage import BlobScope
 
@@ -63,8 +64,10 @@ def _etag_of_hex(sha256_hex: str) -> str:
     return "0x" + sha256_hex[:_ETAG_HEX_DIGITS].upper()
 
 
-class PinError(Exception):
+class PinError(RetrainError):
     """The data a batch lists cannot be pinned as listed; the message is one line."""
+
+    one_line = False  # kept as written
 
 
 @dataclass(frozen=True)

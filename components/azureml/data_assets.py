@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from components.data_version import MANIFEST_SUFFIX, DataManifest
+from components.data_version import DataManifest
 from components.errors import SubmissionError
+from core.versions import MANIFEST_SUFFIX
 
 if TYPE_CHECKING:
     from azure.ai.ml.entities import Data

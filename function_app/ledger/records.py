@@ -16,19 +16,22 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, TERMINAL_STATES
+from core.errors import RetrainError
 from core.secrets import mask_secrets
+from core.versions import is_version
 from function_app.events.triggers import DECISIONS, KINDS, SUBMITTED, TriggerRequest
 from function_app.policy.state import ModelState, PendingItem, PolicyError, utc_day
 
 SUBMITTING = "Submitting"  # recorded before the submitter has accepted the job
 SUBMISSION_STATUSES = (SUBMITTING, QUEUED, RUNNING, COMPLETED, FAILED, CANCELED)
 _RECORD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_DATA_VERSION = re.compile(r"[a-z]{2}-[0-9a-f]{16}")
 _Record = TypeVar("_Record")
 
 
-class LedgerError(Exception):
+class LedgerError(RetrainError):
     """The ledger cannot be used as asked; the one-line, secret-free message says what to change."""
+
+    one_line = False  # kept as written
 
 
 class LedgerBusyError(LedgerError):
@@ -303,7 +306,7 @@ class SubmissionRecord:
             raise LedgerError(
                 f"submission {self.id} status {self.status!r}: expected one of {list(SUBMISSION_STATUSES)}"
             )
-        if self.data_version is not None and not _DATA_VERSION.fullmatch(str(self.data_version)):
+        if self.data_version is not None and not is_version(self.data_version):
             raise LedgerError(
                 f"submission {self.id} data version {self.data_version!r}: expected 'rd-<16 hex digits>'"
             )

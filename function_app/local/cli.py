@@ -40,6 +40,7 @@ from azure.core.exceptions import AzureError
 
 from components.errors import PipelineError
 from components.outcome import describe_outcome
+from core.errors import RetrainError
 from core.text import quoted
 from function_app import runtime
 from function_app.events.parsing import PayloadError, load_event_grid_payload
@@ -72,8 +73,10 @@ DEFAULT_WATCH_INTERVAL_S = 30.0  # the timer trigger's period: an upload is seen
 LANDING_DIR = "landing"
 
 
-class CliError(Exception):
+class CliError(RetrainError):
     """A command cannot go on; `exit_code` says why (bad input, or a failure worth retrying)."""
+
+    one_line = False  # kept as written
 
     def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
         super().__init__(message)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from core.errors import InputError
 from core.files import write_atomically
+from core.names import check_model_name
 from training.drift.tracking import Tracking, log_check, tracking_of
 
 if TYPE_CHECKING:
@@ -47,18 +47,6 @@ DEFAULT_EXPERIMENT = "retrain-drift"
 # training/drift/check.py pulls in numpy; the parser is built for every `retrain` command, so defaults
 # come later.
 _POLICY_DEFAULT = "default: DriftPolicy's, training/drift/check.py"
-# training/gate/registry.py's rule for model names; importing it would import torch, which a check with
-# --reference never needs.
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
-
-def check_model_name(name: str) -> str:
-    if not _MODEL_NAME.fullmatch(name):
-        raise InputError(
-            f"--model-name {name!r}: expected 1-128 letters, digits, '_', '.' or '-', starting with a letter "
-            "or digit"
-        )
-    return name
 
 
 def _policy(args: argparse.Namespace) -> DriftPolicy:
@@ -121,7 +109,7 @@ def _drift(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     from training.drift.publish import new_check_id
 
     stream = stream or sys.stdout
-    check_model_name(args.model_name)
+    check_model_name(args.model_name, "--model-name")
     policy = _policy(args)
     topic = _topic(args)  # a bad setting fails before any data is read
     tracking = tracking_of(args.mlflow_tracking_uri, args.environ, args.state_root)

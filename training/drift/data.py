@@ -17,10 +17,8 @@ folder, as `<folder>.manifest.json`. Otherwise the version is unknown and the ev
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core.errors import InputError
+from core.versions import MANIFEST_SUFFIX, is_raw_version, raw_version
 from training.gate.lineage import (
     DATA_DIR,
     DATA_VERSION,
@@ -49,10 +48,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TASK = "tabular"
 REFERENCE_SPLIT = "train"
-SNAPSHOT_MANIFEST_SUFFIX = ".manifest.json"  # components/data_version.py's MANIFEST_SUFFIX
 # What components/data_version.py counts as raw data: exactly these suffixes, directly in the folder.
 SNAPSHOT_SUFFIXES = (".csv", ".parquet")
-_RAW_VERSION = re.compile(r"rd-[0-9a-f]{16}")
 
 
 @dataclass(frozen=True)
@@ -289,7 +286,7 @@ def raw_data_version(folder: Path) -> str | None:
     """The pinned raw data version of `folder`, from the snapshot manifest beside it; None when there is
     none, or when it does not describe the folder (a warning says why)."""
     folder = Path(folder).resolve()
-    manifest_path = folder.with_name(folder.name + SNAPSHOT_MANIFEST_SUFFIX)
+    manifest_path = folder.with_name(folder.name + MANIFEST_SUFFIX)
     if not manifest_path.is_file():
         log.info("no snapshot manifest at %s: the current data version is unknown", manifest_path)
         return None
@@ -309,15 +306,8 @@ def raw_data_version(folder: Path) -> str | None:
     return stated
 
 
-def snapshot_version(entries: list[tuple[str, int, str]]) -> str:
-    """components/data_version.py's version of (name, size, fingerprint) entries: the sha256 of their
-    canonical JSON, sorted by name."""
-    canonical = json.dumps([list(entry) for entry in sorted(entries)], separators=(",", ":"))
-    return "rd-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
 def _manifest_problem(folder: Path, entries: list[tuple[str, int, str]], stated: str) -> str | None:
-    if not _RAW_VERSION.fullmatch(stated) or snapshot_version(entries) != stated:
+    if not is_raw_version(stated) or raw_version(entries) != stated:
         return f"it says {stated!r}, which is not the version of its content"
     present = {
         path.name: path.stat().st_size

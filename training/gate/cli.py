@@ -40,9 +40,10 @@ def _boolean(text: str) -> bool:
 
 
 def _registry(args: argparse.Namespace) -> ModelRegistry:
-    from training.gate.registry import ModelRegistry, check_model_name, resolve_store
+    from core.names import check_model_name
+    from training.gate.registry import ModelRegistry, resolve_store
 
-    check_model_name(args.model_name)
+    check_model_name(args.model_name, "--model-name")
     return ModelRegistry(resolve_store(args.mlflow_tracking_uri, args.environ, args.state_root))
 
 

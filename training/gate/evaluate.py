@@ -21,6 +21,7 @@ from torch import nn
 
 from core.errors import InputError
 from core.files import write_atomically
+from core.names import check_model_name
 from training.engine.outputs import METADATA_FILE, MODEL_FILE, read_model_payload, scores, weights_sha256
 from training.gate.policy import LOADED, NO_CHAMPION, UNLOADABLE, Champion, Scored
 from training.gate.registry import (
@@ -29,7 +30,6 @@ from training.gate.registry import (
     ModelRegistry,
     RegistryError,
     VersionInfo,
-    check_model_name,
 )
 from training.gate.serving import Rebuilt, rebuild
 from training.tasks.base import Task, TaskData
@@ -212,7 +212,7 @@ def evaluate(
     task_ref: str | None = None,
     task_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    check_model_name(model_name)
+    check_model_name(model_name, "--model-name")
     candidate = load_trained_model(model_dir, task_ref, task_options)
     data = load_matching_data(candidate, data_dir)
     split = data.split(EVALUATED_SPLIT)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from core.errors import InputError, RetrainError
+from core.names import check_model_name
 from core.secrets import displayable_url, mask_secrets, mask_secrets_in
 from training.engine.outputs import weights_sha256
 from training.gate.lineage import WEIGHTS_SHA256
@@ -42,7 +42,6 @@ MODEL_ARTIFACT = "model"
 ARTIFACTS_FOLDER = "artifacts"  # serving.ARTIFACTS_FOLDER: model.pt, the task file and the lineage files
 MODEL_FILE_NAME = "model.pt"
 DEFAULT_EXPERIMENT = "retrain"
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _ERROR_CHARS = 300
 _MLFLOW_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
@@ -53,15 +52,6 @@ class RegistryError(RetrainError):
 
 class ModelLoadError(RetrainError):
     """A registered version whose model cannot be loaded, or whose weights are not the ones registered."""
-
-
-def check_model_name(name: str) -> str:
-    if not _MODEL_NAME.fullmatch(name):
-        raise InputError(
-            f"--model-name {name!r}: expected 1-128 letters, digits, '_', '.' or '-', starting with a letter "
-            "or digit"
-        )
-    return name
 
 
 def displayable_uri(uri: str) -> str:
@@ -188,7 +178,7 @@ class ModelRegistry:
         """Every version of `name`, newest first; [] when it has not been registered yet."""
         aliases = self.aliases(name)
         with _registry_errors(f"list the versions of {name!r}", self.store):
-            found = self._client.search_model_versions(f"name = '{check_model_name(name)}'")
+            found = self._client.search_model_versions(f"name = '{check_model_name(name, '--model-name')}'")
         infos = [self._info(version, aliases) for version in found]
         return sorted(infos, key=lambda info: int(info.version), reverse=True)
 
@@ -397,4 +387,4 @@ class NewVersion:
     run_tags: Mapping[str, str] = field(default_factory=dict)  # on a register run, when one is needed
 
     def __post_init__(self) -> None:
-        check_model_name(self.model_name)
+        check_model_name(self.model_name, "--model-name")
