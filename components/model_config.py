@@ -36,11 +36,11 @@ from components.task_ref import (
     BUILTIN_RAW_SUFFIXES,
     DEFAULT_TASK,
     RAW_DEPTHS,
-    TaskReference,
     check_task_options,
     parse_task_reference,
 )
 from core.names import check_model_name
+from core.task_ref import TaskRef
 
 if TYPE_CHECKING:
     from components.specs import PipelineSpec
@@ -80,7 +80,7 @@ class TaskConfig:
     """`[task]`: the reference as written, the checked reference (a task file made absolute), options."""
 
     ref: str
-    reference: TaskReference
+    reference: TaskRef
     options: Mapping[str, Any] = field(default_factory=dict)
 
     @property

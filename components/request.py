@@ -20,11 +20,11 @@ from components.errors import SubmissionError
 from components.task_ref import (
     DEFAULT_TASK,
     check_task_options,
-    options_text,
     parse_task_reference,
     task_file_sha256,
 )
 from core.names import check_model_name
+from core.task_ref import options_text
 from core.versions import is_version
 
 _TAG_KEY = re.compile(r"[A-Za-z0-9_.\-]{1,64}")

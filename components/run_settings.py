@@ -25,11 +25,11 @@ from components.specs import PipelineSpec
 from components.task_ref import (
     DEFAULT_TASK,
     check_task_options,
-    options_text,
     parse_task_reference,
     task_file_sha256,
 )
 from core.names import check_model_name
+from core.task_ref import options_text
 
 DEFAULT_MODEL_NAME = "digits"
 

@@ -89,7 +89,8 @@ def test_hand_edited_tags_are_shown_rather_than_failing():
 
 
 def test_a_module_task_s_code_hash_is_recorded_and_read_back(tmp_path: Path, monkeypatch):
-    from training.tasks.loader import parse_task_ref, task_code_sha256
+    from core.task_ref import parse_task_ref
+    from training.tasks.loader import task_code_sha256
 
     package = tmp_path / "flowerpkg"
     package.mkdir()

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core.errors import InputError
+from core.task_ref import parse_task_ref
 from core.versions import MANIFEST_SUFFIX, is_raw_version, raw_version
 from training.gate.lineage import (
     DATA_DIR,
@@ -121,9 +122,8 @@ def _recorded_task_ref(
     """The champion's task reference, runnable here: a task file at its recorded path when it still has
     the recorded sha256, else the copy registered with the model."""
     from training.gate.registry import ARTIFACTS_FOLDER
-    from training.tasks.loader import parse_task_ref
 
-    ref = parse_task_ref(str(recorded["ref"]))
+    ref = parse_task_ref(str(recorded["ref"]), Path.cwd())
     if ref.path is None:
         return ref.text
     expected = recorded.get("file_sha256")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError
+from core.task_ref import options_text
 from core.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
 from core.train_rules import TRAIN_RULES
 
@@ -131,11 +132,6 @@ def _json_object(options: object) -> dict[str, Any]:
         return json.loads(json.dumps(options, allow_nan=False))
     except (TypeError, ValueError) as error:
         raise InputError(f"--task-options {options!r}: not representable as JSON ({error})") from None
-
-
-def options_text(options: dict[str, Any]) -> str:
-    """Task options as one canonical JSON object, for command lines and messages."""
-    return json.dumps(options, sort_keys=True, separators=(",", ":"))
 
 
 def _shown_option(name: str, value: object) -> str:

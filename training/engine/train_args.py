@@ -13,8 +13,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from core.errors import InputError
+from core.task_ref import options_text
 from core.train_rules import read_interval
-from training.engine.config import AUTO_INTERVAL, PROGRESS_MODES, TrainConfig, options_text
+from training.engine.config import AUTO_INTERVAL, PROGRESS_MODES, TrainConfig
 from training.local_state import (
     artifacts_beside,
     default_mlflow_artifact_location,

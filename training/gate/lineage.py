@@ -23,6 +23,7 @@ from typing import Any
 import training
 from core.errors import InputError
 from core.files import file_sha256
+from core.task_ref import options_text
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +247,7 @@ def lineage_of(
         data_dir=str(Path(data_dir).resolve()),
         task_ref=str(task.get("ref") or NONE),
         task_name=str(task.get("name") or NONE),
-        task_options=json.dumps(dict(task.get("options") or {}), sort_keys=True),
+        task_options=options_text(task.get("options") or {}),
         task_file_sha256=str(task.get("file_sha256") or NONE),
         task_code_sha256=str(task.get("code_sha256") or NONE),
     )

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from core.errors import InputError, RetrainError
 from core.names import check_model_name
 from core.secrets import displayable_url, mask_secrets, mask_secrets_in
+from core.task_ref import parse_task_ref
 from training.engine.outputs import weights_sha256
 from training.gate.lineage import WEIGHTS_SHA256
 from training.local_state import (
@@ -199,7 +200,6 @@ class ModelRegistry:
         ones registered. A file task is loaded from the copy registered with the model."""
         from training.engine.outputs import read_model_payload
         from training.gate.serving import rebuild
-        from training.tasks.loader import parse_task_ref
 
         expected = info.weights_sha256
         if not expected:
@@ -208,7 +208,7 @@ class ModelRegistry:
             with tempfile.TemporaryDirectory(prefix="retrain-model-") as scratch:
                 folder = self.download_model_file(info, ARTIFACTS_FOLDER, Path(scratch))
                 model_file = folder / MODEL_FILE_NAME
-                ref = parse_task_ref(str(read_model_payload(model_file)["task"]))
+                ref = parse_task_ref(str(read_model_payload(model_file)["task"]), Path.cwd())
                 rebuilt = rebuild(model_file, folder / ref.path.name if ref.path is not None else None)
             actual = weights_sha256(rebuilt.model)
         except Exception as error:  # whatever breaks a load, the version cannot serve as a champion
