@@ -18,13 +18,12 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import PipelineError
-from core.files import file_sha256, make_read_only, write_atomically
+from core.files import file_sha256, make_read_only, staged_folder, write_atomically
 from core.secrets import mask_secrets
 from core.versions import MANIFEST_SUFFIX, raw_version
 
@@ -180,17 +179,11 @@ def snapshot_folder(
             return manifest, target
         log.warning("pinned data version %s in %s: %s; pinning it again from %s", manifest.version, target,
                     change, source)  # fmt: skip
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=root))
-    try:
+    with staged_folder(target) as staging:
         _copy_verified(manifest, source, staging)
         make_read_only(staging)
         if target.exists():
             shutil.rmtree(target)  # incomplete (interrupted before its manifest), or damaged since
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     write_atomically(manifest_path, manifest.to_json().encode())
     return manifest, target
 
