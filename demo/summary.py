@@ -53,7 +53,7 @@ def runs_table(say: Narrator, record: DemoRecord) -> None:
             (
                 submission.id,
                 submission.kind,
-                submission.data_version or "-",
+                submission.raw_version or "-",
                 str(submission.details.get("run_id", "-")),
                 "train exit codes " + ",".join(str(code) for code in attempts),
                 outcome,
@@ -149,6 +149,6 @@ def plot_training_runs(record: DemoRecord) -> list[Path]:
             for name in ("loss", "validation_accuracy")
         }
         path = record.home / PLOTS_FOLDER / f"loss-{submission.id}.png"
-        title = f"{submission.id}: {submission.kind} run on {submission.data_version}"
+        title = f"{submission.id}: {submission.kind} run on {submission.raw_version}"
         plots.append(plot_training_curves(history["loss"], history["validation_accuracy"], path, title))
     return plots

@@ -314,7 +314,7 @@ def flush_command(args: argparse.Namespace) -> int:
 def _print_flush(front: FrontDoor, submitted: list[Any], ignore_quiet: bool = False) -> None:
     for record in submitted:
         print(
-            f"submitted {record.id} ({record.kind}): data {record.data_version}, {len(record.inputs)} new "
+            f"submitted {record.id} ({record.kind}): data {record.raw_version}, {len(record.inputs)} new "
             f"input(s), job {record.job_name}, status {describe_outcome(record.status, record.details)}",
             flush=True,
         )
@@ -369,7 +369,7 @@ def ledger_command(args: argparse.Namespace) -> int:
     print(f"submissions ({len(submissions)}):")
     for record in submissions:
         print(
-            f"  {record['id']}  {record['kind']:<5}  {record['status']:<10}  {record['data_version']}  "
+            f"  {record['id']}  {record['kind']:<5}  {record['status']:<10}  {record['raw_version']}  "
             f"{len(record['inputs'])} input(s)"
         )
         if record.get("estimate"):
