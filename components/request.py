@@ -31,8 +31,12 @@ _TAG_KEY = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _STEP_NAMES = ("prep", "train", "evaluate", "register")
 TRIGGER_TAG_PREFIX = "trigger."
 # The tags that pin a run: `tags()` sets them, and no job tag may stand in for them.
+# The raw data version (rd-) is `retrain.raw_version`; `retrain.data_version` is the prepared version (dv-),
+# which the trainer tags its MLflow run with: a job tag of that name, as runs before the rename carried
+# the raw one under it, would be read as the prepared version.
 LINEAGE_TAGS = (
     "retrain.model_name",
+    "retrain.raw_version",
     "retrain.data_version",
     "retrain.run_key",
     "retrain.attempt",
@@ -137,7 +141,7 @@ class RunRequest:
             **{f"{TRIGGER_TAG_PREFIX}{key}": str(value) for key, value in self.trigger.items()},
             **self.job_tags,
             "retrain.model_name": self.model_name,
-            "retrain.data_version": self.data.version,
+            "retrain.raw_version": self.data.version,
             "retrain.run_key": self.run_key,
             **task,
         }

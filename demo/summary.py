@@ -70,7 +70,7 @@ def lineage_lines(say: Narrator, listing: Mapping[str, Any]) -> None:
         trigger = lineage.get("trigger") or {}
         say.line(
             f"  v{version['version']} ({aliases}): {trigger.get('kind')} event {trigger.get('event_id')}"
-            f" -> raw data {lineage.get('raw_data_version', '?')}"
+            f" -> raw data {lineage.get('raw_version', '?')}"
             f" -> prepared {lineage.get('data_version', '?')}"
             f" -> job {lineage.get('pipeline_job', '?')}"
             f" -> macro-F1 {float(metrics.get('macro_f1', float('nan'))):.4f}"

@@ -139,7 +139,7 @@ def test_registration_records_the_decision_lineage_and_metrics(
         "kind": "blob",
         "event_id": "evt-42",
     }
-    assert (lineage["raw_data_version"], lineage["data_version"]) == (
+    assert (lineage["raw_version"], lineage["data_version"]) == (
         "rd-00000000000000aa",
         metadata["data_version"],
     )

@@ -40,6 +40,7 @@ from training.gate.lineage import (
     file_sha256,
     task_from_tags,
 )
+from training.gate.lineage import tag as lineage_tag
 from training.tasks.base import FeatureTable, Task
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ def reference_from_folder(task: Task, data_dir: Path) -> ReferenceData:
 def _recorded_folder(tags: Mapping[str, str], where: str) -> Path:
     """The prepared data folder the tags name, its manifest verified against the recorded sha256."""
     recorded, expected_sha256 = tags.get(MANIFEST_PATH), tags.get(MANIFEST_SHA256)
-    expected_version = tags.get(DATA_VERSION)
+    expected_version = lineage_tag(tags, DATA_VERSION)
     if recorded == NONE and expected_sha256 == NONE and tags.get(DATA_DIR) not in (None, NONE):
         folder = Path(tags[DATA_DIR])  # a task that writes no manifest: the folder and data version only
         if not folder.is_dir():
@@ -209,15 +210,14 @@ def reference_from_lineage(
     """
     folder = _recorded_folder(tags, where)
     reference = reference_from_folder(task, folder)
-    if reference.data_version != tags.get(DATA_VERSION):
-        raise InputError(
-            f"{folder} holds {reference.data_version}, but {where} was trained on {tags.get(DATA_VERSION)}"
-        )
+    trained_on = lineage_tag(tags, DATA_VERSION)
+    if reference.data_version != trained_on:
+        raise InputError(f"{folder} holds {reference.data_version}, but {where} was trained on {trained_on}")
     return ReferenceData(
         features=reference.features,
         data_dir=reference.data_dir,
         data_version=reference.data_version,
-        raw_data_version=tags.get(RAW_DATA_VERSION),
+        raw_data_version=lineage_tag(tags, RAW_DATA_VERSION),
         model_version=model_version,
     )
 
