@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from components import cli_azure, cli_local
-from components.errors import PipelineError
 from core.errors import RetrainError
 from core.secrets import mask_logged_secrets, mask_secrets
 from demo import cli as demo_cli
@@ -55,9 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.state_root = state_root(args.environ, Path.cwd())
     try:
         return args.handler(args)
-    except (RetrainError, PipelineError) as error:
+    except RetrainError as error:  # PipelineError and the front door's errors included
         print(f"retrain: error: {mask_secrets(str(error))}", file=sys.stderr)
-        return error.exit_code if isinstance(error, RetrainError) else 2
+        return error.exit_code
 
 
 if __name__ == "__main__":

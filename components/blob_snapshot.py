@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from components.data_version import (
-    MANIFEST_SUFFIX,
     RAW_SUFFIXES,
     DataError,
     DataFile,
@@ -24,6 +23,7 @@ from components.data_version import (
     is_raw_name,
 )
 from core.secrets import mask_secrets
+from core.versions import MANIFEST_SUFFIX
 
 if TYPE_CHECKING:
     from azure.storage.blob import BlobClient, ContainerClient

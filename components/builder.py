@@ -39,7 +39,7 @@ from components.specs import (
     load_pipeline_spec,
     load_yaml,
 )
-from components.task_ref import DEFAULT_TASK, parse_task_reference
+from components.task_ref import DEFAULT_TASK, parse_task_reference, snapshot_text
 from core.blob_urls import parse_blob_url
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class PipelineBuild:
             instance_count=request.instance_count,
             component_versions=request.component_versions,
             registered_components=registered_components,
-            task=task.snapshot_text(),
+            task=snapshot_text(task),
             task_options=request.task_options_text,
             task_file=task.path,
             registry_lock=registry_lock,

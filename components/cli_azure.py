@@ -67,7 +67,7 @@ from components.preflight import PreflightResult, SubprocessPreflight
 from components.request import DataRef, Submission
 from components.run_inputs import trigger_argument
 from components.run_settings import RunSettings
-from components.task_ref import parse_task_reference, raw_depth
+from components.task_ref import parse_task_reference, raw_depth, snapshot_text
 from core.secrets import displayable_url, mask_secrets
 from core.text import quoted
 
@@ -427,7 +427,7 @@ def _schedule(args: argparse.Namespace, connectors: Connectors, out: IO[str] | N
         component_versions=_pairs(args.component_version, "--component-version"),
         registered_components=args.registered_components,
         allow_latest_data=True,
-        task=task.snapshot_text(),
+        task=snapshot_text(task),
         task_options=settings.task_options_text,
         task_file=task.path,
     )

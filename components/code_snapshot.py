@@ -18,9 +18,7 @@ same content hash and the same uploaded set), and its walk costs nothing.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -29,6 +27,7 @@ from components.errors import SubmissionError
 from components.local.fingerprint import IGNORE_FILES, file_sha256, ignore_rules_of, kept_files
 from components.specs import REPO_ROOT
 from components.task_ref import USER_TASKS_FOLDER
+from core.files import staged_folder
 
 if TYPE_CHECKING:
     from components.builder import PipelineBuild
@@ -76,18 +75,15 @@ def stage_code_snapshot(task_file: Path | None, parent: Path, code_root: Path = 
     target = Path(parent) / snapshot_name(files, ignore)
     if target.is_dir():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        for relative, source in files.items():
-            destination = staging / relative
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, destination)
-        if ignore is not None:
-            (staging / ignore[0]).write_text(ignore[1])
-        os.replace(staging, target)
+        with staged_folder(target) as staging:
+            for relative, source in files.items():
+                destination = staging / relative
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, destination)
+            if ignore is not None:
+                (staging / ignore[0]).write_text(ignore[1])
     except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
         if not target.is_dir():  # not another process staging the same snapshot first
             raise
     return target

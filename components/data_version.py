@@ -14,19 +14,18 @@ source when there is one, and otherwise refused in one line naming the file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import PipelineError
-from core.files import file_sha256, make_read_only, write_atomically
+from core.files import file_sha256, make_read_only, staged_folder, write_atomically
 from core.secrets import mask_secrets
+from core.versions import MANIFEST_SUFFIX, raw_version
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +33,7 @@ RAW_SUFFIXES = (".csv", ".parquet")  # the tabular task's; a run pins its own ta
 # The most folder levels a task's raw files may span below their data folder or blob prefix (is_raw_name's
 # depth): bounds a model's [trigger] depth, and the front door's blob scopes.
 MAX_RAW_DEPTH = 8
-MANIFEST_SUFFIX = ".manifest.json"
 CONTENTS_SUFFIX = ".contents.json"  # beside a copy pinned by eTags: its files' sha256, taken as written
-VERSION_PREFIX = "rd-"
 
 
 class DataError(PipelineError):
@@ -69,14 +66,10 @@ class DataManifest:
             raise DataError("duplicate file names in a data manifest; expected each file once")
         object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda file: file.name)))
 
-    def _canonical(self) -> bytes:
-        # The source (where a file was read from) is not content: moving data does not change its version.
-        entries = [[file.name, file.size, file.fingerprint] for file in self.files]
-        return json.dumps(entries, separators=(",", ":")).encode()
-
     @property
     def version(self) -> str:
-        return VERSION_PREFIX + hashlib.sha256(self._canonical()).hexdigest()[:16]
+        """The raw data version (core/versions.py): the source, where a file was read from, is not in it."""
+        return raw_version((file.name, file.size, file.fingerprint) for file in self.files)
 
     @property
     def total_bytes(self) -> int:
@@ -186,17 +179,11 @@ def snapshot_folder(
             return manifest, target
         log.warning("pinned data version %s in %s: %s; pinning it again from %s", manifest.version, target,
                     change, source)  # fmt: skip
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=root))
-    try:
+    with staged_folder(target) as staging:
         _copy_verified(manifest, source, staging)
         make_read_only(staging)
         if target.exists():
             shutil.rmtree(target)  # incomplete (interrupted before its manifest), or damaged since
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     write_atomically(manifest_path, manifest.to_json().encode())
     return manifest, target
 

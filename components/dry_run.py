@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,7 @@ from components.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.errors import JobNotFound, SubmissionError
 from components.request import COMPLETED, RunRequest, Submission
 from components.specs import PIPELINE_FILE
+from core.files import staged_folder
 from core.secrets import mask_secrets
 
 log = logging.getLogger(__name__)
@@ -133,15 +131,12 @@ class DryRunSubmitter:
 
     def _write(self, folder: Path, files: dict[str, str]) -> None:
         """Stage every file beside the final folder, then rename it into place: complete or absent."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=self.root))
         try:
-            for name, text in files.items():
-                (staging / name).write_text(mask_secrets(text))  # a record: what would be sent, less secrets
-            os.replace(staging, folder)
-        except BaseException as error:
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(error, OSError) and (folder / SUBMISSION_FILE).exists():
+            with staged_folder(folder) as staging:
+                for name, text in files.items():
+                    (staging / name).write_text(mask_secrets(text))  # what would be sent, less secrets
+        except OSError:
+            if (folder / SUBMISSION_FILE).exists():
                 return  # a concurrent dry run of the same request recorded it first
             raise
 

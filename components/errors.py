@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from core.errors import RetrainError
 
-class PipelineError(Exception):
-    """Base class: the command line prints the message alone and exits 2."""
+
+class PipelineError(RetrainError):
+    """Base class: the command line prints the message alone and exits 2. A message may carry lines of
+    its own (a failed step's log tail), so it is kept as written."""
+
+    one_line = False
 
 
 class SpecError(PipelineError):

@@ -31,16 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 from components.data_version import MAX_RAW_DEPTH
 from components.errors import ConfigError, PipelineError
-from components.request import check_model_name
 from components.run_inputs import GATE_INPUTS, RESERVED_INPUTS
 from components.task_ref import (
     BUILTIN_RAW_SUFFIXES,
     DEFAULT_TASK,
     RAW_DEPTHS,
-    TaskReference,
     check_task_options,
     parse_task_reference,
 )
+from core.names import check_model_name
+from core.task_ref import TaskRef
 
 if TYPE_CHECKING:
     from components.specs import PipelineSpec
@@ -71,10 +71,7 @@ def models_dir(cwd: Path, environ: Mapping[str, str]) -> Path:
 
 def config_file(name: str, cwd: Path, environ: Mapping[str, str]) -> Path:
     """`models/<name>.toml`; `name` is checked first, so no path is ever built from `../x` or a newline."""
-    try:
-        check_model_name(name)
-    except PipelineError as error:
-        raise ConfigError(str(error)) from None
+    check_model_name(name, "model name", ConfigError)
     return models_dir(cwd, environ) / f"{name}{CONFIG_SUFFIX}"
 
 
@@ -83,7 +80,7 @@ class TaskConfig:
     """`[task]`: the reference as written, the checked reference (a task file made absolute), options."""
 
     ref: str
-    reference: TaskReference
+    reference: TaskRef
     options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -381,10 +378,7 @@ def load_model_config(path: Path, pipeline: PipelineSpec | None = None) -> Model
     document = _read_toml(path)
     reader.known(document, _TOP_KEYS, "")
     name = document.get("name", path.stem)
-    try:
-        check_model_name(name, f"{path}: name" if "name" in document else f"{path}: the file's stem")
-    except PipelineError as error:
-        raise ConfigError(str(error)) from None
+    check_model_name(name, f"{path}: name" if "name" in document else f"{path}: the file's stem", ConfigError)
     return ModelConfig(
         name=name,
         path=path,

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from components.errors import ConfigError
+from components.errors import ConfigError, SubmissionError
 from components.model_config import CONFIG_SUFFIX
-from components.request import check_model_name
+from core.names import check_model_name
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 KINDS = ("tabular", "image", "custom")
@@ -90,7 +90,7 @@ def _write_new(path: Path, text: str) -> None:
 def init_model(model_name: str, kind: str, folder: Path, shown_folder: str | None = None) -> InitResult:
     """Write the configuration (and for `custom` the task file) of `model_name` into `folder`.
     `shown_folder` is how the task file's docstring names the folder (default: `folder` as given)."""
-    check_model_name(model_name)
+    check_model_name(model_name, "model name", SubmissionError)
     if kind not in KINDS:
         raise ConfigError(f"--task {kind!r}: expected one of {', '.join(KINDS)}")
     config = folder / f"{model_name}{CONFIG_SUFFIX}"

@@ -20,21 +20,23 @@ from components.errors import SubmissionError
 from components.task_ref import (
     DEFAULT_TASK,
     check_task_options,
-    options_text,
     parse_task_reference,
     task_file_sha256,
 )
-from core.text import quoted
+from core.names import check_model_name
+from core.task_ref import options_text
+from core.versions import is_version
 
-MODEL_NAME_FORM = "1-40 lowercase letters, digits or '-', starting with a letter"
-_MODEL_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
-_DATA_VERSION = re.compile(r"[a-z]{2}-[0-9a-f]{16}")
 _TAG_KEY = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _STEP_NAMES = ("prep", "train", "evaluate", "register")
 TRIGGER_TAG_PREFIX = "trigger."
 # The tags that pin a run: `tags()` sets them, and no job tag may stand in for them.
+# The raw data version (rd-) is `retrain.raw_version`; `retrain.data_version` is the prepared version (dv-),
+# which the trainer tags its MLflow run with: a job tag of that name, as runs before the rename carried
+# the raw one under it, would be read as the prepared version.
 LINEAGE_TAGS = (
     "retrain.model_name",
+    "retrain.raw_version",
     "retrain.data_version",
     "retrain.run_key",
     "retrain.attempt",
@@ -55,7 +57,7 @@ class DataRef:
     uri: str
 
     def __post_init__(self) -> None:
-        if not _DATA_VERSION.fullmatch(self.version):
+        if not is_version(self.version):
             raise SubmissionError(
                 f"data version {self.version!r}: expected a content-hashed version like 'rd-0123456789abcdef'"
             )
@@ -87,7 +89,7 @@ class RunRequest:
     task_sha256: str | None = None
 
     def __post_init__(self) -> None:
-        check_model_name(self.model_name)
+        check_model_name(self.model_name, "model name", SubmissionError)
         reference = parse_task_reference(self.task, None, "task")
         object.__setattr__(self, "task", reference.text)
         object.__setattr__(self, "task_options", check_task_options(self.task_options))
@@ -139,7 +141,7 @@ class RunRequest:
             **{f"{TRIGGER_TAG_PREFIX}{key}": str(value) for key, value in self.trigger.items()},
             **self.job_tags,
             "retrain.model_name": self.model_name,
-            "retrain.data_version": self.data.version,
+            "retrain.raw_version": self.data.version,
             "retrain.run_key": self.run_key,
             **task,
         }
@@ -150,14 +152,6 @@ def job_name_for(model_name: str, data_version: str, attempt: int = 0) -> str:
     the front door learns whether a submission that stopped half-way reached its submitter."""
     run_key = f"{model_name}-{data_version}"
     return f"retrain-{run_key}" if attempt == 0 else f"retrain-{run_key}-r{attempt}"
-
-
-def check_model_name(name: str, what: str = "model name") -> str:
-    """A registered model's name, as a run request, a job name and a configuration file accept it."""
-    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
-        shown = quoted(name, 60) if isinstance(name, str) else f"{type(name).__name__} {quoted(name, 60)}"
-        raise SubmissionError(f"{what} {shown}: expected {MODEL_NAME_FORM}")
-    return name
 
 
 def _check_job_tags(tags: Mapping[str, str]) -> None:

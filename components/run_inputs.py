@@ -72,7 +72,7 @@ def reserved_values(
 ) -> dict[str, str]:
     """Every reserved input but the data itself, whose form differs (a folder locally, an asset on Azure).
     `task` is the reference as the steps see it (a task file's place in the code snapshot on Azure ML),
-    `task_options` the JSON text of components.task_ref.options_text."""
+    `task_options` the JSON text of core.task_ref.options_text."""
     return {
         MODEL_NAME_INPUT: model_name,
         TRIGGER_INPUT: trigger_argument(trigger),

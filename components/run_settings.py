@@ -19,16 +19,17 @@ from typing import Any
 
 from components.errors import ConfigError, SubmissionError
 from components.model_config import ModelConfig, find_model_config, load_model_config
-from components.request import DataRef, RunRequest, check_model_name
+from components.request import DataRef, RunRequest
 from components.run_inputs import GATE_INPUTS
 from components.specs import PipelineSpec
 from components.task_ref import (
     DEFAULT_TASK,
     check_task_options,
-    options_text,
     parse_task_reference,
     task_file_sha256,
 )
+from core.names import check_model_name
+from core.task_ref import options_text
 
 DEFAULT_MODEL_NAME = "digits"
 
@@ -46,7 +47,7 @@ class RunSettings:
     where: str = "the gate policy"  # how a preflight error names where the policy came from
 
     def __post_init__(self) -> None:
-        check_model_name(self.model_name)
+        check_model_name(self.model_name, "model name", SubmissionError)
         reference = parse_task_reference(self.task, None, "task")
         object.__setattr__(self, "task", reference.text)
         object.__setattr__(self, "task_options", MappingProxyType(check_task_options(self.task_options)))

@@ -1,10 +1,10 @@
-"""A run's task as the pipeline carries it: its reference, its options as one command-line-safe JSON text,
-and, for a task file, where the file is and what its content hashes to. Torch-free, standard library only.
+"""A run's task as the pipeline carries it: its reference, its options checked as JSON values, and, for a
+task file, where the file is and what its content hashes to. Torch-free, standard library only.
 
-The reference forms are training/tasks/loader.py's (`tabular`, `path/to/file.py:Attr`,
-`package.module:Attr`); this module checks their form only, so that a typo is refused before anything is
-pinned or submitted. Whether the task really loads, and has every part, is the preflight's question
-(components/preflight.py), which runs in the training environment.
+The reference forms, their parser and the options' canonical text are core/task_ref.py's; this module adds
+the pipeline's rules, so that a typo is refused before anything is pinned or submitted. Whether the task
+really loads, and has every part, is the preflight's question (components/preflight.py), which runs in the
+training environment.
 
 A task file travels with the code: locally the steps read it where it is (its content hash joins each step's
 cache key), and on Azure ML the builder copies it into the job's code snapshot, under `user_tasks/`, and
@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
 from components.errors import SubmissionError
+from core.task_ref import TASK_FORMS, TaskRef, parse_task_ref
 
 DEFAULT_TASK = "tabular"
 # The built-in tasks, and the raw files each reads: what a model's trigger scope accepts by default.
@@ -34,59 +35,31 @@ BUILTIN_RAW_SUFFIXES: dict[str, tuple[str, ...]] = {
 # 2, also in one level of sub-folders (the image task's class folders, and the default for a user's task).
 RAW_DEPTHS: dict[str, int] = {"tabular": 1, "image": 2}
 DEFAULT_RAW_DEPTH = 2
-TASK_FORMS = "a built-in (tabular, image), path/to/file.py:Attr or package.module:Attr"
 USER_TASKS_FOLDER = "user_tasks"
 
 
-@dataclass(frozen=True)
-class TaskReference:
-    """A checked `--task` value. `path` is set (absolute) for a task file, `module` for a module."""
-
-    text: str
-    attribute: str | None = None
-    module: str | None = None
-    path: Path | None = None
-
-    @property
-    def is_builtin(self) -> bool:
-        return self.text in BUILTIN_RAW_SUFFIXES
-
-    @property
-    def is_file(self) -> bool:
-        return self.path is not None
-
-    def snapshot_text(self) -> str:
-        """The reference inside a code snapshot: the file under `user_tasks/`, relative to the code root
-        (the steps' working folder); other references are unchanged."""
-        if self.path is None:
-            return self.text
-        return f"{PurePosixPath(USER_TASKS_FOLDER, self.path.name)}:{self.attribute}"
-
-
-def parse_task_reference(text: str, base: Path | None, what: str = "--task") -> TaskReference:
-    """`text` checked for form; a relative task file is resolved against `base` (the working folder, or
-    the folder of the configuration file that names it). Without a base, a task file must be absolute."""
-    text = text.strip() if isinstance(text, str) else ""
-    if text in BUILTIN_RAW_SUFFIXES:
-        return TaskReference(text)
-    location, colon, attribute = text.rpartition(":")
-    if not colon or not location or not attribute.isidentifier():
-        raise SubmissionError(f"{what} {text!r}: expected {TASK_FORMS}")
-    if "'" in text:
-        raise SubmissionError(f"{what} {text!r}: a task reference cannot contain a single quote (')")
-    if location.endswith(".py"):
-        path = Path(location).expanduser()
-        if not path.is_absolute() and base is None:
-            raise SubmissionError(f"{what} {text!r}: expected the task file as an absolute path")
-        path = (path if path.is_absolute() else Path(str(base)) / path).resolve()
-        if not path.is_file():
-            raise SubmissionError(f"{what} {text!r}: no file {path}; expected {TASK_FORMS}")
-        return TaskReference(f"{path}:{attribute}", attribute=attribute, path=path)
-    if not all(part.isidentifier() for part in location.split(".")):
+def parse_task_reference(text: str, base: Path | None, what: str = "--task") -> TaskRef:
+    """core/task_ref.py's parse, with the pipeline's own rules: no single quote (the reference stands
+    between single quotes in a step's command), a task file that exists now (a typo is refused before
+    anything is pinned), and its text made absolute (`/abs/file.py:Attr`, what the steps are given)."""
+    reference = parse_task_ref(text, base, what, SubmissionError)
+    if "'" in reference.text:
         raise SubmissionError(
-            f"{what} {text!r}: {location!r} is neither a .py file nor a module name; expected {TASK_FORMS}"
+            f"{what} {reference.text!r}: a task reference cannot contain a single quote (')"
         )
-    return TaskReference(text, attribute=attribute, module=location)
+    if reference.path is None:
+        return reference
+    if not reference.path.is_file():
+        raise SubmissionError(f"{what} {reference.text!r}: no file {reference.path}; expected {TASK_FORMS}")
+    return replace(reference, text=f"{reference.path}:{reference.attribute}")
+
+
+def snapshot_text(reference: TaskRef) -> str:
+    """The reference inside a code snapshot: the file under `user_tasks/`, relative to the code root (the
+    steps' working folder); other references are unchanged."""
+    if reference.path is None:
+        return reference.text
+    return f"{PurePosixPath(USER_TASKS_FOLDER, reference.path.name)}:{reference.attribute}"
 
 
 def task_file_sha256(path: Path) -> str:
@@ -125,7 +98,7 @@ def _prefix(digest: str | None) -> str:
     return f"{digest[:12]}..." if digest else "absent"
 
 
-def task_code(reference: TaskReference, search_path: Sequence[str]) -> TaskCode | None:
+def task_code(reference: TaskRef, search_path: Sequence[str]) -> TaskCode | None:
     """What a user's task runs from, hashed now; None for a built-in (part of the code snapshot) or a
     module that `search_path` (the steps' sys.path) does not have, which the preflight then refuses."""
     from core.sources import module_sources, sources_sha256
@@ -170,15 +143,6 @@ def check_task_options(options: Mapping[str, Any], what: str = "task options") -
     if bad:
         raise SubmissionError(f"{what} {bad}: expected option names that are Python identifiers")
     return json.loads(json.dumps(dict(options)))  # plain lists and dicts, whatever came in
-
-
-def options_text(options: Mapping[str, Any]) -> str:
-    """The options as the `task_options` pipeline input: compact JSON, sorted keys, ASCII only, and with
-    every single quote written as the JSON escape \\u0027, so that the text can stand between the single
-    quotes of a component's command on Azure ML (a shell) and locally (components/local/commands.py),
-    and parses back to exactly the same object."""
-    text = json.dumps(dict(options), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return text.replace("'", "\\u0027")
 
 
 def raw_depth(task: str) -> int:

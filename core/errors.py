@@ -1,19 +1,28 @@
-"""Errors a user can act on.
+"""Errors a user can act on, under one root.
 
-Every `RetrainError` message is a single line that names the bad input and the form it should take; the
-CLI prints it as is and exits with its `exit_code` (2 unless a subclass says otherwise), without a traceback.
+Every `RetrainError` names the bad input (or state) and the form it should take; a command line prints
+the message as is and exits with its `exit_code` (2 unless a subclass says otherwise), without a
+traceback. Each room keeps the subclasses it raises where it raises them (components/errors.py's
+`PipelineError`, function_app/ledger/records.py's `LedgerError`, function_app/settings/storage.py's
+`SettingsError`, ...); they all derive from `RetrainError`, so a caller that catches the root catches
+every one of them.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class RetrainError(Exception):
     """A failure caused by input or state the user can fix."""
 
     exit_code = 2  # bad input; training/engine/divergence.py's TrainingDiverged has its own
+    # The message's whitespace (line breaks included) is collapsed to single spaces. A family whose
+    # message carries lines of its own (a failed step's log tail) says False.
+    one_line: ClassVar[bool] = True
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
+        super().__init__(" ".join(message.split()) if self.one_line else message)
 
 
 class InputError(RetrainError):

@@ -1,11 +1,12 @@
-"""Files written whole: the atomic replace and create-if-absent, a folder made durable, the file sha256 and
-a published folder made read-only."""
+"""Files written whole: the atomic replace and create-if-absent, a folder staged and renamed into place, a
+folder made durable, the file sha256 and a published folder made read-only."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -95,3 +96,25 @@ def fsync_folder(folder: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+@contextmanager
+def staged_folder(final: Path) -> Iterator[Path]:
+    """A new, empty, hidden sibling of `final` to fill; when the block ends, it is renamed to `final` in one
+    step, so readers (and a crash) see the whole folder or none. If the block or the rename fails, the
+    sibling is removed and the error raised: the rename fails when `final` exists and is not empty (another
+    writer got there first; the caller decides whether that is fine), and `final` is then left as it is.
+
+    The sibling's name starts with '.', so listings, raw-data scans and watchers skip it; one a killed
+    process left behind is never renamed into place.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.with_name(f".{final.name}.staging-{secrets.token_hex(8)}")
+    staging.mkdir()  # the mode a plain mkdir of `final` gets
+    try:
+        yield staging
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

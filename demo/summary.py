@@ -53,7 +53,7 @@ def runs_table(say: Narrator, record: DemoRecord) -> None:
             (
                 submission.id,
                 submission.kind,
-                submission.data_version or "-",
+                submission.raw_version or "-",
                 str(submission.details.get("run_id", "-")),
                 "train exit codes " + ",".join(str(code) for code in attempts),
                 outcome,
@@ -70,7 +70,7 @@ def lineage_lines(say: Narrator, listing: Mapping[str, Any]) -> None:
         trigger = lineage.get("trigger") or {}
         say.line(
             f"  v{version['version']} ({aliases}): {trigger.get('kind')} event {trigger.get('event_id')}"
-            f" -> raw data {lineage.get('raw_data_version', '?')}"
+            f" -> raw data {lineage.get('raw_version', '?')}"
             f" -> prepared {lineage.get('data_version', '?')}"
             f" -> job {lineage.get('pipeline_job', '?')}"
             f" -> macro-F1 {float(metrics.get('macro_f1', float('nan'))):.4f}"
@@ -149,6 +149,6 @@ def plot_training_runs(record: DemoRecord) -> list[Path]:
             for name in ("loss", "validation_accuracy")
         }
         path = record.home / PLOTS_FOLDER / f"loss-{submission.id}.png"
-        title = f"{submission.id}: {submission.kind} run on {submission.data_version}"
+        title = f"{submission.id}: {submission.kind} run on {submission.raw_version}"
         plots.append(plot_training_curves(history["loss"], history["validation_accuracy"], path, title))
     return plots

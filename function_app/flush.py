@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -64,6 +64,47 @@ DROPPED = "dropped"
 OUTCOME_KEYS = ("registered_version", "decision", "reasons", "failed_step", "log_tail", "run_id")
 
 
+@dataclass(frozen=True)
+class SubmissionPlan:
+    """What every run the front door submits is given beyond its model's own route: the app's pipeline
+    parameters (over the route's), the processes per node and node count, and the cost settings that
+    price it."""
+
+    parameters: Mapping[str, str]
+    processes_per_node: int
+    nodes: int
+    cost: CostSettings
+
+
+def new_submission(
+    submission_id: str,
+    model: str,
+    kind: str,
+    status: str,
+    created_at: datetime,
+    events: tuple[str, ...],
+    details: Mapping[str, Any],
+    *,
+    raw_version: str | None = None,
+    inputs: tuple[InputPin, ...] = (),
+    updated_at: datetime | None = None,
+) -> SubmissionRecord:
+    """A submission's first record, as a flush writes it: what it pins (none, for one that failed before
+    pinning), updated when it was created unless a recovery writes it later."""
+    return SubmissionRecord(
+        id=submission_id,
+        model_name=model,
+        kind=kind,
+        status=status,
+        created_at=created_at,
+        updated_at=updated_at or created_at,
+        raw_version=raw_version,
+        inputs=inputs,
+        events=events,
+        details=details,
+    )
+
+
 class Flusher:
     def __init__(
         self,
@@ -72,7 +113,7 @@ class Flusher:
         pinner: DataPinner,
         clock: Callable[[], datetime],
         policy: PolicySettings,
-        run_settings: tuple[Mapping[str, str], int, int, CostSettings],
+        plan: SubmissionPlan,
         on_step: Callable[[str], None] | None = None,
         task_check: TaskCheck | None = None,
     ) -> None:
@@ -81,7 +122,7 @@ class Flusher:
         self._pinner = pinner
         self._clock = clock
         self._policy = policy
-        self._parameters, self._processes, self._nodes, self._cost = run_settings
+        self._plan = plan
         self._on_step = on_step or (lambda step: None)
         self._task_check = task_check or NoTaskCheck()
         self.verdicts: dict[str, FlushVerdict] = {}  # each model's last verdict, for `retrain flush` to say
@@ -104,7 +145,7 @@ class Flusher:
             if not verdict.submit:
                 log.debug("flush %s: not now (%s)", model, verdict.reason)
                 return []
-            refusal = self._task_check.refusal(route, {**route.parameters, **self._parameters})
+            refusal = self._task_check.refusal(route, {**route.parameters, **self._plan.parameters})
             if refusal is not None:  # before anything is recorded or counted in the budget
                 return self._hold(model, pending, refusal)
             submission_id = f"s-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
@@ -123,21 +164,20 @@ class Flusher:
             if not self._ledger.save_state(model, new_state, version):
                 raise LedgerBusyError(f"model {model!r}: its state changed under the flush lease; retry")
             self._on_step("state-saved")
-            record = SubmissionRecord(
-                id=submission_id,
-                model_name=model,
-                kind=batch_kind(items),
-                status=SUBMITTING,
-                created_at=now,
-                updated_at=now,
-                data_version=manifest.version if manifest is not None else named and named.version,
-                inputs=_inputs(manifest, items),
-                events=tuple(claim.record.id for claim in pending),
+            record = new_submission(
+                submission_id,
+                model,
+                batch_kind(items),
+                SUBMITTING,
+                now,
+                tuple(claim.record.id for claim in pending),
                 # A request's own data is not the landing data: the next batch builds on this one's basis.
-                details={
+                {
                     **({BASIS: self._basis_id(state)} if any(item.data_uri for item in items) else {}),
                     **({DROPPED: [gone.line() for gone in dropped]} if dropped else {}),
                 },
+                raw_version=manifest.version if manifest is not None else named and named.version,
+                inputs=_inputs(manifest, items),
             )
             if not self._ledger.create_submission(record):
                 raise LedgerBusyError(f"submission {submission_id} was recorded by another flush; stopping")
@@ -147,7 +187,7 @@ class Flusher:
                 pending, lambda event: event.with_decision(SUBMITTED, taken, submission_id), submission_id
             )
             self._on_step("claims-taken")
-            if record.data_version is None:
+            if record.raw_version is None:
                 return [self._finish_without_data(record)]
             if lease.lost:
                 raise LedgerBusyError(
@@ -252,13 +292,13 @@ class Flusher:
                 model_name=route.name,
                 data=data,
                 trigger=_trigger_tags(items, record.id),
-                parameters={**route.parameters, **self._parameters},
-                processes_per_instance=self._processes,
-                instance_count=self._nodes,
+                parameters={**route.parameters, **self._plan.parameters},
+                processes_per_instance=self._plan.processes_per_node,
+                instance_count=self._plan.nodes,
                 task=route.task,
                 task_options=route.task_options,
             ),
-            self._cost,
+            self._plan.cost,
         )
         log.info("submission %s of %s: %s", record.id, data.version, estimate.summary())
         # Recorded before the submitter is called, so the ledger shows what a trigger is about to spend
@@ -296,15 +336,14 @@ class Flusher:
     ) -> SubmissionRecord:
         """A request whose own data cannot be pinned (an empty folder, one gone): recorded as a failed
         submission that started no run, so it neither blocks the model's later batches nor costs budget."""
-        record = SubmissionRecord(
-            id=submission_id,
-            model_name=model,
-            kind=batch_kind(items),
-            status=FAILED,
-            created_at=now,
-            updated_at=now,
-            events=tuple(claim.record.id for claim in pending),
-            details={"reason": reason},
+        record = new_submission(
+            submission_id,
+            model,
+            batch_kind(items),
+            FAILED,
+            now,
+            tuple(claim.record.id for claim in pending),
+            {"reason": reason},
         )
         self._ledger.create_submission(record)
         self._ledger.retag(
@@ -359,21 +398,20 @@ class Flusher:
             # The flush that took this batch stopped before recording it: nothing reached the submitter.
             # The record written here also fences that flush, should it still be running.
             self._ledger.create_submission(
-                SubmissionRecord(
-                    id=submission_id,
-                    model_name=model,
-                    kind=state.in_flight_kind or KIND_BLOB,  # a state saved before kinds were kept
-                    status=FAILED,
-                    created_at=state.in_flight_since or now,
+                new_submission(
+                    submission_id,
+                    model,
+                    state.in_flight_kind or KIND_BLOB,  # a state saved before kinds were kept
+                    FAILED,
+                    state.in_flight_since or now,
+                    (),
+                    {"reason": "the flush stopped before recording the submission; nothing was submitted"},
                     updated_at=now,
-                    details={
-                        "reason": "the flush stopped before recording the submission; nothing was submitted"
-                    },
                 )
             )
             return self._end(model, submission_id, FAILED)
         if record.job_name is None and record.status == SUBMITTING:
-            found = self._find_job(model, record.data_version)
+            found = self._find_job(model, record.raw_version)
             if found is None:
                 reason = (
                     "the flush stopped before the submitter accepted the job; its items return to pending"
@@ -421,11 +459,11 @@ class Flusher:
             return FAILED, f"the job is gone: {gone}"
         return job.status, job.details.get("reason") if job.status == FAILED else None
 
-    def _find_job(self, model: str, data_version: str | None) -> Any:
-        if data_version is None:
+    def _find_job(self, model: str, raw_version: str | None) -> Any:
+        if raw_version is None:
             return None
         try:
-            return self._submitter.status(job_name_for(model, data_version))
+            return self._submitter.status(job_name_for(model, raw_version))
         except SubmissionError:
             return None
 

@@ -15,10 +15,8 @@ and pins the rest. A pin that still meets one (it went in the moment between) fa
 from __future__ import annotations
 
 import hashlib
-import os
 import posixpath
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,6 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote, unquote
 
 from components.data_version import (
-    MANIFEST_SUFFIX,
     DataError,
     DataFile,
     DataManifest,
@@ -36,8 +33,10 @@ from components.data_version import (
     write_pinned_contents,
 )
 from components.request import DataRef
-from core.files import file_sha256, make_read_only
+from core.errors import RetrainError
+from core.files import file_sha256, make_read_only, staged_folder
 from core.secrets import displayable_url, mask_secrets
+from core.versions import MANIFEST_SUFFIX
 from function_app.policy.rules import PendingBlob
 from function_app.settings.storage import BlobScope
 
@@ -63,8 +62,10 @@ def _etag_of_hex(sha256_hex: str) -> str:
     return "0x" + sha256_hex[:_ETAG_HEX_DIGITS].upper()
 
 
-class PinError(Exception):
+class PinError(RetrainError):
     """The data a batch lists cannot be pinned as listed; the message is one line."""
+
+    one_line = False  # kept as written
 
 
 @dataclass(frozen=True)
@@ -228,10 +229,8 @@ def _write_snapshot(
     manifest_file = root / model_name / f"{manifest.version}{MANIFEST_SUFFIX}"
     if manifest_file.exists() and target.is_dir() and pinned_change(target, manifest) is None:
         return DataRef(manifest.version, str(target))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=target.parent))
     hashes: dict[str, str] = {}
-    try:
+    with staged_folder(target) as staging:
         for file in manifest.files:
             path = staging / file.name  # 'circle/a.png': the class folder is made first
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,10 +239,6 @@ def _write_snapshot(
             hashes[file.name] = hashlib.sha256(data).hexdigest()
         make_read_only(staging)
         shutil.rmtree(target, ignore_errors=True)
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     write_pinned_contents(target, hashes)  # an eTag says nothing of the bytes here: their own hashes do
     manifest_file.write_text(manifest.to_json())
     return DataRef(manifest.version, str(target))

@@ -45,7 +45,7 @@ from function_app.events.triggers import (
     Rejection,
     TriggerRequest,
 )
-from function_app.flush import OUTCOME_KEYS, Flusher
+from function_app.flush import OUTCOME_KEYS, Flusher, SubmissionPlan
 from function_app.ledger.ledger import Ledger
 from function_app.ledger.records import (
     DuplicateRecord,
@@ -126,9 +126,11 @@ class FrontDoor:
             settings.cooldown_seconds,
             settings.max_runs_per_day,
         )
-        run = (settings.pipeline_parameters, settings.processes_per_node, settings.nodes, settings.cost)
+        plan = SubmissionPlan(
+            settings.pipeline_parameters, settings.processes_per_node, settings.nodes, settings.cost
+        )
         self._states: dict[str, tuple[datetime, ModelState]] = {}  # model -> (read at, state)
-        self._flusher = Flusher(ledger, submitter, pinner, clock, self._policy, run, on_step, task_check)
+        self._flusher = Flusher(ledger, submitter, pinner, clock, self._policy, plan, on_step, task_check)
 
     # -- events -------------------------------------------------------------------------------------------
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from components.data_version import MANIFEST_SUFFIX, DataManifest
+from components.data_version import DataManifest
 from components.errors import SubmissionError
+from core.versions import MANIFEST_SUFFIX
 
 if TYPE_CHECKING:
     from azure.ai.ml.entities import Data
@@ -88,7 +89,7 @@ def build_data_asset(model_name: str, manifest: DataManifest, datastore: str, sn
         path=datastore_path(datastore, folder),
         description=f"Raw data for {model_name}: {len(manifest.files)} files pinned by their eTags",
         tags={
-            "retrain.data_version": manifest.version,
+            "retrain.raw_version": manifest.version,
             "retrain.file_count": str(len(manifest.files)),
             "retrain.total_bytes": str(manifest.total_bytes),
             "retrain.manifest": f"{folder}{MANIFEST_SUFFIX}",

@@ -78,7 +78,8 @@ class LocalStepFailed(StepFailed):
             if exit_code < 0 and -exit_code in signal.valid_signals()
             else f"failed with exit code {exit_code}"
         )
-        self.run_id, self.step, self.exit_code = run_id, step, exit_code
+        # Not `exit_code`: that is the command line's own (2, as for every PipelineError).
+        self.run_id, self.step, self.step_exit_code = run_id, step, exit_code
         self.log_file, self.log_tail = log_file, log_tail
         self.headline = f"step '{step}' {how}{note}; its log: {log_file}"
         super().__init__("\n".join([self.headline, *(f"  | {line}" for line in log_tail)]))

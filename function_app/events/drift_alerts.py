@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from core.versions import VERSION_PATTERN
 from function_app.events.envelope import (
     Envelope,
     Invalid,
@@ -64,7 +65,6 @@ _WORKSPACE_SOURCE = re.compile(
 _RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,256}")
 _CHECK_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _METRIC = _CHECK_ID
-_DATA_VERSION = re.compile(r"[a-z]{2}-[0-9a-f]{16}")  # components/request.py DataRef's form
 _RUN_ID_FORM = "an Azure ML run id of letters, digits, '.', '_', ':' or '-'"
 MAX_MESSAGE_CHARS = 200
 
@@ -161,7 +161,7 @@ def _retrain_drift(data: Mapping[str, Any], settings: AppSettings) -> tuple[str,
     threshold = finite_number(data, "threshold", where)
     data_version = None
     if data.get("data_version") is not None:
-        data_version = pattern_text(data, "data_version", where, _DATA_VERSION, "'rd-<16 hex digits>'")
+        data_version = pattern_text(data, "data_version", where, VERSION_PATTERN, "'rd-<16 hex digits>'")
     on_data = f" on {data_version}" if data_version else ""
     return (
         f"check:{check_id}",

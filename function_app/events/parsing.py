@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from core.errors import RetrainError
 from function_app.events.blob_created import BLOB_CREATED, parse_blob_created
 from function_app.events.drift_alerts import DRIFT_EVENT_TYPES, parse_drift_alert
 from function_app.events.envelope import Invalid, json_type, load_json
@@ -40,8 +41,11 @@ __all__ = [
 STORAGE_EVENT_PREFIX = "Microsoft.Storage."
 
 
-class PayloadError(ValueError):
-    """A delivery that is not JSON, or not an event object or array of them; the message is one line."""
+class PayloadError(RetrainError, ValueError):
+    """A delivery that is not JSON, or not an event object or array of them; the message is one line.
+    Still a ValueError, which the HTTP trigger catches."""
+
+    one_line = False  # kept as written
 
 
 def load_event_grid_payload(text: str) -> list[dict[str, Any]]:

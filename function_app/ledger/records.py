@@ -16,19 +16,22 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, TERMINAL_STATES
+from core.errors import RetrainError
 from core.secrets import mask_secrets
+from core.versions import is_version
 from function_app.events.triggers import DECISIONS, KINDS, SUBMITTED, TriggerRequest
 from function_app.policy.state import ModelState, PendingItem, PolicyError, utc_day
 
 SUBMITTING = "Submitting"  # recorded before the submitter has accepted the job
 SUBMISSION_STATUSES = (SUBMITTING, QUEUED, RUNNING, COMPLETED, FAILED, CANCELED)
 _RECORD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_DATA_VERSION = re.compile(r"[a-z]{2}-[0-9a-f]{16}")
 _Record = TypeVar("_Record")
 
 
-class LedgerError(Exception):
+class LedgerError(RetrainError):
     """The ledger cannot be used as asked; the one-line, secret-free message says what to change."""
+
+    one_line = False  # kept as written
 
 
 class LedgerBusyError(LedgerError):
@@ -276,8 +279,8 @@ class InputPin:
 
 @dataclass(frozen=True)
 class SubmissionRecord:
-    """One submission: the batch's kind, the data it pins (`inputs`, hashed into `data_version`), the events
-    that ride in it, and the job's status as the submitter last reported it."""
+    """One submission: the batch's kind, the data it pins (`inputs`, hashed into `raw_version`, the raw data
+    version 'rd-...'), the events that ride in it, and the job's status as the submitter last reported it."""
 
     id: str
     model_name: str
@@ -285,7 +288,7 @@ class SubmissionRecord:
     status: str
     created_at: datetime
     updated_at: datetime
-    data_version: str | None = None
+    raw_version: str | None = None
     inputs: tuple[InputPin, ...] = ()
     events: tuple[str, ...] = ()
     job_name: str | None = None
@@ -303,9 +306,9 @@ class SubmissionRecord:
             raise LedgerError(
                 f"submission {self.id} status {self.status!r}: expected one of {list(SUBMISSION_STATUSES)}"
             )
-        if self.data_version is not None and not _DATA_VERSION.fullmatch(str(self.data_version)):
+        if self.raw_version is not None and not is_version(self.raw_version):
             raise LedgerError(
-                f"submission {self.id} data version {self.data_version!r}: expected 'rd-<16 hex digits>'"
+                f"submission {self.id} raw version {self.raw_version!r}: expected 'rd-<16 hex digits>'"
             )
         object.__setattr__(self, "inputs", tuple(self.inputs))
         if not all(isinstance(pin, InputPin) for pin in self.inputs):
@@ -330,7 +333,7 @@ class SubmissionRecord:
 
     def with_status(self, status: str, now: datetime, **changes: Any) -> SubmissionRecord:
         """This record with a new status at `now`; `changes` may set job_name, backend, details,
-        data_version and inputs."""
+        raw_version and inputs."""
         return replace(self, status=status, updated_at=now, **changes)
 
     def with_estimate(self, estimate: Mapping[str, Any], now: datetime) -> SubmissionRecord:
@@ -341,7 +344,7 @@ class SubmissionRecord:
         return {
             "id": self.id,
             "kind": self.kind,
-            "data_version": self.data_version,
+            "raw_version": self.raw_version,
             "inputs": [pin.url for pin in self.inputs],
             "status": self.status,
             "model_name": self.model_name,
@@ -357,12 +360,16 @@ class SubmissionRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SubmissionRecord:
-        names = ("id", "model_name", "kind", "status", "created_at", "updated_at", "data_version")
-        values = {name: data[name] for name in (*names, "job_name", "backend", "details")}
+        names = ("id", "model_name", "kind", "status", "created_at", "updated_at", "job_name", "backend")
+        values = {name: data[name] for name in (*names, "details")}
+        # Records written before the raw version had its own name keep it under "data_version".
+        raw_version = data["raw_version"] if "raw_version" in data else data["data_version"]
         pins = tuple(InputPin(pin["url"], pin["fingerprint"]) for pin in data["pins"])
         # Records written before estimates existed have no "estimate" key: they load without one.
         estimate = data.get("estimate")
-        return cls(**values, inputs=pins, events=tuple(data["events"]), estimate=estimate)
+        return cls(
+            **values, raw_version=raw_version, inputs=pins, events=tuple(data["events"]), estimate=estimate
+        )
 
 
 def check_claim(record: EventRecord) -> None:
@@ -372,7 +379,7 @@ def check_claim(record: EventRecord) -> None:
 
 def submission_replaceable(old: SubmissionRecord, new: SubmissionRecord) -> bool:
     """Whether `new` may replace `old`; raises if it rewrites what the submission is or pins."""
-    for name in ("model_name", "kind", "created_at", "data_version", "inputs", "estimate"):
+    for name in ("model_name", "kind", "created_at", "raw_version", "inputs", "estimate"):
         before = getattr(old, name)
         if before not in (None, ()) and before != getattr(new, name):
             why = "a submission's pins are fixed"
@@ -422,7 +429,7 @@ def rebuild_state(model_name: str, submissions: list[SubmissionRecord]) -> Model
     day = utc_day(newest.created_at)
     in_flight = next((s for s in reversed(ours) if not s.finished), None)
     finished = [s for s in ours if s.finished]
-    pinned = [s for s in finished if s.data_version is not None]
+    pinned = [s for s in finished if s.raw_version is not None]
     last = max(pinned or finished, key=lambda s: (s.updated_at, s.id)) if finished else None
     return ModelState(
         model_name=model_name,

@@ -40,6 +40,7 @@ from azure.core.exceptions import AzureError
 
 from components.errors import PipelineError
 from components.outcome import describe_outcome
+from core.errors import RetrainError
 from core.text import quoted
 from function_app import runtime
 from function_app.events.parsing import PayloadError, load_event_grid_payload
@@ -72,8 +73,10 @@ DEFAULT_WATCH_INTERVAL_S = 30.0  # the timer trigger's period: an upload is seen
 LANDING_DIR = "landing"
 
 
-class CliError(Exception):
+class CliError(RetrainError):
     """A command cannot go on; `exit_code` says why (bad input, or a failure worth retrying)."""
+
+    one_line = False  # kept as written
 
     def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
         super().__init__(message)
@@ -311,7 +314,7 @@ def flush_command(args: argparse.Namespace) -> int:
 def _print_flush(front: FrontDoor, submitted: list[Any], ignore_quiet: bool = False) -> None:
     for record in submitted:
         print(
-            f"submitted {record.id} ({record.kind}): data {record.data_version}, {len(record.inputs)} new "
+            f"submitted {record.id} ({record.kind}): data {record.raw_version}, {len(record.inputs)} new "
             f"input(s), job {record.job_name}, status {describe_outcome(record.status, record.details)}",
             flush=True,
         )
@@ -366,7 +369,7 @@ def ledger_command(args: argparse.Namespace) -> int:
     print(f"submissions ({len(submissions)}):")
     for record in submissions:
         print(
-            f"  {record['id']}  {record['kind']:<5}  {record['status']:<10}  {record['data_version']}  "
+            f"  {record['id']}  {record['kind']:<5}  {record['status']:<10}  {record['raw_version']}  "
             f"{len(record['inputs'])} input(s)"
         )
         if record.get("estimate"):

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+from core.errors import RetrainError
 from function_app.events.parsing import PayloadError, load_event_grid_payload
 from function_app.settings.app import mask_secrets
 
@@ -43,8 +44,10 @@ SHUTDOWN_POLL_S = 0.05  # how often the serving thread checks for stop(): the bo
 Deliver = Callable[[Mapping[str, Any]], Any]
 
 
-class LocalTopicError(ValueError):
+class LocalTopicError(RetrainError, ValueError):
     """The local topic cannot be set up as asked; the message names the input and the expected form."""
+
+    one_line = False  # kept as written
 
 
 class LocalTopic:

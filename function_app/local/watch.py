@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from core.errors import RetrainError
 from core.files import write_atomically
 from function_app.events.blob_created import BLOB_CREATED, BLOCK_BLOB
 from function_app.events.blob_paths import blob_url
@@ -48,8 +49,10 @@ WATCH_RESOURCE_GROUP = "retrain-watch"
 _EVENT_NAMESPACE = uuid.UUID("5d1c8c3e-6f55-4c1e-9a7e-3f1f3c2b9a10")  # event ids: uuid5 of url + eTag
 
 
-class WatchError(Exception):
+class WatchError(RetrainError):
     """The watch cannot run as asked (no such folder, unreadable state); the message is one line."""
+
+    one_line = False  # kept as written
 
 
 def watched_scopes(settings: AppSettings, model: str | None, *, container: bool) -> list[BlobScope]:

@@ -11,15 +11,19 @@ from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime
 from typing import Any
 
+from core.errors import RetrainError
+from core.names import check_model_name
 from function_app.events.triggers import KIND_BLOB, KINDS, TriggerRequest
 
 STATE_SCHEMA = 1
-_MODEL_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")  # the same rule as components.request.RunRequest
 _SUBMISSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-class PolicyError(ValueError):
-    """A policy input is malformed; the message names it and the expected form."""
+class PolicyError(RetrainError, ValueError):
+    """A policy input is malformed; the message names it and the expected form. Still a ValueError, which
+    the readers of stored state catch."""
+
+    one_line = False  # kept as written
 
 
 def aware(value: datetime, what: str) -> datetime:
@@ -189,11 +193,7 @@ class ModelState:
     last_outcome: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model_name, str) or not _MODEL_NAME.fullmatch(self.model_name):
-            raise PolicyError(
-                f"model name {self.model_name!r}: expected 1-40 lowercase letters, digits or '-', "
-                "starting with a letter"
-            )
+        check_model_name(self.model_name, "model name", PolicyError)
         object.__setattr__(self, "pending", tuple(self.pending))
         object.__setattr__(self, "in_flight_items", tuple(self.in_flight_items))
         for name in ("in_flight_since", "last_submission_at", "last_finished_at"):

@@ -24,6 +24,7 @@ from components.azureml.data_assets import DATA_DATASTORE_SETTING
 from components.builder import DATASTORE_SETTING, DEFAULT_DATASTORE, check_datastore_name
 from components.cost import CostSettings, CostSettingsError
 from components.errors import SubmissionError
+from core.names import check_model_name
 from core.secrets import mask_secrets
 from core.text import quoted
 from function_app.settings.gates import check_gate_policies
@@ -83,7 +84,6 @@ MAX_RUNS_PER_DAY_LIMIT = 24 * 60  # a run a minute; more is a typo, not a budget
 MAX_PROCESSES_PER_NODE, MAX_NODES = 16, 64  # beyond any Azure GPU SKU / a sane data-parallel job
 
 # The same rule as components/request.py's RunRequest (a test keeps the two in agreement).
-_MODEL_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 _WHOLE_NUMBER = re.compile(r"[0-9]{1,12}")
 _PARAMETER_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
@@ -130,11 +130,7 @@ class AppSettings:
             raise SettingsError(
                 f"{SUBMITTER} {quoted(self.submitter)}: expected one of {', '.join(SUBMITTERS)}"
             )
-        if not _MODEL_NAME.fullmatch(self.model_name):
-            raise SettingsError(
-                f"{MODEL_NAME} {quoted(self.model_name)}: expected 1-40 lowercase letters, digits or '-', "
-                "starting with a letter"
-            )
+        check_model_name(self.model_name, MODEL_NAME, SettingsError)
         if "\x00" in str(self.home):
             raise SettingsError(
                 f"{HOME}: a folder path cannot contain NUL; expected a folder such as .retrain"

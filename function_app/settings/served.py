@@ -20,12 +20,12 @@ its blobs may lie) is [trigger] depth, else its built-in task's (the image task'
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from components.errors import PipelineError
+from core.names import is_model_name
 from core.text import quoted
 from function_app.settings.models import ModelRoute
 from function_app.settings.storage import (
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 MODELS = "RETRAIN_MODELS"
 MODEL_NAME = "RETRAIN_MODEL_NAME"
 ALL_MODELS = "*"
-_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")  # components/request.py's model name rule
 
 
 def served_models(values: Mapping[str, str], cwd: Path) -> tuple[ModelRoute, ...] | None:
@@ -103,7 +102,7 @@ def _names(text: str, folder: Path) -> list[str]:
         return names
     names = [name.strip() for name in text.split(",") if name.strip()]
     for name in names:
-        if not _NAME.fullmatch(name):
+        if not is_model_name(name):
             raise SettingsError(
                 f"{MODELS} {quoted(text, 80)}: {quoted(name, 40)} is not a model name; expected "
                 f"{ALL_MODELS}, or names of 1-40 lowercase letters, digits or '-' separated by commas"

@@ -27,6 +27,7 @@ from core.blob_urls import (
     parse_account_endpoint,
     parse_blob_url,
 )
+from core.errors import RetrainError
 from core.secrets import displayable_url
 from core.text import quoted
 
@@ -52,8 +53,11 @@ EXPECTED_CONNECTION_STRING = (
 )
 
 
-class SettingsError(ValueError):
-    """An app setting is missing or malformed; the message names it and the expected form."""
+class SettingsError(RetrainError, ValueError):
+    """An app setting is missing or malformed; the message names it and the expected form. Still a
+    ValueError, which callers reading settings catch."""
+
+    one_line = False  # kept as written
 
 
 @dataclass(frozen=True)

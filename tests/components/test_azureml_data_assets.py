@@ -29,7 +29,7 @@ def test_the_asset_is_the_snapshot_folder_versioned_by_the_data_version():
         PATH,
     )
     assert data.tags == {
-        "retrain.data_version": MANIFEST.version,
+        "retrain.raw_version": MANIFEST.version,
         "retrain.file_count": "2",
         "retrain.total_bytes": "42",
         "retrain.manifest": f"retrain/snapshots/digits/{MANIFEST.version}.manifest.json",

@@ -136,7 +136,7 @@ def test_trigger_metadata_goes_into_tags(built):
         "trigger.source": "blob",
         "trigger.event_id": "evt-42",
         "retrain.model_name": "digits",
-        "retrain.data_version": VERSION,
+        "retrain.raw_version": VERSION,
         "retrain.run_key": f"digits-{VERSION}",
         "retrain.task": "tabular",
         "retrain.attempt": "0",

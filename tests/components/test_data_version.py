@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from components.data_version import (
-    MANIFEST_SUFFIX,
     DataError,
     DataFile,
     DataManifest,
     manifest_of_folder,
     snapshot_folder,
 )
+from core.versions import MANIFEST_SUFFIX
 
 
 @pytest.fixture

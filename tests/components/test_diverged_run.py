@@ -43,7 +43,7 @@ def test_a_diverged_training_fails_the_run_at_train_and_registers_nothing(tmp_pa
         args.handler(args, out)
 
     print(out.getvalue())  # shown by pytest when the test fails
-    assert failed.value.exit_code == DIVERGED_EXIT_CODE
+    assert failed.value.step_exit_code == DIVERGED_EXIT_CODE
     reason = "(training diverged at step 5: its loss is inf; "
     assert failed.value.headline.startswith(f"step 'train' failed with exit code 65 {reason}")
     # The run's line says where and why: the worker's own error line, the last thing its step's log says

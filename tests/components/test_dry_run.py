@@ -69,7 +69,7 @@ def test_the_recorded_job_carries_the_estimate_in_its_tags(recorded):
         "retrain.cost_vs_dedicated": "1.000",
         "retrain.estimated_cost": "10.00",
         "retrain.model_name": "digits",
-        "retrain.data_version": VERSION,
+        "retrain.raw_version": VERSION,
         "retrain.run_key": f"digits-{VERSION}",
         "retrain.task": "tabular",
         "retrain.attempt": "0",

@@ -178,9 +178,7 @@ def test_new_data_reruns_every_step_and_a_degraded_data_set_is_refused_by_the_ga
     capsys.readouterr()  # only what `models` prints, below
     assert retrain_cli.main(["models", "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
-    assert all(
-        version["lineage"]["raw_data_version"] != record.data_version for version in listing["versions"]
-    )
+    assert all(version["lineage"]["raw_version"] != record.data_version for version in listing["versions"])
 
 
 def test_a_failing_step_fails_the_run_with_its_log_tail_and_leaves_the_cache_intact(

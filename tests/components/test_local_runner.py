@@ -185,7 +185,7 @@ def test_the_failing_steps_log_tail_is_its_last_lines(quick_pipeline, quick_requ
     runner, _ = quick_runner(quick_pipeline, state, log_tail_lines=2)
     with pytest.raises(LocalStepFailed) as failed:
         runner.run(quick_request(parameters={"exit_code": 3}))
-    assert failed.value.exit_code == 3
+    assert failed.value.step_exit_code == 3
     assert failed.value.log_tail[-1] == "finish: failing on purpose, as asked"
     assert len(failed.value.log_tail) == 2
 

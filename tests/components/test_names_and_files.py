@@ -8,8 +8,8 @@ import pytest
 import retrain_cli
 from components.errors import ConfigError, SubmissionError
 from components.model_config import config_file, load_model_config
-from components.request import check_model_name
 from components.specs import load_pipeline_spec
+from core.names import check_model_name
 
 PIPELINE = load_pipeline_spec()
 
@@ -35,7 +35,7 @@ def workdir(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["nl\n", "digits\n", "a" * 5000, "../../evil", ""])
 def test_a_model_name_is_matched_whole(name):
     with pytest.raises(SubmissionError, match=r"model name '.*': expected 1-40 lowercase") as raised:
-        check_model_name(name)
+        check_model_name(name, "model name", SubmissionError)
     assert "\n" not in str(raised.value)
     assert len(str(raised.value)) < 200  # a 5,000-character name is clipped, not echoed
 

@@ -23,7 +23,7 @@ from components.local.commands import render_command
 from components.preflight import SubprocessPreflight
 from components.request import COMPLETED, FAILED, DataRef, RunRequest
 from components.specs import REPO_ROOT, load_component_spec
-from components.task_ref import options_text
+from core.task_ref import options_text
 
 # Spaces, both quotes, braces, a glob, a dollar and a backslash: what a shell would otherwise take apart.
 AWKWARD = {"note": 'it\'s a "flower" {x,y} * $HOME \\ ok', "width": 3, "sizes": [1, 2.5]}

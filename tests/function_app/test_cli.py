@@ -269,7 +269,7 @@ def test_flush_waits_for_the_quiet_period_unless_now(retrain, tmp_path):
     assert (code, out) == (
         0,
         [
-            f"submitted {submission['id']} (blob): data {submission['data_version']}, 1 new input(s), "
+            f"submitted {submission['id']} (blob): data {submission['raw_version']}, 1 new input(s), "
             f"job {submission['job_name']}, status Completed"
         ],
     )
@@ -288,7 +288,7 @@ def test_ledger_prints_every_decision_and_submission(retrain, tmp_path):
         assert {"id", "kind", "decision", "reason", "submission"} <= set(event)
         assert event["kind"] in ("blob", "drift", "http") and event["decision"] in DECISIONS
     [submission] = snapshot["submissions"]
-    assert {"id", "kind", "data_version", "inputs", "status"} <= set(submission)
+    assert {"id", "kind", "raw_version", "inputs", "status"} <= set(submission)
     assert (submission["kind"], submission["status"]) == ("drift", "Completed")
     assert submission["inputs"] == [blob_url(f"{PREFIX}/batch-0001.csv")]
     assert snapshot["events"][0]["submission"] == submission["id"]

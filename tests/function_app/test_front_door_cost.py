@@ -64,7 +64,7 @@ def test_a_submission_records_its_estimate_and_sends_it_in_the_jobs_tags(tmp_pat
     assert {key: tags[key] for key in TAGS} == TAGS
     assert tags["trigger.submission"] == record.id  # the trigger's own tags are still there
     assert front.describe(record.id)["estimate"]["summary"] == SUMMARY
-    assert f"submission {record.id} of {record.data_version}: {SUMMARY}" in caplog.messages
+    assert f"submission {record.id} of {record.raw_version}: {SUMMARY}" in caplog.messages
 
 
 def test_the_estimate_is_in_the_ledger_even_when_the_submission_then_fails(tmp_path, app_settings):

@@ -74,7 +74,7 @@ def test_post_with_a_folder_pins_exactly_that_folders_files(landing):
     assert sorted(file["name"] for file in manifest["files"]) == ["a.csv", "b.csv"]
     assert (
         submission["status"] == "Completed"
-        and submission["job_name"] == f"retrain-digits-{submission['data_version']}"
+        and submission["job_name"] == f"retrain-digits-{submission['raw_version']}"
     )
     # The event's blob is still pending, for the next batch.
     [pending] = door.ledger.claims("digits")
@@ -90,7 +90,7 @@ def test_post_with_a_registered_asset_pins_that_asset(landing):
 
     assert answer.status == 202
     [submission] = door.ledger.snapshot()["submissions"]
-    assert (submission["data_version"], submission["job_name"]) == (
+    assert (submission["raw_version"], submission["job_name"]) == (
         "rd-0123456789abcdef",
         "retrain-digits-rd-0123456789abcdef",
     )

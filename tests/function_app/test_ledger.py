@@ -67,7 +67,7 @@ def claim_of(request: TriggerRequest, reason: str = "joined the batch") -> Event
 
 def submission(sid: str = "sub-1", status: str = SUBMITTING, **changes) -> SubmissionRecord:
     pins = (InputPin(blob_url("a.csv"), "etag:0x8DC1"), InputPin(blob_url("b.csv"), "etag:0x8DC2"))
-    fields = {"data_version": "rd-0123456789abcdef", "inputs": pins, "events": (event_id_for_key("k"),)}
+    fields = {"raw_version": "rd-0123456789abcdef", "inputs": pins, "events": (event_id_for_key("k"),)}
     return SubmissionRecord(sid, MODEL, KIND_BLOB, status, T0, T0, **{**fields, **changes})
 
 
@@ -213,6 +213,17 @@ def test_a_submission_recorded_before_estimates_existed_still_loads(ledger):
         submission(estimate={"gpus": 1})
 
 
+def test_a_submission_recorded_with_the_old_data_version_key_still_loads(ledger):
+    # Records written before the raw version had its own name keep it under "data_version"; they load as
+    # before, and are written back under "raw_version".
+    stored = submission().to_dict()
+    stored["data_version"] = stored.pop("raw_version")
+    ledger.store.create("submissions/sub-1.json", json.dumps(stored).encode())
+    loaded = ledger.submission("sub-1")
+    assert loaded == submission() and loaded.raw_version == "rd-0123456789abcdef"
+    assert "data_version" not in loaded.to_dict() and loaded.to_dict()["raw_version"] == loaded.raw_version
+
+
 def test_the_snapshot_has_the_shape_retrain_ledger_json_prints(ledger):
     first = claim_of(blob_request("a.csv", now=T0 + timedelta(seconds=1)))
     second = claim_of(blob_request("b.csv", now=T0 + timedelta(seconds=2)))
@@ -230,10 +241,10 @@ def test_the_snapshot_has_the_shape_retrain_ledger_json_prints(ledger):
     assert {"id", "kind", "decision", "reason", "submission", "item"} <= set(snapshot["events"][1])
     assert snapshot["events"][1]["submission"] == "sub-1" and snapshot["events"][1]["kind"] == "blob"
     [entry] = snapshot["submissions"]
-    assert {"id", "kind", "data_version", "inputs", "status"} <= set(entry)
+    assert {"id", "kind", "raw_version", "inputs", "status"} <= set(entry)
     assert entry["inputs"] == [blob_url("a.csv"), blob_url("b.csv")]
     assert entry["pins"][0] == {"url": blob_url("a.csv"), "fingerprint": "etag:0x8DC1"}
-    assert (entry["id"], entry["data_version"], entry["status"]) == (
+    assert (entry["id"], entry["raw_version"], entry["status"]) == (
         "sub-1",
         "rd-0123456789abcdef",
         SUBMITTING,

@@ -139,7 +139,7 @@ def test_registration_records_the_decision_lineage_and_metrics(
         "kind": "blob",
         "event_id": "evt-42",
     }
-    assert (lineage["raw_data_version"], lineage["data_version"]) == (
+    assert (lineage["raw_version"], lineage["data_version"]) == (
         "rd-00000000000000aa",
         metadata["data_version"],
     )
@@ -196,7 +196,7 @@ def test_an_evaluation_that_does_not_belong_to_the_candidate_is_refused(
         (["--task-option", "hidden_width=32"], "--task-options/--task-option: give --task too"),
         (["--task", "tabular", "--task-option", "hidden_width=32"], '--task-options {"hidden_width":32}: '),
         (["--task", "training.tasks.base:Task"], "was trained with task 'tabular'; give that task"),
-        (["--model-name", "no spaces"], "--model-name 'no spaces': expected 1-128 letters"),
+        (["--model-name", "no spaces"], "--model-name 'no spaces': expected 1-40 lowercase letters"),
         (["--environment-version", " "], "--environment-version is empty"),
     ],
 )

@@ -89,7 +89,8 @@ def test_hand_edited_tags_are_shown_rather_than_failing():
 
 
 def test_a_module_task_s_code_hash_is_recorded_and_read_back(tmp_path: Path, monkeypatch):
-    from training.tasks.loader import parse_task_ref, task_code_sha256
+    from core.task_ref import parse_task_ref
+    from training.tasks.loader import task_code_sha256
 
     package = tmp_path / "flowerpkg"
     package.mkdir()
@@ -110,3 +111,16 @@ def test_a_module_task_s_code_hash_is_recorded_and_read_back(tmp_path: Path, mon
     assert describe_tags(tags)["task"]["code_sha256"] == digest
     (package / "helpers.py").write_text("WIDTH = 9\n")  # the package's code, though not the task's module
     assert task_code_sha256(ref) != digest
+
+
+def test_a_version_registered_before_the_rename_reads_its_data_versions_as_before():
+    # retrain.data.raw_version and retrain.data.version were the lineage tags' names until the raw version
+    # (rd-) became retrain.raw_version and the prepared one (dv-) retrain.data_version.
+    old = {"retrain.data.raw_version": "rd-0123456789abcdef", "retrain.data.version": "dv-0123456789abcdef"}
+    new = {lineage.RAW_DATA_VERSION: "rd-0123456789abcdef", lineage.DATA_VERSION: "dv-0123456789abcdef"}
+    assert (lineage.RAW_DATA_VERSION, lineage.DATA_VERSION) == ("retrain.raw_version", "retrain.data_version")
+    for tags in (old, new):
+        described = lineage.describe_tags(tags)
+        assert (described["raw_version"], described["data_version"]) == (
+            "rd-0123456789abcdef", "dv-0123456789abcdef",
+        )  # fmt: skip

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from core.errors import InputError
+from core.files import staged_folder
 
 
 def publish(out: Path, files: Mapping[str, bytes]) -> None:
@@ -19,25 +20,14 @@ def publish(out: Path, files: Mapping[str, bytes]) -> None:
     mount cannot be replaced) is staged inside it and filled by renames. On failure nothing is left.
     """
     created_parents = make_parents(out.parent)
-    out_existed = out.exists()
-    stage_name = f".{out.name}.staging-{uuid.uuid4().hex}"
-    staging = out / stage_name if out_existed else out.parent / stage_name
-    moved: list[Path] = []
     try:
-        staging.mkdir()
-        for name, data in files.items():
-            _write_durably(staging / name, data)
-        if out_existed:
-            for name in files:
-                os.replace(staging / name, out / name)
-                moved.append(out / name)
-            staging.rmdir()
+        if out.exists():
+            _fill(out, files)
         else:
-            staging.rename(out)
+            with staged_folder(out) as staging:
+                for name, data in files.items():
+                    _write_durably(staging / name, data)
     except BaseException as error:
-        for path in reversed(moved):
-            path.unlink(missing_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)
         for parent in reversed(created_parents):
             with contextlib.suppress(OSError):
                 parent.rmdir()
@@ -45,6 +35,26 @@ def publish(out: Path, files: Mapping[str, bytes]) -> None:
             raise InputError(
                 f"{out}: cannot write the prepared data ({error}); expected a writable folder"
             ) from error
+        raise
+
+
+def _fill(out: Path, files: Mapping[str, bytes]) -> None:
+    """Fill an existing (empty) `out` from a folder staged inside it, one rename per file, in order; on
+    failure the files renamed so far are removed again."""
+    staging = out / f".{out.name}.staging-{uuid.uuid4().hex}"
+    moved: list[Path] = []
+    try:
+        staging.mkdir()
+        for name, data in files.items():
+            _write_durably(staging / name, data)
+        for name in files:
+            os.replace(staging / name, out / name)
+            moved.append(out / name)
+        staging.rmdir()
+    except BaseException:
+        for path in reversed(moved):
+            path.unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
 
 

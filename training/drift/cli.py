@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from core.errors import InputError
 from core.files import write_atomically
 from core.flags import add_flags, config_from_namespace
+from core.names import check_model_name
 from training.drift.options import CHART_FILE, REPORT_FILE, DriftConfig
 from training.drift.tracking import Tracking, log_check, tracking_of
 from training.tasks.task_flags import add_task_option_flag, task_options_from_args
@@ -44,18 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DRIFT_FOLDER = "drift"
-# training/gate/registry.py's rule for model names; importing it would import torch, which a check with
-# --reference never needs.
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
-
-def check_model_name(name: str) -> str:
-    if not _MODEL_NAME.fullmatch(name):
-        raise InputError(
-            f"--model-name {name!r}: expected 1-128 letters, digits, '_', '.' or '-', starting with a letter "
-            "or digit"
-        )
-    return name
 
 
 def _policy(config: DriftConfig) -> DriftPolicy:
@@ -104,7 +92,7 @@ def _drift(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     from training.drift.publish import new_check_id
 
     stream = stream or sys.stdout
-    check_model_name(args.model_name)
+    check_model_name(args.model_name, "--model-name")
     config = config_from_namespace(DriftConfig, args, task_options=task_options_from_args(args))
     policy = _policy(config)
     topic = _topic(config, args.environ)  # a bad setting fails before any data is read

@@ -17,10 +17,8 @@ folder, as `<folder>.manifest.json`. Otherwise the version is unknown and the ev
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core.errors import InputError
+from core.task_ref import parse_task_ref
+from core.versions import MANIFEST_SUFFIX, is_raw_version, raw_version
 from training.gate.lineage import (
     DATA_DIR,
     DATA_VERSION,
@@ -40,6 +40,7 @@ from training.gate.lineage import (
     file_sha256,
     task_from_tags,
 )
+from training.gate.lineage import tag as lineage_tag
 from training.tasks.base import FeatureTable, Task
 
 if TYPE_CHECKING:
@@ -49,10 +50,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TASK = "tabular"
 REFERENCE_SPLIT = "train"
-SNAPSHOT_MANIFEST_SUFFIX = ".manifest.json"  # components/data_version.py's MANIFEST_SUFFIX
 # What components/data_version.py counts as raw data: exactly these suffixes, directly in the folder.
 SNAPSHOT_SUFFIXES = (".csv", ".parquet")
-_RAW_VERSION = re.compile(r"rd-[0-9a-f]{16}")
 
 
 @dataclass(frozen=True)
@@ -124,9 +123,8 @@ def _recorded_task_ref(
     """The champion's task reference, runnable here: a task file at its recorded path when it still has
     the recorded sha256, else the copy registered with the model."""
     from training.gate.registry import ARTIFACTS_FOLDER
-    from training.tasks.loader import parse_task_ref
 
-    ref = parse_task_ref(str(recorded["ref"]))
+    ref = parse_task_ref(str(recorded["ref"]), Path.cwd())
     if ref.path is None:
         return ref.text
     expected = recorded.get("file_sha256")
@@ -174,7 +172,7 @@ def reference_from_folder(task: Task, data_dir: Path) -> ReferenceData:
 def _recorded_folder(tags: Mapping[str, str], where: str) -> Path:
     """The prepared data folder the tags name, its manifest verified against the recorded sha256."""
     recorded, expected_sha256 = tags.get(MANIFEST_PATH), tags.get(MANIFEST_SHA256)
-    expected_version = tags.get(DATA_VERSION)
+    expected_version = lineage_tag(tags, DATA_VERSION)
     if recorded == NONE and expected_sha256 == NONE and tags.get(DATA_DIR) not in (None, NONE):
         folder = Path(tags[DATA_DIR])  # a task that writes no manifest: the folder and data version only
         if not folder.is_dir():
@@ -212,15 +210,14 @@ def reference_from_lineage(
     """
     folder = _recorded_folder(tags, where)
     reference = reference_from_folder(task, folder)
-    if reference.data_version != tags.get(DATA_VERSION):
-        raise InputError(
-            f"{folder} holds {reference.data_version}, but {where} was trained on {tags.get(DATA_VERSION)}"
-        )
+    trained_on = lineage_tag(tags, DATA_VERSION)
+    if reference.data_version != trained_on:
+        raise InputError(f"{folder} holds {reference.data_version}, but {where} was trained on {trained_on}")
     return ReferenceData(
         features=reference.features,
         data_dir=reference.data_dir,
         data_version=reference.data_version,
-        raw_data_version=tags.get(RAW_DATA_VERSION),
+        raw_data_version=lineage_tag(tags, RAW_DATA_VERSION),
         model_version=model_version,
     )
 
@@ -289,7 +286,7 @@ def raw_data_version(folder: Path) -> str | None:
     """The pinned raw data version of `folder`, from the snapshot manifest beside it; None when there is
     none, or when it does not describe the folder (a warning says why)."""
     folder = Path(folder).resolve()
-    manifest_path = folder.with_name(folder.name + SNAPSHOT_MANIFEST_SUFFIX)
+    manifest_path = folder.with_name(folder.name + MANIFEST_SUFFIX)
     if not manifest_path.is_file():
         log.info("no snapshot manifest at %s: the current data version is unknown", manifest_path)
         return None
@@ -309,15 +306,8 @@ def raw_data_version(folder: Path) -> str | None:
     return stated
 
 
-def snapshot_version(entries: list[tuple[str, int, str]]) -> str:
-    """components/data_version.py's version of (name, size, fingerprint) entries: the sha256 of their
-    canonical JSON, sorted by name."""
-    canonical = json.dumps([list(entry) for entry in sorted(entries)], separators=(",", ":"))
-    return "rd-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
 def _manifest_problem(folder: Path, entries: list[tuple[str, int, str]], stated: str) -> str | None:
-    if not _RAW_VERSION.fullmatch(stated) or snapshot_version(entries) != stated:
+    if not is_raw_version(stated) or raw_version(entries) != stated:
         return f"it says {stated!r}, which is not the version of its content"
     present = {
         path.name: path.stat().st_size

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from core.errors import InputError, RetrainError
 from core.secrets import displayable_url, mask_secrets
+from core.versions import is_raw_version
 from training.drift.check import DriftReport
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ EVENT_TYPE = "Retrain.DriftDetected"  # function_app/events/drift_alerts.py's RE
 EVENT_DATA_VERSION = "1"
 METRIC = "psi"
 _CHECK_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # what the drift trigger accepts as a check id
-_RAW_VERSION = re.compile(r"rd-[0-9a-f]{16}")
 _ERROR_CHARS = 300
 
 
@@ -111,7 +111,7 @@ def event_data(report: DriftReport, model_name: str, check_id: str) -> dict[str,
         "threshold": report.policy.psi_threshold,
     }
     current = report.current_data_version
-    if current is not None and _RAW_VERSION.fullmatch(current):
+    if current is not None and is_raw_version(current):
         data["data_version"] = current
     data.update(
         reference_data_version=report.reference_data_version,

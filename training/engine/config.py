@@ -15,9 +15,10 @@ from typing import Any
 
 from core.errors import InputError
 from core.flags import flag, number_text
+from core.task_ref import options_text
 from core.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
 from core.train_rules import OFF_WORDS, TRAIN_RULES, read_interval
-from training.tasks.task_flags import options_text, task_flag, task_options_flag
+from training.tasks.task_flags import task_flag, task_options_flag
 
 PROGRESS_MODES = ("auto", "bar", "log", "jsonl", "none")
 

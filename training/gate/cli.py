@@ -37,9 +37,10 @@ LISTED_METRICS = 3
 
 
 def _registry(args: argparse.Namespace) -> ModelRegistry:
-    from training.gate.registry import ModelRegistry, check_model_name, resolve_store
+    from core.names import check_model_name
+    from training.gate.registry import ModelRegistry, resolve_store
 
-    check_model_name(args.model_name)
+    check_model_name(args.model_name, "--model-name")
     return ModelRegistry(resolve_store(args.mlflow_tracking_uri, args.environ, args.state_root))
 
 
@@ -177,7 +178,7 @@ def _print_listing(listing: dict[str, Any], stream: TextIO) -> None:
                 f"v{version['version']}",
                 ",".join(version["aliases"]) or "-",
                 *(_number(metrics.get(name)) for name in metric_names),
-                f"{lineage['raw_data_version'] or '-'} -> {lineage['data_version'] or '-'}",
+                f"{lineage['raw_version'] or '-'} -> {lineage['data_version'] or '-'}",
                 f"{trigger['kind'] or '-'} {trigger['event_id'] or '-'}",
                 lineage["pipeline_job"] or "-",
                 version["created_at"],
@@ -202,7 +203,7 @@ def _print_lineage(report: dict[str, Any], stream: TextIO) -> None:
         f"  trigger    kind {trigger['kind']}, event id {trigger['event_id']} ({trigger['text']})",
         f"  code       {chain['code']['source']} {chain['code']['version']}; "
         f"environment {chain['environment_version']}",
-        f"  data       raw {chain['raw_data_version']} -> prepared {chain['data_version']}",
+        f"  data       raw {chain['raw_version']} -> prepared {chain['data_version']}",
         f"  manifest   {manifest['location']} (sha256 {manifest['sha256']}, verified)",
     ]
     for entry in manifest["raw_files"]:

@@ -21,6 +21,8 @@ from torch import nn
 
 from core.errors import InputError
 from core.files import write_atomically
+from core.names import check_model_name
+from core.task_ref import options_text, parse_task_ref
 from training.engine.outputs import METADATA_FILE, MODEL_FILE, read_model_payload, scores, weights_sha256
 from training.gate.policy import LOADED, NO_CHAMPION, UNLOADABLE, Champion, Scored
 from training.gate.registry import (
@@ -29,14 +31,11 @@ from training.gate.registry import (
     ModelRegistry,
     RegistryError,
     VersionInfo,
-    check_model_name,
 )
 from training.gate.serving import Rebuilt, rebuild
 from training.tasks.base import Task, TaskData
 from training.tasks.loader import (
     load_task,
-    options_argument,
-    parse_task_ref,
     task_code_sha256,
     task_file_sha256,
 )
@@ -73,7 +72,7 @@ class TrainedModel:
     @property
     def task_file(self) -> Path | None:
         """The user's task file, for a file task: shipped with the model when it is registered."""
-        return parse_task_ref(self.task_ref).path
+        return parse_task_ref(self.task_ref, Path.cwd()).path
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
@@ -88,7 +87,7 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 def _same_reference(given: str, recorded: str) -> bool:
     """Whether two task references name the same task. A task file may have moved (a pipeline step runs
     in a copy of the code), so files match by name and attribute, and by content when both are here."""
-    ours, theirs = parse_task_ref(given), parse_task_ref(recorded)
+    ours, theirs = parse_task_ref(given, Path.cwd()), parse_task_ref(recorded, Path.cwd())
     if ours.path is None or theirs.path is None:
         return (ours.module, ours.path, ours.attribute) == (theirs.module, theirs.path, theirs.attribute)
     if (ours.path.name, ours.attribute) != (theirs.path.name, theirs.attribute):
@@ -118,8 +117,8 @@ def candidate_task(
     # Compared as the task sees them, defaults filled in: {} and the defaults written out are the same.
     if dict(task.options()) != dict(load_task(task_ref, recorded_options).options()):
         raise InputError(
-            f"--task-options {options_argument(given_options)}: {model_file} was trained with task options "
-            f"{options_argument(recorded_options)}; give those, or leave --task out"
+            f"--task-options {options_text(given_options)}: {model_file} was trained with task options "
+            f"{options_text(recorded_options)}; give those, or leave --task out"
         )
     return task, task_ref
 
@@ -194,7 +193,7 @@ def champion_from_document(document: dict[str, Any], data_version: str) -> Champ
 
 
 def task_document(candidate: TrainedModel) -> dict[str, Any]:
-    ref = parse_task_ref(candidate.task_ref)
+    ref = parse_task_ref(candidate.task_ref, Path.cwd())
     return {
         "ref": candidate.task_ref,
         "name": candidate.task.name,
@@ -212,7 +211,7 @@ def evaluate(
     task_ref: str | None = None,
     task_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    check_model_name(model_name)
+    check_model_name(model_name, "--model-name")
     candidate = load_trained_model(model_dir, task_ref, task_options)
     data = load_matching_data(candidate, data_dir)
     split = data.split(EVALUATED_SPLIT)

@@ -23,6 +23,7 @@ from typing import Any
 import training
 from core.errors import InputError
 from core.files import file_sha256
+from core.task_ref import options_text
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,12 @@ TRAINING_RUN = "retrain.training_run_id"
 TRIGGER = "retrain.trigger"
 TRIGGER_KIND = "retrain.trigger.kind"
 TRIGGER_EVENT_ID = "retrain.trigger.event_id"
-RAW_DATA_VERSION = "retrain.data.raw_version"
-DATA_VERSION = "retrain.data.version"
+# The raw data version (rd-) and the prepared one (dv-), under the names the job and the trainer's MLflow
+# run use too. Versions registered before the rename carry them as retrain.data.raw_version and
+# retrain.data.version: `tag` reads those as well.
+RAW_DATA_VERSION = "retrain.raw_version"
+DATA_VERSION = "retrain.data_version"
+_FORMER_NAMES = {RAW_DATA_VERSION: "retrain.data.raw_version", DATA_VERSION: "retrain.data.version"}
 MANIFEST_PATH = "retrain.data.manifest_path"
 MANIFEST_SHA256 = "retrain.data.manifest_sha256"
 DATA_DIR = "retrain.data.dir"
@@ -195,7 +200,7 @@ class Lineage:
                 "kind": self.trigger.kind,
                 "event_id": self.trigger.event_id,
             },
-            "raw_data_version": self.raw_data_version,
+            "raw_version": self.raw_data_version,
             "data_version": self.data_version,
             "data_dir": self.data_dir,
             "manifest": {"path": self.manifest_path, "sha256": self.manifest_sha256},
@@ -246,10 +251,17 @@ def lineage_of(
         data_dir=str(Path(data_dir).resolve()),
         task_ref=str(task.get("ref") or NONE),
         task_name=str(task.get("name") or NONE),
-        task_options=json.dumps(dict(task.get("options") or {}), sort_keys=True),
+        task_options=options_text(task.get("options") or {}),
         task_file_sha256=str(task.get("file_sha256") or NONE),
         task_code_sha256=str(task.get("code_sha256") or NONE),
     )
+
+
+def tag(tags: Mapping[str, str], name: str) -> str | None:
+    """A lineage tag's value, under its name or, for a version registered before the data versions were
+    renamed, under its former one."""
+    value = tags.get(name)
+    return value if value is not None or name not in _FORMER_NAMES else tags.get(_FORMER_NAMES[name])
 
 
 def metric_tags(metrics: Mapping[str, float]) -> dict[str, str]:
@@ -293,8 +305,8 @@ def describe_tags(tags: Mapping[str, str]) -> dict[str, Any]:
             "kind": tags.get(TRIGGER_KIND),
             "event_id": tags.get(TRIGGER_EVENT_ID),
         },
-        "raw_data_version": tags.get(RAW_DATA_VERSION),
-        "data_version": tags.get(DATA_VERSION),
+        "raw_version": tag(tags, RAW_DATA_VERSION),
+        "data_version": tag(tags, DATA_VERSION),
         "data_dir": tags.get(DATA_DIR),
         "task": task_from_tags(tags),
         "evaluated_on": tags.get(EVALUATED_ON),

@@ -20,6 +20,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.files import write_atomically
+from core.names import check_model_name
 from training.engine.outputs import METADATA_FILE, MODEL_FILE
 from training.gate.evaluate import (
     EVALUATED_SPLIT,
@@ -54,7 +55,6 @@ from training.gate.registry import (
     NewVersion,
     RegistryError,
     VersionInfo,
-    check_model_name,
 )
 from training.gate.serving import ServedModel
 from training.tasks.base import TaskData
@@ -109,7 +109,7 @@ class RegisterRequest:
     task_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        check_model_name(self.model_name)
+        check_model_name(self.model_name, "--model-name")
 
 
 def _check_evaluation(

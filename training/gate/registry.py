@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,7 +21,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from core.errors import InputError, RetrainError
+from core.names import check_model_name
 from core.secrets import displayable_url, mask_secrets, mask_secrets_in
+from core.task_ref import parse_task_ref
 from training.engine.outputs import weights_sha256
 from training.gate.lineage import WEIGHTS_SHA256
 from training.local_state import (
@@ -42,7 +43,6 @@ MODEL_ARTIFACT = "model"
 ARTIFACTS_FOLDER = "artifacts"  # serving.ARTIFACTS_FOLDER: model.pt, the task file and the lineage files
 MODEL_FILE_NAME = "model.pt"
 DEFAULT_EXPERIMENT = "retrain"
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _ERROR_CHARS = 300
 _MLFLOW_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
@@ -53,15 +53,6 @@ class RegistryError(RetrainError):
 
 class ModelLoadError(RetrainError):
     """A registered version whose model cannot be loaded, or whose weights are not the ones registered."""
-
-
-def check_model_name(name: str) -> str:
-    if not _MODEL_NAME.fullmatch(name):
-        raise InputError(
-            f"--model-name {name!r}: expected 1-128 letters, digits, '_', '.' or '-', starting with a letter "
-            "or digit"
-        )
-    return name
 
 
 def displayable_uri(uri: str) -> str:
@@ -188,7 +179,7 @@ class ModelRegistry:
         """Every version of `name`, newest first; [] when it has not been registered yet."""
         aliases = self.aliases(name)
         with _registry_errors(f"list the versions of {name!r}", self.store):
-            found = self._client.search_model_versions(f"name = '{check_model_name(name)}'")
+            found = self._client.search_model_versions(f"name = '{check_model_name(name, '--model-name')}'")
         infos = [self._info(version, aliases) for version in found]
         return sorted(infos, key=lambda info: int(info.version), reverse=True)
 
@@ -209,7 +200,6 @@ class ModelRegistry:
         ones registered. A file task is loaded from the copy registered with the model."""
         from training.engine.outputs import read_model_payload
         from training.gate.serving import rebuild
-        from training.tasks.loader import parse_task_ref
 
         expected = info.weights_sha256
         if not expected:
@@ -218,7 +208,7 @@ class ModelRegistry:
             with tempfile.TemporaryDirectory(prefix="retrain-model-") as scratch:
                 folder = self.download_model_file(info, ARTIFACTS_FOLDER, Path(scratch))
                 model_file = folder / MODEL_FILE_NAME
-                ref = parse_task_ref(str(read_model_payload(model_file)["task"]))
+                ref = parse_task_ref(str(read_model_payload(model_file)["task"]), Path.cwd())
                 rebuilt = rebuild(model_file, folder / ref.path.name if ref.path is not None else None)
             actual = weights_sha256(rebuilt.model)
         except Exception as error:  # whatever breaks a load, the version cannot serve as a champion
@@ -397,4 +387,4 @@ class NewVersion:
     run_tags: Mapping[str, str] = field(default_factory=dict)  # on a register run, when one is needed
 
     def __post_init__(self) -> None:
-        check_model_name(self.model_name)
+        check_model_name(self.model_name, "--model-name")

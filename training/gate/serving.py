@@ -32,9 +32,10 @@ from torch import nn
 import core
 import training
 from core.errors import InputError
+from core.task_ref import parse_task_ref
 from training.engine.outputs import load_model_file, read_model_payload
 from training.tasks.base import Task
-from training.tasks.loader import load_task, parse_task_ref
+from training.tasks.loader import load_task
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class Rebuilt:
 def served_task_ref(recorded: str, task_file: Path | None) -> str:
     """The recorded task reference, with a task file's path pointed at `task_file`, the copy shipped with
     the model: the path recorded at training time does not exist where the model is served."""
-    ref = parse_task_ref(recorded)
+    ref = parse_task_ref(recorded, Path.cwd())
     if not ref.is_file:
         return recorded
     if task_file is None:

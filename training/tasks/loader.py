@@ -15,55 +15,14 @@ import inspect
 import json
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from core.errors import InputError, RetrainError
 from core.files import file_sha256
 from core.sources import module_sources_sha256
+from core.task_ref import TASK_FORMS, TaskRef, parse_task_ref
 from training.tasks.base import Task, missing_parts
-
-BUILTIN_TASKS: dict[str, str] = {
-    "tabular": "training.tasks.tabular.task:TabularTask",
-    "image": "training.tasks.image.task:ImageTask",
-}
-TASK_FORMS = "a built-in (tabular, image), path/to/file.py:Attr or package.module:Attr"
-
-
-@dataclass(frozen=True)
-class TaskRef:
-    """A parsed `--task` value. `path` is set for a task file, `module` for an importable module."""
-
-    text: str
-    module: str | None
-    path: Path | None
-    attribute: str
-
-    @property
-    def is_file(self) -> bool:
-        return self.path is not None
-
-
-def parse_task_ref(text: str, cwd: Path | None = None) -> TaskRef:
-    """`tabular` | `file.py:Attr` | `pkg.mod:Attr`, checked for form only (nothing is imported)."""
-    text = (text or "").strip()
-    if text in BUILTIN_TASKS:
-        module, _, attribute = BUILTIN_TASKS[text].partition(":")
-        return TaskRef(text, module, None, attribute)
-    location, colon, attribute = text.rpartition(":")
-    if not colon or not location or not attribute.isidentifier():
-        raise InputError(f"--task {text!r}: expected {TASK_FORMS}")
-    if location.endswith(".py"):
-        path = Path(location)
-        if not path.is_absolute():
-            path = (cwd or Path.cwd()) / path
-        return TaskRef(text, None, path.resolve(), attribute)
-    if not all(part.isidentifier() for part in location.split(".")):
-        raise InputError(
-            f"--task {text!r}: {location!r} is neither a .py file nor a module name; expected {TASK_FORMS}"
-        )
-    return TaskRef(text, location, None, attribute)
 
 
 def task_file_sha256(ref: TaskRef) -> str | None:
@@ -80,7 +39,7 @@ def task_code_sha256(ref: TaskRef) -> str | None:
     None for a built-in, whose code is the code snapshot's."""
     if ref.path is not None:
         return task_file_sha256(ref)
-    if ref.text in BUILTIN_TASKS or ref.module is None:
+    if ref.is_builtin or ref.module is None:
         return None
     return module_sources_sha256(ref.module, sys.path)
 
@@ -149,7 +108,7 @@ def _instantiate(ref: TaskRef, target: Any, options: Mapping[str, Any]) -> Any:
 
 def load_task(text: str, options: Mapping[str, Any] | None = None, cwd: Path | None = None) -> Task:
     """The task `text` names, built with `options`, checked to have every part of the contract."""
-    ref = parse_task_ref(text, cwd)
+    ref = parse_task_ref(text, cwd or Path.cwd())
     module = _import_module(ref)
     if not hasattr(module, ref.attribute):
         where = ref.path or ref.module
@@ -177,11 +136,6 @@ def parse_task_options(pairs: list[str] | None) -> dict[str, Any]:
         except ValueError:
             options[key.strip()] = value
     return options
-
-
-def options_argument(options: Mapping[str, Any]) -> str:
-    """Options as one JSON object, for a pipeline input or a command line."""
-    return json.dumps(dict(options), sort_keys=True, separators=(",", ":"))
 
 
 def options_from_json(text: str | None, what: str = "--task-options") -> dict[str, Any]:

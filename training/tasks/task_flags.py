@@ -8,10 +8,10 @@ a command line's convenience, merged over it, so they are a flag without a field
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from core.flags import Flag, flag
+from core.task_ref import options_text
 
 TASK_OPTION_HELP = (
     "one task option (repeatable; VALUE is JSON when it parses, else text), over --task-options"
@@ -49,11 +49,6 @@ def task_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     from training.tasks.loader import options_from_json, parse_task_options
 
     return {**options_from_json(args.task_options), **parse_task_options(args.task_option)}
-
-
-def options_text(options: dict[str, Any]) -> str:
-    """Task options as one canonical JSON object, for command lines and messages."""
-    return json.dumps(options, sort_keys=True, separators=(",", ":"))
 
 
 def task_options_from_json(text: str | dict[str, Any] | None) -> dict[str, Any]:
