@@ -14,8 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from core.errors import InputError
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.local_store import LocalCheckpointStore
-from training.engine.checkpoint_interval import (
+from training.checkpoint.interval import (
     FALLBACK_INTERVAL_SECONDS,
     RULE_DALY,
     RULE_FALLBACK,
@@ -23,6 +22,7 @@ from training.engine.checkpoint_interval import (
     IntervalCalibration,
     choose_interval,
 )
+from training.checkpoint.local_store import LocalCheckpointStore
 from training.engine.config import AUTO_INTERVAL, DEFAULT_MTBE_HOURS, TrainConfig
 from training.engine.distributed import init_distributed
 from training.engine.preemption import PreemptionNotice
