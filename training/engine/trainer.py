@@ -116,9 +116,8 @@ class Trainer:
 
     def run(self) -> TrainOutcome:
         resumption = self._checkpoints.resume()
-        self._run = resumption.run
-        self._start_attempt(resumption.loaded, resumption.attempt_number)
-        resumed = resumption.loaded
+        resumed, self._run = resumption.loaded, resumption.run
+        self._start_attempt(resumed, resumption.attempt_number)
         self._network = self._wrap(self._objects.model)
         ending = self._train()
         if ending == PREEMPTED:
