@@ -1,14 +1,12 @@
-"""Whose checkpoints a run may resume: the checkpoint key, the run key plus the training's trajectory.
+"""A step's checkpoint key: the values a pipeline step receives for the trajectory options.
 
 The run key (model name + data version) names the logical run for the front door: its job name, and with
-it exactly-once submission. Two runs of one run key can still train differently, with other epochs, seed,
-batch size, learning rate, task or task options, and one must never resume the other's checkpoints: the
-learning-rate schedule alone depends on the total number of steps. (A 3-epoch run once resumed a 6-epoch
-run's step 75 and kept that as its 3-epoch model.) So a step's durable output, train's checkpoints, lives
-under a checkpoint key: `<run key>-<digest>`, the digest of the values the step reads for the options
-that decide the trajectory (`TRAJECTORY_INPUTS`, and a task file's content). Options a resume may change
-(the checkpoint interval and how many to keep, the mean time between evictions, the progress display, the
-process count) are left out, so a rerun with other such values still resumes.
+it exactly-once submission. Two runs of one run key can still train differently, so a step's durable
+output, train's checkpoints, lives under a checkpoint key: `<run key>-<digest>`, the digest of the values
+the step reads for the options that decide the trajectory (core/trajectory.py: the options, the key), and a
+task file's content. Options a resume may change (the checkpoint interval and how many to keep, the mean
+time between evictions, the progress display, the process count) are left out, so a rerun with other such
+values still resumes.
 
 Values are resolved as the step receives them: the request's parameter, else the pipeline's input, else
 the component's default; so `--epochs 5` and pipeline.yml's default of 5 are one key. Locally the key
@@ -17,27 +15,12 @@ names `<state>/checkpoints/<key>/`; on Azure ML the datastore path `retrain/chec
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from components.request import RunRequest
 from components.run_inputs import TASK_INPUT, TASK_OPTIONS_INPUT
 from components.specs import ParentInput, PipelineSpec, StepOutput
-
-# training/engine/config.py TRAJECTORY_FIELDS, as step inputs (a test keeps the two lists equal): the
-# trainer refuses to resume a checkpoint under other values of these.
-TRAJECTORY_INPUTS = (
-    "epochs",
-    "seed",
-    "global_batch_size",
-    "learning_rate",
-    "weight_decay",
-    "warmup_steps",
-    TASK_INPUT,
-    TASK_OPTIONS_INPUT,
-)
-_DIGEST_LENGTH = 12
+from core.trajectory import TASK_FILE_DIGEST, TRAJECTORY_FIELDS, checkpoint_key_for
 
 
 def trajectory_values(pipeline: PipelineSpec, step: str, request: RunRequest) -> dict[str, str]:
@@ -46,7 +29,7 @@ def trajectory_values(pipeline: PipelineSpec, step: str, request: RunRequest) ->
     spec = pipeline.steps[step]
     reserved = {TASK_INPUT: request.task, TASK_OPTIONS_INPUT: request.task_options_text}
     values: dict[str, Any] = {}
-    for name in TRAJECTORY_INPUTS:
+    for name in TRAJECTORY_FIELDS:  # the step inputs are named as the trainer's options
         port = spec.component.inputs.get(name)
         binding = spec.inputs.get(name)
         if port is None or isinstance(binding, StepOutput):
@@ -60,12 +43,10 @@ def trajectory_values(pipeline: PipelineSpec, step: str, request: RunRequest) ->
             value = binding if binding is not None else port.default
         values[name] = str(value)
     if TASK_INPUT in values and request.task_sha256 is not None:
-        values["task_file_sha256"] = request.task_sha256  # a task file's content decides its model
+        values[TASK_FILE_DIGEST] = request.task_sha256  # a task file's content decides its model
     return values
 
 
 def checkpoint_key(pipeline: PipelineSpec, step: str, request: RunRequest) -> str:
     """`<run key>-<digest of the trajectory>`: where `step` of this request keeps its checkpoints."""
-    canonical = json.dumps(trajectory_values(pipeline, step, request), sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(canonical.encode()).hexdigest()[:_DIGEST_LENGTH]
-    return f"{request.run_key}-{digest}"
+    return checkpoint_key_for(request.run_key, trajectory_values(pipeline, step, request))

@@ -25,7 +25,7 @@ from typing import TypeGuard
 from core.errors import InputError
 
 # `--checkpoint-every-seconds auto`: the trainer measures its own checkpoint cost at its first saves and
-# takes Daly's optimum interval for that cost and `--mtbe-hours` (training/engine/checkpoint_interval.py).
+# takes Daly's optimum interval for that cost and `--mtbe-hours` (training/checkpoint/interval.py).
 AUTO_INTERVAL = "auto"
 OFF_WORDS = ("off", "none")  # an optional interval left unset
 _WHOLE = re.compile(r"[+-]?[0-9]+")

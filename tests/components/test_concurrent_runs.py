@@ -23,13 +23,14 @@ import pytest
 from conftest import SMALL_MODEL, QuickPipeline, QuickRequest, write_task_file
 
 from components.builder import PipelineBuild
-from components.checkpoint_key import TRAJECTORY_INPUTS
+from components.checkpoint_key import checkpoint_key
 from components.local import LocalRunner, RunnerOptions, RunRecord, RunStore
 from components.local.plan import durable_path
 from components.model_config import MODELS_DIR_VARIABLE
 from components.request import COMPLETED, DataRef, RunRequest
 from components.specs import REPO_ROOT, load_pipeline_spec
-from training.engine.config import TRAJECTORY_FIELDS
+from core.trajectory import TRAJECTORY_FIELDS
+from training.engine.config import TrainConfig
 from training.local_state import STATE_DIR_VARIABLE
 
 VERSION = "rd-0123456789abcdef"
@@ -89,8 +90,26 @@ def test_checkpoints_are_kept_per_training_of_a_run_key(where: Callable[[RunRequ
     assert where(_request(task=f"{task_file}:Flowers")) != before
 
 
-def test_the_checkpoint_key_reads_the_options_the_trainer_refuses_to_resume_under():
-    assert sorted(TRAJECTORY_INPUTS) == sorted(TRAJECTORY_FIELDS)
+def test_the_checkpoint_key_changes_with_every_trajectory_input_of_the_train_step_and_no_other():
+    # The one list names the trainer's options a checkpoint resumes only under, and the train step's inputs
+    # of the same names: each that the step declares moves the key, and no other input does.
+    assert set(TRAJECTORY_FIELDS) <= set(TrainConfig.__dataclass_fields__)
+    train = PIPELINE.steps["train"]
+    before = checkpoint_key(PIPELINE, "train", _request())
+    changed = {"task": "image", "task_options": SMALL_MODEL, "checkpoint_every_seconds": "60"}
+    moved, kept = set(), set()
+    for name, port in train.component.inputs.items():
+        if port.type not in ("string", "integer", "number"):
+            continue  # data: its version is the run key's
+        value = changed.get(name, 7 if port.type == "integer" else 0.5)
+        if name in ("task", "task_options"):  # the request's own fields, not parameters
+            after = checkpoint_key(PIPELINE, "train", _request(**{name: value}))
+        else:
+            after = checkpoint_key(PIPELINE, "train", _request({name: value}))
+        (moved if after != before else kept).add(name)
+    assert moved == set(TRAJECTORY_FIELDS) & set(train.component.inputs)
+    assert {"epochs", "seed", "task", "task_options"} <= moved
+    assert {"checkpoint_every_seconds", "mtbe_hours", "checkpoint_every_steps"} <= kept
 
 
 # -- one durable folder, one run at a time: the quick pipeline in threads -----------------------------------

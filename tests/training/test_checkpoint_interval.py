@@ -15,8 +15,7 @@ from mlflow.tracking import MlflowClient
 from core.errors import InputError
 from core.flags import config_to_argv
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.local_store import LocalCheckpointStore
-from training.engine.checkpoint_interval import (
+from training.checkpoint.interval import (
     FALLBACK_INTERVAL_SECONDS,
     RULE_DALY,
     RULE_FALLBACK,
@@ -24,6 +23,7 @@ from training.engine.checkpoint_interval import (
     IntervalCalibration,
     choose_interval,
 )
+from training.checkpoint.local_store import LocalCheckpointStore
 from training.engine.config import AUTO_INTERVAL, DEFAULT_MTBE_HOURS, TrainConfig
 from training.engine.distributed import init_distributed
 from training.engine.preemption import PreemptionNotice

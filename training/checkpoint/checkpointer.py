@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import torch
 
@@ -270,7 +270,7 @@ class Checkpointer:
         with self.store.writer(name + DATA_SUFFIX) as target:
             writer = _HashingWriter(target)
             try:
-                torch.save(state, writer)
+                torch.save(state, cast(BinaryIO, writer))  # torch writes and flushes; nothing else
             except Exception:
                 if writer.error is not None:
                     raise writer.error from None  # the operating system's reason, not torch's enforce line

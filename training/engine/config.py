@@ -18,6 +18,7 @@ from core.flags import flag, number_text
 from core.task_ref import options_text
 from core.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
 from core.train_rules import OFF_WORDS, TRAIN_RULES, read_interval
+from core.trajectory import TRAJECTORY_FIELDS  # the options a checkpoint resumes only under
 from training.tasks.task_flags import task_flag, task_options_flag
 
 PROGRESS_MODES = ("auto", "bar", "log", "jsonl", "none")
@@ -34,22 +35,6 @@ DEFAULT_CHECKPOINT_EVERY_SECONDS = 300.0
 DEFAULT_MTBE_HOURS = 12.0
 
 DEFAULT_TASK = "tabular"
-
-# The options that decide the training trajectory. A checkpoint only resumes under the same values;
-# anything else (checkpoint interval, world size, progress display) may change between attempts. The epochs
-# decide the total steps, and with them the learning-rate schedule from the first step on, so a resume under
-# other epochs would silently be another run. The task and its options decide the model and the data it
-# reads. The local runner and Azure ML keep checkpoints per value of these (components/checkpoint_key.py).
-TRAJECTORY_FIELDS = (
-    "epochs",
-    "seed",
-    "global_batch_size",
-    "learning_rate",
-    "weight_decay",
-    "warmup_steps",
-    "task",
-    "task_options",
-)
 
 
 def _require(condition: bool, message: str) -> None:

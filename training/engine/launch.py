@@ -144,7 +144,7 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     # A location another attempt holds is refused here in one line, not by rank 0 under torchrun's traceback;
     # rank 0's own lease, taken again once the workers start, is the guarantee.
     open_checkpoint_lease(config.checkpoints, environ, launch_id).acquire().release()
-    from training.engine.saving import refuse_unfit_checkpoint_location  # torch: loaded with the task
+    from training.checkpoint.estimate import refuse_unfit_checkpoint_location  # torch: loaded with the task
 
     refuse_unfit_checkpoint_location(config, environ, task)
     # A password in the tracking URI goes to the workers in MLflow's variables, never on their command line

@@ -4,12 +4,12 @@ One loop serves every case (single process, torchrun on CPU with gloo, GPUs with
 trains on its share of a global batch, then the ranks exchange one tiny tensor (the loss for the log, and
 a vote on whether anyone received an eviction notice), so that all of them stop at the same step. Rank 0
 checkpoints asynchronously at the configured interval (or, with `--checkpoint-every-seconds auto`, at one
-chosen from what its first saves cost: training/engine/checkpoint_interval.py), immediately when evicted,
-and at the end. A step whose agreed loss is not finite stops every rank at that step, with nothing saved
-after it (training/engine/divergence.py).
+chosen from what its first saves cost), immediately when evicted, and at the end: the trainer's checkpoint
+manager (training/checkpoint/manager.py) decides when, and saves. A step whose agreed loss is not finite
+stops every rank at that step, with nothing saved after it (training/engine/divergence.py).
 
 The task (training/tasks/base.py) supplies the data, the model, the loss of a batch and the final scores;
-the loop, DDP, sampling, RNG and checkpoints here are the same for every task.
+the loop, DDP, sampling, RNG and checkpoints are the same for every task.
 """
 
 from __future__ import annotations
@@ -27,24 +27,21 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import training
-from core.errors import CheckpointError
 from training.checkpoint.checkpointer import Checkpointer, LoadedCheckpoint
-from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL
+from training.checkpoint.manager import CheckpointManager
+from training.checkpoint.records import REASON_INTERVAL
 from training.engine.batches import BatchSource, on_device
-from training.engine.checkpoint_interval import IntervalCalibration
-from training.engine.config import AUTO_INTERVAL, TrainConfig
+from training.engine.config import TrainConfig
 from training.engine.consensus import StepConsensus, StepVerdict
-from training.engine.distributed import DistContext, barrier, broadcast_from_primary
+from training.engine.distributed import DistContext, barrier
 from training.engine.divergence import DIVERGED_EXIT_CODE, Divergence, is_finite
 from training.engine.outputs import scores, weights_sha256, write_metadata, write_model
 from training.engine.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
 from training.engine.progress import ProgressRenderer
-from training.engine.resume_policy import check_resumable
 from training.engine.sampling import BatchPlan, epoch_permutation, rank_batch_indices, step_seed
-from training.engine.saving import CheckpointSaving
 from training.engine.throughput import ThroughputMeter
 from training.engine.tracking import Tracker
-from training.engine.train_state import RunState, build_training_objects, restore
+from training.engine.train_state import RunState, build_training_objects
 from training.tasks.base import Task, TaskData, batch_loss
 
 log = logging.getLogger(__name__)
@@ -61,7 +58,9 @@ class TrainOutcome:
     divergence: Divergence | None = None  # set when `status` is DIVERGED
 
 
-class Trainer(CheckpointSaving):
+class Trainer:
+    """One attempt of a training: built with its data, model and optimizer, then `run()` once."""
+
     def __init__(
         self,
         config: TrainConfig,
@@ -79,23 +78,46 @@ class Trainer(CheckpointSaving):
         self.context = context
         self.task = task
         self.data = data
-        self.checkpointer = checkpointer
         self.tracker = tracker
         self.renderer = renderer
         self.launch_id = launch_id
         self.notice = notice
         self._clock = clock
-        self._calibration: IntervalCalibration | None = None
+        # What the loop trains: the data plan, and the model, optimizer and schedule (the same initial
+        # weights on every rank; a resume loads its checkpoint into them).
+        self._train_batches = BatchSource(data.split("train"), context.device, config.task)
+        self._plan = BatchPlan(len(self._train_batches), config.global_batch_size)
+        self._plan.per_rank_batch_size(context.world_size)  # refuse a batch the ranks cannot share
+        self._total_steps = self._plan.steps_per_epoch * config.epochs
+        self._objects = build_training_objects(config, task, data.info, self._total_steps)
+        self._objects.model.to(context.device)
+        self._network: nn.Module = self._objects.model  # wrapped for DDP once the checkpoint is loaded
+        self._checkpoints = CheckpointManager(
+            checkpointer,
+            config,
+            context,
+            self._objects,
+            data_version=data.data_version,
+            launch_id=launch_id,
+            total_steps=self._total_steps,
+            tracker=tracker,
+            emit=self._emit,
+            clock=clock,
+        )
+        # The run's progress: fresh here, restored by `run()` when there is a checkpoint to resume.
+        self._run = RunState()
+        self._elapsed_before = 0.0  # the run's time in earlier attempts
+        self._attempt_started = clock()  # restarted when the first step is next
+        self._meter = ThroughputMeter(clock=time.perf_counter)
+        self._last_loss: float | None = None
+        self._divergence: Divergence | None = None
+        # The current epoch's sample order, drawn once per epoch.
+        self._permutation_epoch, self._permutation = -1, torch.empty(0)
 
     def run(self) -> TrainOutcome:
-        self._train_batches = BatchSource(self.data.split("train"), self.context.device, self.config.task)
-        self._plan = BatchPlan(len(self._train_batches), self.config.global_batch_size)
-        self._plan.per_rank_batch_size(self.context.world_size)
-        self._total_steps = self._plan.steps_per_epoch * self.config.epochs
-        self._objects = build_training_objects(self.config, self.task, self.data.info, self._total_steps)
-        self._objects.model.to(self.context.device)
-        resumed = self._resume()
-        self._start_attempt(resumed)
+        resumption = self._checkpoints.resume()
+        resumed, self._run = resumption.loaded, resumption.run
+        self._start_attempt(resumed, resumption.attempt_number)
         self._network = self._wrap(self._objects.model)
         ending = self._train()
         if ending == PREEMPTED:
@@ -107,41 +129,14 @@ class Trainer(CheckpointSaving):
 
     # -- start ----------------------------------------------------------------------------------------
 
-    def _resume(self) -> LoadedCheckpoint | None:
-        """Rank 0 picks the newest valid checkpoint and the attempt number, and checks that the checkpoint
-        location can take the run's checkpoints; every rank uses the same, or refuses the same."""
-        picked: tuple[str | None, int, str | None] | None = None
-        if self.context.is_primary:
-            newest = self.checkpointer.newest_valid()
-            refusal = self._room_refusal(newest)
-            picked = (newest.record.name if newest else None, self.checkpointer.next_attempt(), refusal)
-        choice, self._attempt_number, refusal = cast(
-            tuple[str | None, int, str | None], broadcast_from_primary(picked, self.context)
-        )
-        if refusal is not None:
-            raise CheckpointError(refusal)
-        if choice is None:
-            self._run = RunState()
-            return None
-        loaded = self.checkpointer.load(choice)
-        check_resumable(loaded.record, self.config, self.data.data_version)
-        self._run = restore(self._objects, loaded, self.data.data_version)
-        return loaded
-
-    def _start_attempt(self, resumed: LoadedCheckpoint | None) -> None:
+    def _start_attempt(self, resumed: LoadedCheckpoint | None, attempt_number: int) -> None:
         run = self._run
         previous_world = run.attempts[-1]["world_size"] if run.attempts else None
         resumed_from = resumed.record.name if resumed else None
-        run.begin_attempt(self.launch_id, self.context.world_size, resumed_from, self._attempt_number)
+        run.begin_attempt(self.launch_id, self.context.world_size, resumed_from, attempt_number)
         self._attempt_started = self._clock()
         self._elapsed_before = run.elapsed_seconds
-        self._last_save = self._clock()
-        # Only the primary saves, so only it measures; every attempt anew, for its node's storage.
-        if self.config.checkpoint_every_seconds == AUTO_INTERVAL and self.context.is_primary:
-            self._calibration = IntervalCalibration(self.config.mtbe_hours)
-        self._meter = ThroughputMeter(clock=time.perf_counter)
-        self._last_loss: float | None = None
-        self._permutation_epoch, self._permutation = -1, torch.empty(0)
+        self._checkpoints.begin_attempt()
         if previous_world is not None and previous_world != self.context.world_size:
             log.warning(
                 "world size changed from %d to %d: global batch stays %d (per rank %d)",
@@ -179,7 +174,6 @@ class Trainer(CheckpointSaving):
 
     def _train(self) -> str:
         consensus = StepConsensus(self.context)
-        self._divergence: Divergence | None = None
         while self._run.step < self._total_steps:
             local_loss = self._train_step()
             self._meter.update(self.config.global_batch_size)
@@ -194,9 +188,9 @@ class Trainer(CheckpointSaving):
                     return DIVERGED
                 if verdict.stop_requested:
                     return self._last_step(consensus.drain(), PREEMPTED)
-            if self._interval_checkpoint_due() and self._safe_to_save(consensus.settle()):
-                self._save(REASON_INTERVAL)
-            self._report_durable(self.checkpointer.poll())
+            if self._checkpoints.interval_save_due(self._run.step) and self._safe_to_save(consensus.settle()):
+                self._checkpoints.save(REASON_INTERVAL, self._progress())
+            self._checkpoints.poll(self._run)
         return self._last_step(consensus.drain(), COMPLETED)
 
     def _last_step(self, verdict: StepVerdict | None, ending: str) -> str:
@@ -250,8 +244,7 @@ class Trainer(CheckpointSaving):
         loss = batch_loss(self.task, self._network, batch)
         objects.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        # A snapshot still copying the previous checkpoint reads the weights the optimizer is about to change.
-        self.checkpointer.wait_until_staged()
+        self._checkpoints.wait_until_staged()  # the previous checkpoint's snapshot may still read the weights
         objects.optimizer.step()
         objects.scheduler.step()
         run.step += 1
@@ -269,7 +262,7 @@ class Trainer(CheckpointSaving):
     def _leave_preempted(self) -> TrainOutcome:
         self._run.end_attempt("preempted")
         if self.context.is_primary:
-            saving = self._leave_preempted_saving()  # a failed save still leaves, with a warning
+            saving = self._checkpoints.save_on_eviction(self._progress())  # a failed save still leaves
             self._emit("preempted", step=self._run.step, exit_code=PREEMPTED_EXIT_CODE, **saving)
             self.tracker.set_tags({"retrain.preempted_at_step": str(self._run.step)})
             self.tracker.finish("KILLED")
@@ -297,7 +290,7 @@ class Trainer(CheckpointSaving):
         self._run.end_attempt(COMPLETED)
         if self.context.is_primary:
             if progressed:
-                self._save_and_wait(REASON_FINAL)  # a failed save is reported; the model is written anyway
+                self._checkpoints.save_final(self._progress())  # reported if it fails; the model is written
             self._write_outputs()
         barrier(self.context)
         return TrainOutcome(COMPLETED, self._run.step)
@@ -305,19 +298,24 @@ class Trainer(CheckpointSaving):
     def _write_outputs(self) -> None:
         model = self._objects.model
         metrics = scores(self.task, model, on_device(self.data.split("validation"), self.context.device))
-        final_metrics = {f"validation_{name}": value for name, value in metrics.items()}
-        final_metrics["train_loss"] = self._last_loss
+        final_metrics: dict[str, float | None] = {
+            f"validation_{name}": value for name, value in metrics.items()
+        }
+        final_metrics["train_loss"] = (
+            self._last_loss
+        )  # None when nothing was trained (a finished run resumed)
         out: Path = self.config.out
         write_model(out, model, self.config.task, self.config.task_options, self.data.info)
-        warnings = self._checkpoint_warnings()
+        warnings = self._checkpoints.warnings(self._run)
         for warning in warnings:
             log.warning("%s", warning)
         write_metadata(out, {**self._metadata(final_metrics), "warnings": warnings})
-        self.tracker.log_metrics(final_metrics, step=self._run.step)
+        tracked = {name: value for name, value in final_metrics.items() if value is not None}
+        self.tracker.log_metrics(tracked, step=self._run.step)
         self.tracker.finish("FINISHED")
         self._emit("done", steps=self._run.step, validation=metrics, out=str(out))
 
-    def _metadata(self, final_metrics: dict[str, float]) -> dict[str, Any]:
+    def _metadata(self, final_metrics: dict[str, float | None]) -> dict[str, Any]:
         run, config = self._run, self.config
         return {
             "format": "retrain-training/1",
@@ -328,7 +326,7 @@ class Trainer(CheckpointSaving):
             "seed": config.seed,
             "world_size": self.context.world_size,
             "global_batch_size": config.global_batch_size,
-            "wall_time_seconds": self._elapsed_before + self._clock() - self._attempt_started,
+            "wall_time_seconds": self._elapsed_seconds(),
             "resumes": run.resumes,
             "evictions_survived": run.evictions_survived,
             "attempts": run.attempts,
@@ -339,10 +337,7 @@ class Trainer(CheckpointSaving):
                 "samples_per_second": self._meter.samples_per_second(),
                 "measured_steps": self._meter.measured_steps,
             },
-            "checkpoints": {
-                "location": self.checkpointer.store.location,
-                **self.checkpointer.stats.summary(),
-            },
+            "checkpoints": self._checkpoints.summary(),
             "parameters": sum(p.numel() for p in self._objects.model.parameters()),
             "mlflow_run_id": run.mlflow_run_id,
             "config": config.to_dict(),
@@ -350,6 +345,15 @@ class Trainer(CheckpointSaving):
             "torch_version": torch.__version__,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
+
+    def _elapsed_seconds(self) -> float:
+        """The run's training time: its earlier attempts' and this one's so far."""
+        return self._elapsed_before + self._clock() - self._attempt_started
+
+    def _progress(self) -> RunState:
+        """The run's progress with its elapsed time brought up to now: what a checkpoint records."""
+        self._run.elapsed_seconds = self._elapsed_seconds()
+        return self._run
 
     # -- reporting ------------------------------------------------------------------------------------
 

@@ -119,8 +119,8 @@ def run_worker(
             job_run_id=environ.get(JOB_RUN_ID_VARIABLE),
         )
         renderer = make_renderer(config.progress, context.is_primary)
-        trainer = Trainer(config, context, task, data, checkpointer, tracker, renderer, launch_id, notice)
         try:
+            trainer = Trainer(config, context, task, data, checkpointer, tracker, renderer, launch_id, notice)
             outcome = trainer.run()
         finally:
             checkpointer.close()

@@ -236,7 +236,8 @@ class ModelRegistry:
     # -- runs ----------------------------------------------------------------------------------------------
 
     def load_served(self, name: str, alias: str = CHAMPION) -> Any:
-        """The version holding `alias` as any MLflow client loads it (`models:/NAME@ALIAS`, a pyfunc)."""
+        """The version holding `alias`, loaded as any MLflow client loads it: `mlflow.pyfunc.load_model(
+        "models:/NAME@ALIAS")`, answering what callers have (training/gate/served_model.py)."""
         import mlflow.pyfunc
 
         with _registry_errors(f"load {name}@{alias} for serving", self.store), self._fluent_store():

@@ -4,7 +4,7 @@ Each attempt measures afresh (a resumed attempt may run on a node with other sto
 after its first step, so that an eviction in the first minutes loses almost nothing, and again as soon as
 each save is durable, until `MEASURED_SAVES` saves after the warm-up one are measured. From then on it
 saves at Daly's optimum for the measured cost and the configured mean time between evictions (the maths
-is `retrain plan interval`'s, training/common.py), never faster than a save can be written.
+is `retrain plan interval`'s, core/spot.py), never faster than a save can be written.
 
 Which cost enters Young/Daly. Their C is the work a run loses per checkpoint. Our checkpoints are
 asynchronous: the loop stops only while the state is planned and staged (`SaveResult.blocked_seconds`);
@@ -14,7 +14,8 @@ durable, which adds the same W to the rework of every eviction (half an interval
 does not move the optimum. It bounds the interval from below instead: a save started before the previous
 one is durable waits for it inside the loop, turning background time back into blocked time.
 
-Pure: no clock, no torch. The trainer feeds it the results of its saves and asks it when to save.
+Pure: no clock, no torch. The checkpoint manager (manager.py) feeds it the results of its saves and asks it
+when to save.
 """
 
 from __future__ import annotations

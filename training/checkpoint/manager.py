@@ -1,0 +1,288 @@
+"""The trainer's checkpoints: which one to resume, when to save, the saving, and how each save went.
+
+The trainer holds one `CheckpointManager`, built with everything it needs, and asks it at each point of an
+attempt: `resume()` before the first step, `interval_save_due()` after each step, `save()` when one is due,
+`poll()` for a background save that has finished, `save_on_eviction()` and `save_final()` at the end. Only
+rank 0 saves; every rank resumes from the checkpoint rank 0 picks. Storage faults are reported, never
+silent, and never cost the finished model.
+
+What a user sees:
+
+- **Before the first step** the checkpoint location is refused in one line, exit 2 and nothing trained, if a
+  test object cannot be written, synced and deleted there (a read-only folder or mount, missing rights), or
+  if it lacks free space for the checkpoints the run keeps (training/checkpoint/room.py). The size of a
+  checkpoint is the newest one's when resuming, else estimated from the model and its optimizer
+  (training/checkpoint/estimate.py). With `--nproc` above 1 the launcher checks before torchrun starts, so
+  the refusal is one line without torchrun's report; rank 0 checks again, on the storage it will write.
+- **When to save**: every `--checkpoint-every-steps` steps, and every `--checkpoint-every-seconds`, or with
+  `auto` at the interval chosen from what this attempt's first saves cost (training/checkpoint/interval.py);
+  at once on eviction; and at the end.
+- **A save that fails** is reported once, in one warning line with the operating system's reason:
+  `checkpoint at step 40 was not saved: no space left on device on /mnt/ckpt; training goes on and tries
+  again at the next interval`. Its partial files are removed. `metadata.json` counts the failed saves
+  (`checkpoints.failed`, `checkpoints.failed_since_last_saved`, `checkpoints.last_failure`), and so does the
+  MLflow metric `checkpoint_failures`.
+- **A finished training** always writes model.pt and metadata.json to `--out` and exits 0. If its last
+  save(s) failed, a warning line and `metadata.json`'s `warnings` say so: the model is complete, but a run
+  resumed from the checkpoint location would start from the newest durable checkpoint, not from it.
+- **An eviction whose save fails** still exits with the preempted code (75), with a warning that the restart
+  resumes from an earlier checkpoint (or from the start).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from core.errors import CheckpointError
+from core.train_rules import AUTO_INTERVAL
+from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta, LoadedCheckpoint, SaveResult
+from training.checkpoint.estimate import ESTIMATE_BASIS, estimate_checkpoint_bytes
+from training.checkpoint.interval import IntervalCalibration, IntervalChoice
+from training.checkpoint.lease import check_lease
+from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL, REASON_PREEMPTED
+from training.checkpoint.room import check_room
+from training.engine.config import TrainConfig
+from training.engine.distributed import DistContext, broadcast_from_primary
+from training.engine.resume_policy import check_resumable
+from training.engine.tracking import Tracker
+from training.engine.train_state import RunState, TrainingObjects, checkpoint_state, restore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """Where an attempt starts: the run's progress (fresh, or restored from `loaded`), and the number its
+    checkpoints are named with."""
+
+    run: RunState
+    loaded: LoadedCheckpoint | None
+    attempt_number: int
+
+
+class CheckpointManager:
+    """One attempt's checkpoints, for the trainer that holds it.
+
+    `objects` are what a checkpoint captures and a resume restores; `emit` sends a progress event (the
+    trainer's renderer); `clock` times the interval. The run's progress (`RunState`) is the trainer's: it is
+    passed to each call, with its elapsed time up to date.
+    """
+
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        config: TrainConfig,
+        context: DistContext,
+        objects: TrainingObjects,
+        *,
+        data_version: str,
+        launch_id: str,
+        total_steps: int,
+        tracker: Tracker,
+        emit: Callable[..., None],
+        clock: Callable[[], float],
+    ) -> None:
+        self.checkpointer = checkpointer
+        self._config = config
+        self._context = context
+        self._objects = objects
+        self._data_version = data_version
+        self._launch_id = launch_id
+        self._total_steps = total_steps
+        self._tracker = tracker
+        self._emit = emit
+        self._clock = clock
+        every_seconds = config.checkpoint_every_seconds
+        # Only the primary saves, so only it measures; every attempt anew, for its node's storage.
+        auto = every_seconds == AUTO_INTERVAL
+        self._calibration = IntervalCalibration(config.mtbe_hours) if auto and context.is_primary else None
+        self._every_seconds = None if isinstance(every_seconds, str) else every_seconds
+        self._last_save = clock()  # restarted by `begin_attempt`, once the checkpoint is loaded
+
+    # -- before the first step ------------------------------------------------------------------------
+
+    def resume(self) -> Resumption:
+        """Rank 0 picks the newest valid checkpoint and the attempt number, and checks that the checkpoint
+        location can take the run's checkpoints; every rank uses the same, or refuses the same."""
+        picked: tuple[str | None, int, str | None] | None = None
+        if self._context.is_primary:
+            newest = self.checkpointer.newest_valid()
+            refusal = self._room_refusal(newest)
+            picked = (newest.record.name if newest else None, self.checkpointer.next_attempt(), refusal)
+        choice, attempt_number, refusal = cast(
+            tuple[str | None, int, str | None], broadcast_from_primary(picked, self._context)
+        )
+        if refusal is not None:
+            raise CheckpointError(refusal)
+        if choice is None:
+            return Resumption(RunState(), None, attempt_number)
+        loaded = self.checkpointer.load(choice)
+        check_resumable(loaded.record, self._config, self._data_version)
+        return Resumption(restore(self._objects, loaded, self._data_version), loaded, attempt_number)
+
+    def _room_refusal(self, newest: LoadedCheckpoint | None) -> str | None:
+        """Rank 0: None if the checkpoint location can take this run's checkpoints, else the refusal."""
+        try:
+            self.checkpointer.discard_uncommitted()  # a crashed save's data: its space counts as free
+            if newest is not None:
+                size, basis = newest.record.size, f"the size of {newest.record.name}"
+            else:
+                optimizer = type(self._objects.optimizer).__name__
+                size, basis = estimate_checkpoint_bytes(self._objects.model, optimizer), ESTIMATE_BASIS
+            check_room(self.checkpointer.store, size, basis, self.checkpointer.keep_last)
+        except CheckpointError as error:
+            return str(error)
+        return None
+
+    def begin_attempt(self) -> None:
+        """The attempt's first step is next: the time interval counts from here."""
+        self._last_save = self._clock()
+
+    # -- when -----------------------------------------------------------------------------------------
+
+    def interval_save_due(self, step: int) -> bool:
+        """Whether rank 0 should save the step just trained (never the last: the final save takes it)."""
+        if not self._context.is_primary or step >= self._total_steps:
+            return False
+        every_steps = self._config.checkpoint_every_steps
+        by_steps = every_steps is not None and step % every_steps == 0
+        return by_steps or self._save_due_by_time()
+
+    def _save_due_by_time(self) -> bool:
+        every_seconds = self._every_seconds
+        if self._calibration is not None:
+            if self._calibration.wants_save():
+                return True
+            every_seconds = self._calibration.interval_seconds  # None while a measuring save is in flight
+        return every_seconds is not None and self._clock() - self._last_save >= every_seconds
+
+    # -- saving ---------------------------------------------------------------------------------------
+
+    def wait_until_staged(self) -> None:
+        """Before the optimizer step: a snapshot still copying the previous checkpoint reads the weights the
+        optimizer is about to change."""
+        self.checkpointer.wait_until_staged()
+
+    def save(self, reason: str, run: RunState) -> SaveResult | None:
+        """Begin a save of `run` and the objects; returns (and reports) the previous save's result."""
+        check_lease(self.checkpointer.store)  # an attempt that lost its lease stops: another may write here
+        self._last_save = self._clock()
+        meta = CheckpointMeta(
+            step=run.step,
+            epoch=run.cursor.epoch,
+            position=run.cursor.position,
+            reason=reason,
+            attempt=run.attempt,
+            launch_id=self._launch_id,
+            world_size=self._context.world_size,
+            data_version=self._data_version,
+            trajectory=self._config.trajectory(),
+        )
+        state = checkpoint_state(self._objects, run, self._config, self._data_version)
+        previous = self.checkpointer.save(state, meta)
+        self._report_durable(previous, run)
+        if self._calibration is not None and reason == REASON_INTERVAL:
+            self._calibration.save_started()
+        return previous
+
+    def poll(self, run: RunState) -> None:
+        """Report the save in flight if it has finished, without waiting."""
+        self._report_durable(self.checkpointer.poll(), run)
+
+    def save_final(self, run: RunState) -> None:
+        """The end of training: save and wait; a failed save is reported, and the model is written anyway."""
+        self._save_and_wait(REASON_FINAL, run)
+
+    def save_on_eviction(self, run: RunState) -> dict[str, Any]:
+        """Rank 0's save on eviction; the fields the `preempted` event adds about it. A failed save still
+        leaves, with a warning."""
+        result = self._save_and_wait(REASON_PREEMPTED, run)
+        saved = result is not None and result.record is not None
+        return {"saved": saved} if saved else {"saved": False, "resumes": self._restart_point(run)}
+
+    def _save_and_wait(self, reason: str, run: RunState) -> SaveResult | None:
+        """Save and wait until it is durable or has failed; either way it is reported, never raised."""
+        self.save(reason, run)
+        result = self.checkpointer.wait_until_durable(raise_on_failure=False)
+        self._report_durable(result, run)
+        return result
+
+    # -- reporting ------------------------------------------------------------------------------------
+
+    def _report_durable(self, result: SaveResult | None, run: RunState) -> None:
+        """Every save's result passes here exactly once."""
+        if result is None:
+            return
+        if result.record is not None:
+            self._report_checkpoint(result)
+        else:
+            self._report_failed_save(result, run)
+        if self._calibration is not None and result.reason == REASON_INTERVAL:
+            choice = self._calibration.observe(result.blocked_seconds, result.write_seconds)
+            if choice is not None:
+                self._report_interval(choice, run)
+
+    def _report_checkpoint(self, result: SaveResult) -> None:
+        assert result.record is not None
+        blocked_ms = result.blocked_seconds * 1000
+        self._emit(
+            "checkpoint",
+            name=result.record.name,
+            step=result.step,
+            reason=result.reason,
+            bytes=result.record.size,
+            blocked_ms=blocked_ms,
+            write_seconds=result.write_seconds,
+        )
+        self._tracker.log_metrics(
+            {
+                "checkpoint_blocked_ms": blocked_ms,
+                "checkpoint_write_seconds": result.write_seconds or 0.0,
+                "checkpoint_megabytes": result.record.size / 1e6,
+            },
+            step=result.step,
+        )
+
+    def _report_failed_save(self, result: SaveResult, run: RunState) -> None:
+        consequence = {
+            REASON_INTERVAL: "training goes on and tries again at the next interval",
+            REASON_FINAL: f"the model is still written to {self._config.out}",
+            REASON_PREEMPTED: f"a restart resumes {self._restart_point(run)}",
+        }.get(result.reason, "training goes on")
+        log.warning(
+            "%s at step %d was not saved: %s; %s",
+            "checkpoint" if result.reason == REASON_INTERVAL else f"the {result.reason} checkpoint",
+            result.step,
+            result.failure,
+            consequence,
+        )
+        self._tracker.log_metrics({"checkpoint_failures": float(self.checkpointer.stats.failed)}, result.step)
+
+    def _report_interval(self, choice: IntervalChoice, run: RunState) -> None:
+        run.attempts[-1]["checkpoint_interval"] = choice.fields()
+        self._emit("checkpoint_interval", step=run.step, **choice.fields())
+        self._tracker.log_metrics(choice.metrics(), step=run.step)
+
+    def _restart_point(self, run: RunState) -> str:
+        """Where a restart from the checkpoint location would begin, as far as this process knows."""
+        durable = self.checkpointer.stats.last_saved or run.attempts[-1]["resumed_from"]
+        return f"from checkpoint {durable}" if durable else "from the start"
+
+    def warnings(self, run: RunState) -> list[str]:
+        """What metadata.json's `warnings` carries, each also logged: here, that the newest saves failed."""
+        stats = self.checkpointer.stats
+        if not stats.failed_since_last_saved:
+            return []
+        location = self.checkpointer.store.location
+        return [
+            f"the last {stats.failed_since_last_saved} checkpoint save(s) failed ({stats.last_failure}); the "
+            f"model in {self._config.out} is complete, but a run resumed from {location} starts "
+            f"{self._restart_point(run)}"
+        ]
+
+    def summary(self) -> dict[str, Any]:
+        """metadata.json's `checkpoints`: where they are, and what saving them cost."""
+        return {"location": self.checkpointer.store.location, **self.checkpointer.stats.summary()}
