@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from components.azureml.names import RESOURCE_NAME_FORM, is_resource_name
 from components.builder import DEFAULT_DATASTORE, PipelineBuild, build_pipeline_job
 from components.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.errors import JobNotFound, SubmissionError
@@ -32,7 +32,6 @@ DRY_RUN_DIR = "dry-runs"
 JOB_FILE = "job.yml"
 REQUEST_FILE = "request.json"
 SUBMISSION_FILE = "submission.json"
-_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,254}")
 
 
 def request_to_dict(request: RunRequest) -> dict[str, Any]:
@@ -107,8 +106,8 @@ class DryRunSubmitter:
         return submission
 
     def status(self, job_name: str) -> Submission:
-        if not _JOB_NAME.fullmatch(job_name):
-            raise SubmissionError(f"job name {job_name!r}: expected letters, digits, '-' or '_'")
+        if not is_resource_name(job_name):
+            raise SubmissionError(f"job name {job_name!r}: expected {RESOURCE_NAME_FORM}")
         folder = self.root / job_name
         if not (folder / SUBMISSION_FILE).exists():
             raise JobNotFound(

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from core.errors import InputError
 
 SECONDS_PER_HOUR = 3600.0
 
 
-def is_finite_number(value: object) -> bool:
+def is_finite_number(value: object) -> TypeGuard[int | float]:
     """A real, finite number; a bool is not one."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 

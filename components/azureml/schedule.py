@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from components.azureml.names import RESOURCE_NAME_FORM, is_resource_name
 from components.builder import CHECKPOINTS_ROOT, PipelineBuild, build_pipeline_job, validate_job
 from components.errors import SubmissionError
 from core.files import write_atomically
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 
 SCHEDULE_SCHEMA = "https://azuremlschemas.azureedge.net/latest/schedule.schema.json"
 SCHEDULED_JOB_FILE = "pipeline.yml"
-_SCHEDULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,254}")
 # minute, hour, day of month, month, day of week: the five fields Azure ML's CronTrigger reads.
 _CRON_FIELDS = (
     ("minute", 0, 59),
@@ -89,8 +89,8 @@ def build_schedule(name: str, cron: str, time_zone: str, build: PipelineBuild) -
     """A JobSchedule that creates the pipeline job of `build` (without a fixed job name) on `cron`."""
     from azure.ai.ml.entities import CronTrigger, JobSchedule
 
-    if not _SCHEDULE_NAME.fullmatch(name):
-        raise SubmissionError(f"--name {name!r}: expected letters, digits, '-' or '_' for a schedule name")
+    if not is_resource_name(name):
+        raise SubmissionError(f"--name {name!r}: expected {RESOURCE_NAME_FORM} for a schedule name")
     expression, zone = check_cron(cron), check_time_zone(time_zone)
     job = build_pipeline_job(replace(build, job_name=None))
     schedule = JobSchedule(

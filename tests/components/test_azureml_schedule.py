@@ -97,7 +97,7 @@ def test_good_cron_expressions_pass(expression):
 def test_a_bad_time_zone_or_name_is_refused_before_building():
     with pytest.raises(SubmissionError, match=r"--time-zone 'CET': expected a Windows time zone name"):
         build_schedule("retrain-digits", "0 3 * * *", "CET", make_build())
-    with pytest.raises(SubmissionError, match=r"--name 'nightly run': expected letters"):
+    with pytest.raises(SubmissionError, match=r"--name 'nightly run': expected 1-255 letters"):
         build_schedule("nightly run", "0 3 * * *", "UTC", make_build())
 
 

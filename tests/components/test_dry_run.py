@@ -103,7 +103,7 @@ def test_status_of_an_unknown_job_is_a_one_line_error(tmp_path):
     submitter = DryRunSubmitter(tmp_path)
     with pytest.raises(SubmissionError, match=r"dry run 'retrain-nope': not recorded under .*dry-runs"):
         submitter.status("retrain-nope")
-    with pytest.raises(SubmissionError, match=r"job name '\.\./etc': expected letters"):
+    with pytest.raises(SubmissionError, match=r"job name '\.\./etc': expected 1-255 letters, digits"):
         submitter.status("../etc")
 
 

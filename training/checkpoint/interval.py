@@ -20,12 +20,11 @@ when to save.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from core.errors import InputError
-from core.spot import IntervalInputs, checkpoint_interval
+from core.spot import IntervalInputs, checkpoint_interval, is_finite_number
 from training.engine.config import DEFAULT_CHECKPOINT_EVERY_SECONDS
 
 # The first save of an attempt allocates the staging buffers (pinned host memory on a GPU node) and opens
@@ -49,7 +48,7 @@ RULE_FALLBACK = "fallback"
 
 
 def _measured(value: object, what: str) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+    if not is_finite_number(value) or value < 0:
         raise InputError(f"{what} {value!r}: expected a measured number of seconds >= 0")
     return float(value)
 
@@ -70,17 +69,7 @@ class IntervalChoice:
 
     def fields(self) -> dict[str, Any]:
         """JSON-ready: the progress event's fields and the attempt's entry in metadata.json."""
-        return {
-            "interval_seconds": self.interval_seconds,
-            "rule": self.rule,
-            "cost_seconds": self.cost_seconds,
-            "write_seconds": self.write_seconds,
-            "mtbe_hours": self.mtbe_hours,
-            "young_seconds": self.young_seconds,
-            "daly_seconds": self.daly_seconds,
-            "measured_saves": self.measured_saves,
-            "failed_saves": self.failed_saves,
-        }
+        return asdict(self)
 
     def metrics(self) -> dict[str, float]:
         """For experiment tracking. Metrics, not params: a resumed run continues the same MLflow run, whose
