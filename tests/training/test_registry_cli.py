@@ -54,7 +54,7 @@ def test_every_version_carries_its_lineage_as_tags(harness: Harness):
         tags.DATA_DIR: str(harness.data.resolve()),
         tags.TASK_REF: "tabular",
         tags.TASK_NAME: "tabular",
-        tags.TASK_OPTIONS: '{"hidden_width": 128}',  # as given to the training: the rest are defaults
+        tags.TASK_OPTIONS: '{"hidden_width":128}',  # as given to the training: the rest are defaults
         tags.TASK_FILE_SHA256: "none",
         tags.GATE_ACCEPTED: "true",
         tags.GATE_CHAMPION: "2",
