@@ -14,7 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import QuickPipeline, QuickRequest, pinned_request, write_quick_pipeline
+from helpers.components.quick_pipeline import QuickPipeline, QuickRequest, write_quick_pipeline
+from helpers.components.run_requests import pinned_request
 
 from components.checkpoint_key import checkpoint_key
 from components.errors import SubmissionError

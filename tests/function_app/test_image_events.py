@@ -10,8 +10,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-import corpus
 import pytest
+from helpers.function_app import corpus
 from test_models import IMAGE, TABULAR, served_environ, write_model
 
 from components.data_version import DataError, DataManifest, check_pinned

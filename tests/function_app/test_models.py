@@ -9,9 +9,9 @@ import random
 from datetime import UTC, datetime
 from pathlib import Path
 
-import corpus
 import pytest
-from conftest import app_settings
+from helpers.function_app import corpus
+from helpers.function_app.front_door_settings import app_settings
 
 from function_app.events.drift_alerts import parse_drift_alert
 from function_app.events.http_retrain import HttpRejection, parse_http_retrain
