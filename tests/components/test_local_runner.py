@@ -1,6 +1,7 @@
 """The local runner on a pipeline of quick steps: order, reuse, failure, preemption and restarts.
 
-Every step is a real process running its component's real command line (conftest.JOB_SCRIPT).
+Every step is a real process running its component's real command line (JOB_SCRIPT in
+tests/helpers/components/quick_pipeline.py).
 """
 
 from __future__ import annotations
