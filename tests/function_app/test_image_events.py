@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers.function_app import corpus
-from test_models import IMAGE, TABULAR, served_environ, write_model
+from helpers.function_app.served_models import IMAGE, TABULAR, served_environ, write_model
 
 from components.data_version import DataError, DataManifest, check_pinned
 from components.errors import ConfigError
