@@ -9,7 +9,7 @@ import pytest
 import yaml
 from azure.ai.ml.entities._load_functions import load_schedule  # azure.ai.ml does not re-export it
 from azure.storage.blob import ContainerClient
-from azure_fakes import WORKSPACE_LOCK, RecordingWorkspace
+from helpers.components.azure_fakes import WORKSPACE_LOCK, RecordingWorkspace
 
 from components.azureml.workspace import DatastoreRecord, WorkspaceRef
 from components.cli_azure import Connectors, register_commands

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from azure_fakes import RecordingWorkspace
+from helpers.components.azure_fakes import RecordingWorkspace
 
 from components.azureml.data_assets import build_data_asset, data_asset_reference, register_data_asset
 from components.azureml.workspace import AssetRecord

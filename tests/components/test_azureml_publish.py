@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from azure_fakes import RecordingWorkspace
+from helpers.components.azure_fakes import RecordingWorkspace
 
 from components.azureml.publish import component_files, environment_reference, publish
 from components.errors import SpecError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from azure_fakes import A100_FAMILY, standard_computes, standard_sizes, standard_usages
+from helpers.components.azure_fakes import A100_FAMILY, standard_computes, standard_sizes, standard_usages
 
 from components.azureml.quota import check_quota, quota_rows
 from components.azureml.workspace import UsageRecord

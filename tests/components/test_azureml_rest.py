@@ -2,8 +2,8 @@
 
 `MLClientWorkspace` is the production one: it builds `MLClient` on the public cloud, which sends real HTTPS
 requests to management.azure.com and the workspace's blob storage; the process's HTTPS proxy is the stand-in
-(tests/components/loopback_arm.py), which answers as Azure ML's REST API documents (loopback_azureml.py) and
-relays blob requests to Azurite. Only the AAD token is faked on this side.
+(tests/helpers/components/loopback_arm.py), which answers as Azure ML's REST API documents
+(loopback_azureml.py beside it) and relays blob requests to Azurite. Only the AAD token is faked on this side.
 
 Every ARM request a test records must match exactly one row of ROUTES (method, path template, api-version):
 the operation as Azure's REST specification (github.com/Azure/azure-rest-api-specs) documents it for the
@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 
 import pytest
-from loopback_arm import ARM_HOST, AzureStandIn, FixedToken
-from loopback_azureml import BlobAccount, WorkspaceFarSide
+from helpers.components.loopback_arm import ARM_HOST, AzureStandIn, FixedToken
+from helpers.components.loopback_azureml import BlobAccount, WorkspaceFarSide
 
 from components.azureml.publish import publish
 from components.azureml.schedule import build_schedule, create_schedule, scheduled_checkpoints_path

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from azure_fakes import RecordingWorkspace
+from helpers.components.azure_fakes import RecordingWorkspace
 
 from components.azureml.schedule import (
     build_schedule,

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from azure_fakes import WORKSPACE_LOCK, RecordingWorkspace
+from helpers.components.azure_fakes import WORKSPACE_LOCK, RecordingWorkspace
 
 from components.azureml.fallback import PREEMPTION_TAG, FallbackPolicy
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings, submission_status

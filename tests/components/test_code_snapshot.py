@@ -7,8 +7,8 @@ import json
 from pathlib import Path, PurePosixPath
 
 import pytest
-from azure_fakes import RecordingWorkspace
-from conftest import write_task_file
+from helpers.components.azure_fakes import RecordingWorkspace
+from helpers.components.task_file import write_task_file
 
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings
 from components.builder import PipelineBuild, build_pipeline_job

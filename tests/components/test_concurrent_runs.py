@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SMALL_MODEL, QuickPipeline, QuickRequest, write_task_file
+from helpers.components.quick_pipeline import QuickPipeline, QuickRequest
+from helpers.components.run_requests import SMALL_MODEL
+from helpers.components.task_file import write_task_file
 
 from components.builder import PipelineBuild
 from components.checkpoint_key import checkpoint_key

@@ -2,7 +2,7 @@
 documented code and its own reason, evaluate and register never run, and no model version is registered.
 
 The loss goes wrong inside the real train step (torchrun and the worker), through a user's task whose
-loss becomes infinite at a chosen step (tests/training/diverging_task.py).
+loss becomes infinite at a chosen step (tests/helpers/training/diverging_task.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_MODEL, SMALL_TRAINING
+from helpers.components.run_requests import SMALL_MODEL, SMALL_TRAINING
 
 from components import cli_local
 from components.local import LocalStepFailed, RunStore
@@ -23,7 +23,7 @@ from components.model_config import MODELS_DIR_VARIABLE
 from components.request import CANCELED, COMPLETED, FAILED
 from components.specs import REPO_ROOT
 
-TASK = f"{REPO_ROOT / 'tests' / 'training' / 'diverging_task.py'}:DivergingTabular"
+TASK = f"{REPO_ROOT / 'tests' / 'helpers' / 'training' / 'diverging_task.py'}:DivergingTabular"
 
 
 def test_a_diverged_training_fails_the_run_at_train_and_registers_nothing(tmp_path, sample_raw):

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_MODEL, SMALL_TRAINING, copy_raw, pinned_request
+from helpers.components.run_requests import SMALL_MODEL, SMALL_TRAINING, copy_raw, pinned_request
 
 import retrain_cli
 from components import cli_local

@@ -1,6 +1,7 @@
 """The local runner on a pipeline of quick steps: order, reuse, failure, preemption and restarts.
 
-Every step is a real process running its component's real command line (conftest.JOB_SCRIPT).
+Every step is a real process running its component's real command line (JOB_SCRIPT in
+tests/helpers/components/quick_pipeline.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import QuickPipeline, QuickRequest, pinned_request, write_quick_pipeline
+from helpers.components.quick_pipeline import QuickPipeline, QuickRequest, write_quick_pipeline
+from helpers.components.run_requests import pinned_request
 
 from components.checkpoint_key import checkpoint_key
 from components.errors import SubmissionError

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import QuickPipeline, pinned_request
+from helpers.components.quick_pipeline import QuickPipeline
+from helpers.components.run_requests import pinned_request
 
 from components.local import RunStore
 from components.request import CANCELED, COMPLETED

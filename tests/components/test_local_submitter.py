@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import QuickPipeline, QuickRequest
+from helpers.components.quick_pipeline import QuickPipeline, QuickRequest
 
 from components import cli_local
 from components.data_version import DataError

@@ -11,7 +11,7 @@ import io
 from pathlib import Path
 
 import pytest
-from conftest import TASK_FILE, write_task_file
+from helpers.components.task_file import TASK_FILE, write_task_file
 
 from components import cli_azure, cli_local
 from components.errors import SubmissionError

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from run_harness import QUICK, retrain_run
+from helpers.components.run_harness import QUICK, retrain_run
 
 from components.model_config import MODELS_DIR_VARIABLE
 from components.specs import REPO_ROOT

@@ -5,7 +5,7 @@ Azurite containers; only the workspace is the recording fake."""
 from __future__ import annotations
 
 import pytest
-from azure_fakes import RecordingWorkspace
+from helpers.components.azure_fakes import RecordingWorkspace
 
 from components.azureml.workspace import DatastoreRecord
 from function_app.pinning import PinError, RegisteredSnapshot, listed_manifest

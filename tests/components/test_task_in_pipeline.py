@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TASK_FILE, write_task_file
+from helpers.components.task_file import TASK_FILE, write_task_file
 
 from components.data_version import snapshot_folder
 from components.errors import PipelineError, SubmissionError

@@ -13,7 +13,7 @@ import secrets
 from pathlib import Path
 
 import pytest
-from corpus import (
+from helpers.function_app.corpus import (
     ACCOUNT,
     CLOUD_EVENTS,
     CONTAINER,

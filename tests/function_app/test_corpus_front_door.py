@@ -7,7 +7,14 @@ import logging
 from pathlib import Path
 
 import pytest
-from corpus import ENVIRON, EVENT_CASES, FAKE_ACCOUNT_KEY, HTTP_CASES, EventCase, HttpCase
+from helpers.function_app.corpus import (
+    ENVIRON,
+    EVENT_CASES,
+    FAKE_ACCOUNT_KEY,
+    HTTP_CASES,
+    EventCase,
+    HttpCase,
+)
 
 from function_app.events.triggers import REJECTED
 from function_app.service import FrontDoor

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from azure.storage.blob import ContainerClient
-from conftest import app_settings
-from corpus import EVENT_GRID, PREFIX, blob_created
-from flush_harness import front_door
+from helpers.function_app.corpus import EVENT_GRID, PREFIX, blob_created
+from helpers.function_app.flush_harness import front_door
+from helpers.function_app.front_door_settings import app_settings
 
 from function_app.ledger.ledger import Ledger, open_ledger
 from function_app.ledger.store import QUARANTINE, BlobRecordStore, LocalRecordStore, quarantine_name

@@ -12,9 +12,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from conftest import app_settings
-from corpus import EVENT_GRID, PREFIX, blob_created, blob_url
-from flush_harness import JobBoard, flush_in_trials, front_door, run_to_death, run_together
+from helpers.function_app.corpus import EVENT_GRID, PREFIX, blob_created, blob_url
+from helpers.function_app.flush_harness import (
+    JobBoard,
+    flush_in_trials,
+    front_door,
+    run_to_death,
+    run_together,
+)
+from helpers.function_app.front_door_settings import app_settings
 
 from function_app.flush import STEPS
 from function_app.ledger.ledger import open_ledger

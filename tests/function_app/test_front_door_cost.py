@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from corpus import blob_created
+from helpers.function_app.corpus import blob_created
 
 from components.builder import DEFAULT_DATASTORE
 from components.dry_run import DryRunSubmitter

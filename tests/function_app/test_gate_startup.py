@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import app_settings
+from helpers.function_app.front_door_settings import app_settings
 
 from function_app.settings.app import AppSettings, SettingsError
 

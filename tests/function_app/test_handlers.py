@@ -12,7 +12,7 @@ import shutil
 import azure.functions as func
 import pytest
 from azure.functions.timer import TimerRequest
-from corpus import (
+from helpers.function_app.corpus import (
     BREACH_MESSAGE,
     CLOUD_EVENTS,
     ETAG,

@@ -9,8 +9,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import app_settings
-from corpus import EVENT_GRID, PREFIX, STORAGE_TOPIC, blob_created
+from helpers.function_app.corpus import EVENT_GRID, PREFIX, STORAGE_TOPIC, blob_created
+from helpers.function_app.front_door_settings import app_settings
 
 from function_app.events.triggers import SUBMITTED
 from function_app.settings.app import AppSettings

@@ -10,9 +10,9 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-import corpus
 import pytest
-from test_models import IMAGE, TABULAR, served_environ, write_model
+from helpers.function_app import corpus
+from helpers.function_app.served_models import IMAGE, TABULAR, served_environ, write_model
 
 from components.data_version import DataError, DataManifest, check_pinned
 from components.errors import ConfigError

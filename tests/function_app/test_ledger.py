@@ -13,8 +13,16 @@ from datetime import timedelta
 
 import pytest
 from azure.storage.blob import ContainerClient
-from corpus import ETAG, PREFIX, blob_created
-from ledger_harness import MODEL, SETTINGS, T0, blob_request, blob_url, drift_request, http_request
+from helpers.function_app.corpus import ETAG, PREFIX, blob_created
+from helpers.function_app.ledger_harness import (
+    MODEL,
+    SETTINGS,
+    T0,
+    blob_request,
+    blob_url,
+    drift_request,
+    http_request,
+)
 
 from components.request import COMPLETED, FAILED, QUEUED, RUNNING
 from function_app.events.triggers import DEBOUNCED, DUPLICATE, KIND_BLOB, REJECTED, SUBMITTED, TriggerRequest

@@ -20,10 +20,10 @@ from pathlib import Path
 import psutil
 import pytest
 from azure.storage.blob import BlobLeaseClient
-from conftest import app_settings
-from corpus import EVENT_GRID, PREFIX, blob_created
-from flush_harness import JobBoard
-from liveness_harness import flush, front_door, gate_of, write_pipeline
+from helpers.function_app.corpus import EVENT_GRID, PREFIX, blob_created
+from helpers.function_app.flush_harness import JobBoard
+from helpers.function_app.front_door_settings import app_settings
+from helpers.function_app.liveness_harness import flush, front_door, gate_of, write_pipeline
 
 from components.errors import JobNotFound
 from components.local.cache import STAGING_PREFIX

@@ -9,9 +9,10 @@ import random
 from datetime import UTC, datetime
 from pathlib import Path
 
-import corpus
 import pytest
-from conftest import app_settings
+from helpers.function_app import corpus
+from helpers.function_app.front_door_settings import app_settings
+from helpers.function_app.served_models import IMAGE, TABULAR, served_environ, write_model
 
 from function_app.events.drift_alerts import parse_drift_alert
 from function_app.events.http_retrain import HttpRejection, parse_http_retrain
@@ -22,24 +23,7 @@ from function_app.settings.app import AppSettings, SettingsError
 from function_app.wiring import build_front_door
 
 NOW = datetime(2026, 11, 29, 10, 42, tzinfo=UTC)
-TABULAR, IMAGE = 'ref = "tabular"', 'ref = "image"'
 NO_ACCOUNT = {"RETRAIN_BLOB_ACCOUNT": "", "RETRAIN_BLOB_CONTAINER": ""}  # empty: unset
-
-
-def write_model(folder: Path, name: str, task: str = TABULAR, trigger: str = "") -> Path:
-    """A minimal configuration file models/<name>.toml: a task and a [trigger] table."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.toml"
-    path.write_text(f"[task]\n{task}\n\n[trigger]\n{trigger}\n")
-    return path
-
-
-def served_environ(home: Path, models: str, **overrides: str) -> dict[str, str]:
-    """The corpus's app settings, serving `models` from home/models instead of RETRAIN_MODEL_NAME."""
-    environ = app_settings(home, RETRAIN_MODELS=models, RETRAIN_MODELS_DIR=str(home / "models"), **overrides)
-    for single in ("RETRAIN_MODEL_NAME", "RETRAIN_BLOB_PREFIX"):
-        environ.pop(single)
-    return environ
 
 
 @pytest.fixture

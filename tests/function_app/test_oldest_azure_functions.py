@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from corpus import ACCOUNT, CONTAINER
-from microsoft_samples import (
+from helpers.function_app.corpus import ACCOUNT, CONTAINER
+from helpers.function_app.microsoft_samples import (
     BLOB_CREATED_CLOUD_EVENT,
     BLOB_CREATED_EVENT_GRID,
     CLOUD_EVENT_BLOB,
@@ -21,8 +21,8 @@ from microsoft_samples import (
     RUN_STATUS_CHANGED,
 )
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = ROOT / "tests" / "helpers" / "function_app" / "host_library_harness.py"
 OLDEST = ROOT / ".azure-functions-oldest"
 PIN = ROOT / "requirements-azure-functions-oldest.txt"
 BLOB, DRIFT = "on_blob_created", "on_drift_alert"
@@ -52,11 +52,13 @@ def test_the_event_grid_functions_decide_microsofts_samples_on_the_oldest_librar
         (DRIFT, RUN_STATUS_CHANGED),
         (DRIFT, _monitored(RUN_STATUS_CHANGED)),
     ]
-    path = os.pathsep.join([str(OLDEST), str(ROOT), str(HERE)])  # ahead of the venv's azure-functions
+    path = os.pathsep.join(
+        [str(OLDEST), str(ROOT), str(HARNESS.parent)]
+    )  # ahead of the venv's azure-functions
     env = {**os.environ, **app_settings(tmp_path / "home", **WAITING), "PYTHONPATH": path}
 
     done = subprocess.run(
-        [sys.executable, str(HERE / "host_library_harness.py")],
+        [sys.executable, str(HARNESS)],
         input=json.dumps(deliveries),
         env=env,
         capture_output=True,

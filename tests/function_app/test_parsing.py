@@ -10,9 +10,9 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-import corpus
 import pytest
-from corpus import CLOUD_EVENTS, DROP, EVENT_GRID
+from helpers.function_app import corpus
+from helpers.function_app.corpus import CLOUD_EVENTS, DROP, EVENT_GRID
 
 from components.blob_snapshot import manifest_of_blob_prefix
 from function_app.events.http_retrain import HttpRejection

@@ -9,7 +9,15 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from ledger_harness import MODEL, SETTINGS, T0, blob_request, blob_url, drift_request, http_request
+from helpers.function_app.ledger_harness import (
+    MODEL,
+    SETTINGS,
+    T0,
+    blob_request,
+    blob_url,
+    drift_request,
+    http_request,
+)
 
 from components.request import CANCELED, COMPLETED, FAILED, RUNNING
 from function_app.events.triggers import (

@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 from azure.core.exceptions import ServiceRequestError
 from azure.storage.blob import BlobLeaseClient, ContainerClient
-from ledger_harness import CREATE_ROUNDS, RESULT_TIMEOUT_S, create_in_process, hold_in_process, run_processes
+from helpers.function_app.ledger_harness import (
+    CREATE_ROUNDS,
+    RESULT_TIMEOUT_S,
+    create_in_process,
+    hold_in_process,
+    run_processes,
+)
 
 from core.storage import blob
 from core.storage.records import UNREADABLE, Listed

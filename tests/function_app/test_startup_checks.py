@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from corpus import blob_created
+from helpers.function_app.corpus import blob_created
 
 from function_app import runtime
 from function_app.local.cli import register_commands

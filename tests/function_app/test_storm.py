@@ -23,7 +23,14 @@ from typing import Any
 
 import pytest
 from azure.core.exceptions import AzureError
-from corpus import CLOUD_EVENTS, EVENT_GRID, PREFIX, blob_created, blob_url, retrain_drift_detected
+from helpers.function_app.corpus import (
+    CLOUD_EVENTS,
+    EVENT_GRID,
+    PREFIX,
+    blob_created,
+    blob_url,
+    retrain_drift_detected,
+)
 
 from function_app.events.triggers import DECISIONS, KIND_BLOB, KIND_DRIFT, KIND_HTTP
 from function_app.ledger.records import LedgerBusyError

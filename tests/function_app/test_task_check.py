@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import corpus
-from conftest import app_settings
+from helpers.function_app import corpus
+from helpers.function_app.front_door_settings import app_settings
 
 from components.preflight import RecordedPreflight, SubprocessPreflight
 from components.run_settings import RunSettings

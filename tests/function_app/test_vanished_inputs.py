@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from conftest import app_settings
-from corpus import PREFIX
-from flush_harness import JobBoard, front_door
+from helpers.function_app.corpus import PREFIX
+from helpers.function_app.flush_harness import JobBoard, front_door
+from helpers.function_app.front_door_settings import app_settings
 
 from components.data_version import DataManifest
 from function_app.flush import DROPPED

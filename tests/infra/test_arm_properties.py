@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 
 import pytest
-from arm_check import check_file
-from bicep_source import parse_bicep
-from infra_paths import VALID_FIXTURES, ids, infra_bicep_files
+from helpers.infra.arm_check import check_file
+from helpers.infra.bicep_source import parse_bicep
+from helpers.infra.infra_paths import VALID_FIXTURES, ids, infra_bicep_files
 
 
 def findings_in(text: str, tmp_path: Path) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bicep_source import BicepParseError, parse_bicep
-from infra_paths import INFRA, VALID_FIXTURES, ids, infra_bicep_files
+from helpers.infra.bicep_source import BicepParseError, parse_bicep
+from helpers.infra.infra_paths import INFRA, VALID_FIXTURES, ids, infra_bicep_files
 
 
 def test_the_deployment_has_its_azd_entry_point() -> None:

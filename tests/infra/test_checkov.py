@@ -10,14 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from checkov_run import (
+from helpers.infra.checkov_run import (
     CONFIG_FILE_NAMES,
     CheckovReport,
     checkov_parse_error,
     run_checkov,
     skips_without_reason,
 )
-from infra_paths import FIXTURES, INFRA, REPO_ROOT, infra_bicep_files
+from helpers.infra.infra_paths import FIXTURES, INFRA, REPO_ROOT, infra_bicep_files
 
 
 @pytest.fixture(scope="module")

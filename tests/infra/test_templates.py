@@ -1,4 +1,5 @@
-"""infra/ agrees with the code (tests/infra/bicep_checks.py), and each check fails on a planted defect."""
+"""infra/ agrees with the code (tests/helpers/infra/bicep_checks.py), and each check fails on a planted
+defect."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from bicep_checks import (
+from helpers.infra.bicep_checks import (
     REPO_ROOT,
     check_app_settings,
     check_computes,

@@ -4,32 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
+from helpers.training.small_run import NO_TRACKING, train_arguments
+from helpers.training.training_process import kill_process_tree
 
 from core.files import write_atomically
 from core.storage.local import exclusive_file_lock
-from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
 from training.engine.supervise import TrainingProcess
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches
 from training.tasks.tabular.schema import Manifest
-
-# A small model and two short epochs: 1421 training rows / 32 = 44 steps per epoch, 88 steps in all, room
-# for two kills mid-interval and mid-epoch (checkpoints every 10 steps) and a restart.
-STEPS_PER_EPOCH = 44
-TOTAL_STEPS = 2 * STEPS_PER_EPOCH
-SMALL_RUN = [
-    "--epochs", "2", "--global-batch-size", "32", "--task-option", "hidden_width=64", "--seed", "7",
-    "--checkpoint-every-steps", "10", "--checkpoint-every-seconds", "off", "--deterministic",
-]  # fmt: skip
-NO_TRACKING = ("--no-mlflow",)
 
 
 @pytest.fixture(scope="session")
@@ -38,44 +26,6 @@ def prepared_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_sample_batches(root / "raw", batches=4)
     prepare(root / "raw", root / "prepared")
     return root / "prepared"
-
-
-def is_step(at_least: int) -> Callable[[dict], bool]:
-    return lambda event: event["event"] == "step" and event["step"] >= at_least
-
-
-def is_checkpoint(step: int) -> Callable[[dict], bool]:
-    return lambda event: event["event"] == "checkpoint" and event["step"] == step
-
-
-def resumed_event(process: TrainingProcess) -> dict:
-    return next(event for event in process.events_seen if event["event"] == "resumed")
-
-
-def newest_record(checkpoints: str) -> CheckpointRecord:
-    store = LocalCheckpointStore(Path(checkpoints))
-    name = committed_checkpoints(store.names())[0]
-    return CheckpointRecord.from_bytes(store.read(name + RECORD_SUFFIX), name)
-
-
-def train_arguments(data: Path, out: Path, checkpoints: str | Path, nproc: int) -> list[str]:
-    """`retrain train` arguments for the small run."""
-    locations = ["--data", str(data), "--out", str(out), "--checkpoints", str(checkpoints)]
-    return ["--nproc", str(nproc), *locations, *SMALL_RUN]
-
-
-def read_metadata(out: Path) -> dict:
-    return json.loads((out / "metadata.json").read_text())
-
-
-def kill_process_tree(process: TrainingProcess) -> None:
-    """SIGKILL the launcher, torchrun and every worker at once, as losing the node would."""
-    root = psutil.Process(process.pid)
-    everyone = [root, *root.children(recursive=True)]
-    for member in everyone:
-        member.send_signal(signal.SIGKILL)
-    psutil.wait_procs(everyone)
-    process.process.wait()
 
 
 @dataclass
@@ -157,5 +107,6 @@ def prepared(sample_raw, tmp_path_factory) -> tuple[Manifest, Path]:
 
 @pytest.fixture(scope="session")
 def trained_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the registry tests' untracked models are trained once per session (registry_harness.py)."""
+    """Where the registry tests' untracked models are trained once per session
+    (tests/helpers/training/registry_harness.py)."""
     return tmp_path_factory.mktemp("trained-models")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from azure.storage.blob import ContainerClient
-from conftest import NO_TRACKING, SMALL_RUN, STEPS_PER_EPOCH
+from helpers.training.small_run import NO_TRACKING, SMALL_RUN, STEPS_PER_EPOCH
 
 from core.errors import CheckpointError
 from training.checkpoint.blob_store import BlobCheckpointStore

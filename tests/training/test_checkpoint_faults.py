@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from azure.storage.blob import ContainerClient
-from filling_disk import FillingStore, can_mount, fill_up, obey_file_modes_as_root, tmpfs
+from helpers.training.filling_disk import FillingStore, can_mount, fill_up, obey_file_modes_as_root, tmpfs
 
 from core.errors import CheckpointError
 from training.checkpoint.blob_store import BlobCheckpointStore

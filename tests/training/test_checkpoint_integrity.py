@@ -8,15 +8,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import (
-    is_checkpoint,
-    is_step,
-    kill_process_tree,
-    newest_record,
-    read_metadata,
-    resumed_event,
-    train_arguments,
-)
+from helpers.training.run_outputs import newest_record, read_metadata
+from helpers.training.small_run import train_arguments
+from helpers.training.training_process import is_checkpoint, is_step, kill_process_tree, resumed_event
 
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import committed_checkpoints

@@ -24,7 +24,9 @@ from typing import Any
 
 import pytest
 from azure.storage.blob import BlobLeaseClient, ContainerClient
-from conftest import NO_TRACKING, TOTAL_STEPS, is_checkpoint, read_metadata, train_arguments
+from helpers.training.run_outputs import read_metadata
+from helpers.training.small_run import NO_TRACKING, TOTAL_STEPS, train_arguments
+from helpers.training.training_process import is_checkpoint
 
 from core.errors import CheckpointError
 from core.storage.leases import LeaseRenewal

@@ -36,7 +36,7 @@ from training.checkpoint.store import (
 from training.checkpoint.stores import CONNECTION_STRING_VARIABLE, open_checkpoint_store
 
 if TYPE_CHECKING:
-    from tests.conftest import Azurite
+    from helpers.azurite import Azurite
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

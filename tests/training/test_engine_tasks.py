@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from test_tabular_task import SPECIES, write_iris
+from helpers.training.iris import SPECIES, write_iris
 
 from core.errors import InputError
 from training.cli import main

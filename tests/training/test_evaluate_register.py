@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NO_TRACKING, SMALL_RUN
+from helpers.training.small_run import NO_TRACKING, SMALL_RUN
 
 from core.errors import InputError
 from training.cli import main

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from image_harness import isolated_environ, prepared_image_folder, run_retrain
+from helpers.training.image_harness import isolated_environ, prepared_image_folder, run_retrain
 from mlflow.tracking import MlflowClient
 
 from training.drift.check import DriftPolicy

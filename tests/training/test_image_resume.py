@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import kill_process_tree, newest_record, read_metadata, resumed_event
-from image_harness import isolated_environ, prepared_image_folder
+from helpers.training.image_harness import isolated_environ, prepared_image_folder
+from helpers.training.run_outputs import newest_record, read_metadata
+from helpers.training.training_process import kill_process_tree, resumed_event
 
 from training.checkpoint.records import REASON_INTERVAL, CheckpointRecord
 from training.engine.supervise import Event, TrainingProcess

@@ -1,7 +1,7 @@
 """A loss made non-finite inside training stops it with the documented code (issue 14, item 4).
 
-The loss goes wrong inside a real training, through a user's task (tests/training/diverging_task.py), at a
-step where an interval save is due: the agreed verdict on that step arrives only one step later, and the
+The loss goes wrong inside a real training, through a user's task (tests/helpers/training/diverging_task.py),
+at a step where an interval save is due: the agreed verdict on that step arrives only one step later, and the
 save must not wait for it to keep poisoned state out of the checkpoints.
 """
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NO_TRACKING, newest_record, train_arguments
+from helpers.training.run_outputs import newest_record
+from helpers.training.small_run import NO_TRACKING, train_arguments
 
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
@@ -24,7 +25,7 @@ from training.engine.train_args import add_train_arguments, config_from_args
 from training.engine.trainer import DIVERGED, Trainer
 from training.tasks.loader import load_task
 
-TASK = str(Path(__file__).with_name("diverging_task.py")) + ":DivergingTabular"
+TASK = str(Path(__file__).parents[1] / "helpers" / "training" / "diverging_task.py") + ":DivergingTabular"
 
 
 def diverging(at_step: int, *options: str, epochs: int = 3) -> list[str]:

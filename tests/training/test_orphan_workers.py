@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
-from conftest import is_step, newest_record, read_metadata, resumed_event
+from helpers.training.run_outputs import newest_record, read_metadata
+from helpers.training.training_process import is_step, resumed_event
 
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from test_tabular_task import IRIS_COLUMNS, iris_task, write_iris
+from helpers.training.iris import IRIS_COLUMNS, iris_task, write_iris
 
 from training.data.splits import SplitFractions
 from training.tasks.tabular.raw_files import header_columns

@@ -19,9 +19,9 @@ import mlflow.pyfunc
 import pandas as pd
 import pytest
 import yaml
+from helpers.training.model_server import invoke, mlflow_models_serve
+from helpers.training.registry_harness import MODELS, Harness, build_harness, evaluation_document
 from mlflow.exceptions import MlflowException
-from model_server import invoke, mlflow_models_serve
-from registry_harness import MODELS, Harness, build_harness, evaluation_document
 
 from training.gate import lineage as tags
 from training.gate.evaluate import EVALUATION_FILE, load_trained_model

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from registry_harness import RAW_VERSION, Harness, build_harness
+from helpers.training.registry_harness import RAW_VERSION, Harness, build_harness
 
 from training.cli import main
 from training.gate import lineage as tags

@@ -11,7 +11,6 @@ alone would become the champion), then are released together to register it: exa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -20,7 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from registry_harness import RAW_VERSION, Harness
+from helpers.components.azure_fakes import RecordingWorkspace
+from helpers.training.registry_harness import RAW_VERSION, Harness
 
 from components.azureml.submitter import AzureMLSubmitter
 from components.azureml.workspace import DatastoreRecord
@@ -29,20 +29,8 @@ from training.gate.register import REGISTRATION_FILE
 from training.gate.registry import CHAMPION
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NODE = Path(__file__).with_name("registry_node.py")
+NODE = REPO_ROOT / "tests" / "helpers" / "training" / "registry_node.py"
 TRIALS = 10
-
-
-def _azure_fakes():
-    """The one fake of the Azure side, tests/components/azure_fakes.py (not on this folder's import path)."""
-    if "azure_fakes" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "azure_fakes", REPO_ROOT / "tests/components/azure_fakes.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["azure_fakes"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["azure_fakes"]
 
 
 def pipeline_lock(azurite, container: str) -> str:
@@ -50,7 +38,7 @@ def pipeline_lock(azurite, container: str) -> str:
     datastore = DatastoreRecord(
         "workspaceblobstore", azurite.account, container, blob_endpoint=azurite.blob_endpoint
     )
-    workspace = _azure_fakes().RecordingWorkspace(datastores={"workspaceblobstore": datastore})
+    workspace = RecordingWorkspace(datastores={"workspaceblobstore": datastore})
     request = RunRequest(model_name="race", data=DataRef(RAW_VERSION, f"azureml:race-raw:{RAW_VERSION}"))
     AzureMLSubmitter(workspace).submit(request)
     (job,) = workspace.sent

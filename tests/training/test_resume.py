@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import signal
 
-from conftest import (
-    STEPS_PER_EPOCH,
-    TOTAL_STEPS,
-    is_step,
-    kill_process_tree,
-    newest_record,
-    read_metadata,
-    resumed_event,
-)
+from helpers.training.run_outputs import newest_record, read_metadata
+from helpers.training.small_run import STEPS_PER_EPOCH, TOTAL_STEPS
+from helpers.training.training_process import is_step, kill_process_tree, resumed_event
 
 from training.engine.preemption import PREEMPTED_EXIT_CODE
 

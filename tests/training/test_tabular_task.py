@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers.training.iris import IRIS_COLUMNS, SPECIES, iris_task, write_iris
 
 from core.errors import InputError
 from training.data.splits import SplitFractions
@@ -19,30 +19,6 @@ from training.tasks.loader import load_task
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.schema import DERIVED_KEY_COLUMN, DIGITS_SCHEMA, read_manifest
 from training.tasks.tabular.task import DIGITS_OPTIONS, TabularTask
-
-IRIS_COLUMNS = ["sepal_length", "sepal_width", "petal_length", "petal_width", "species"]
-SPECIES = ["setosa", "versicolor", "virginica"]
-IRIS_TEXT = {"label_column": "species", "key_column": None, "classes": SPECIES}
-
-
-def write_iris(raw: Path, *, text_labels: bool = True, name: str = "iris.csv") -> Path:
-    """`raw` with the iris data set as one raw CSV: four measurements and the species, as names or as
-    integers."""
-    from sklearn.datasets import load_iris
-
-    iris = load_iris()
-    raw.mkdir(parents=True, exist_ok=True)
-    path = raw / name
-    with path.open("w", newline="") as stream:
-        writer = csv.writer(stream)
-        writer.writerow(IRIS_COLUMNS)
-        for features, target in zip(iris.data, iris.target, strict=True):
-            writer.writerow([*features, SPECIES[target] if text_labels else int(target)])
-    return raw
-
-
-def iris_task(**options) -> TabularTask:
-    return load_task("tabular", {**IRIS_TEXT, "hidden_width": 32, **options})
 
 
 def test_the_builtin_is_a_complete_task_with_directed_metrics():

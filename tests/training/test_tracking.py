@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import signal
 
-from conftest import STEPS_PER_EPOCH, is_step, read_metadata
+from helpers.training.run_outputs import read_metadata
+from helpers.training.small_run import STEPS_PER_EPOCH
+from helpers.training.training_process import is_step
 from mlflow.tracking import MlflowClient
 
 from training.engine.preemption import PREEMPTED_EXIT_CODE

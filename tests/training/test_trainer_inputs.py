@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import NO_TRACKING, SMALL_RUN
+from helpers.training.small_run import NO_TRACKING, SMALL_RUN
 
 from training.cli import main
 from training.tasks.tabular.prepare import prepare

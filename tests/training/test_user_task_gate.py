@@ -1,5 +1,6 @@
-"""A user's own task end to end through the step commands: a regression (tests/training/regression_task.py,
-written from the task contract alone) whose primary metric, mse, is lower-is-better.
+"""A user's own task end to end through the step commands: a regression
+(tests/helpers/training/regression_task.py, written from the task contract alone) whose primary metric, mse,
+is lower-is-better.
 
 The gate reads the direction from the task: a first model becomes the champion, a worse one (higher mse)
 is refused, a better one promoted. The champion then serves and drifts with the task file shipped in the
@@ -16,7 +17,7 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import pytest
-from regression_task import write_sample
+from helpers.training.regression_task import write_sample
 
 from training.cli import main
 from training.drift.cli import REPORT_FILE
@@ -26,7 +27,7 @@ from training.gate.register import REGISTRATION_FILE
 from training.gate.registry import CHAMPION, PREVIOUS, MlflowStore, ModelRegistry
 from training.gate.serving import predict
 
-TASK_SOURCE = Path(__file__).with_name("regression_task.py")
+TASK_SOURCE = Path(__file__).parents[1] / "helpers" / "training" / "regression_task.py"
 MODEL = "house-prices"
 # Epochs give a clear ranking (validation mse about 1.5, 0.3 and 0.007 on the sample).
 CANDIDATES = {"worse": "2", "first": "4", "better": "20"}

@@ -14,7 +14,7 @@ from training.engine import worker
 from training.engine.failure_report import ELASTIC_ERROR_FILE_VARIABLE, read_report
 from training.engine.preemption import LAUNCH_ID_VARIABLE
 
-TASKS = Path(__file__).parent / "broken_tasks.py"
+TASKS = Path(__file__).parents[1] / "helpers" / "training" / "broken_tasks.py"
 NO_TRACEBACK = ("Traceback", "ChildFailedError")
 
 

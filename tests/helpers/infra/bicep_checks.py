@@ -21,7 +21,7 @@ from function_app.events.blob_created import COMMIT_APIS
 from function_app.settings.app import AZUREML, AppSettings, SettingsError
 from infra.event_routing import REGENERATE, event_routing
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 COMPUTE_DIR = REPO_ROOT / "components" / "compute"
 # The front door's code, whose string constants name the settings it reads (the README's configuration
 # table is held equal to the same code by tests/function_app/test_settings_docs.py).

@@ -174,7 +174,7 @@ def model_for(resource_type: str, api_version: str) -> ObjectSchema:
         known = ", ".join(sorted(RESOURCE_MODELS))
         raise UnmodelledResource(
             f"resource type {resource_type} has no REST model here; the modelled types are: {known} "
-            "(add it to RESOURCE_MODELS in tests/infra/arm_models.py with its azure-mgmt package)"
+            "(add it to RESOURCE_MODELS in tests/helpers/infra/arm_models.py with its azure-mgmt package)"
         )
     distribution, package, body_model = entry
     modules = _models_by_api_version(package)

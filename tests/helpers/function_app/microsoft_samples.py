@@ -12,7 +12,7 @@ name under the served prefix. Nothing else, not even the documents' `{subscripti
 
 from __future__ import annotations
 
-from corpus import ACCOUNT, CONTAINER, PREFIX
+from helpers.function_app.corpus import ACCOUNT, CONTAINER, PREFIX
 
 # One blob name per schema (both documents name `new-file.txt`): two uploads, not one upload delivered twice.
 EVENT_GRID_BLOB, CLOUD_EVENT_BLOB = f"{PREFIX}/new-file.csv", f"{PREFIX}/new-file-2.csv"

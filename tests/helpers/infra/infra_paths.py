@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 INFRA = REPO_ROOT / "infra"
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = REPO_ROOT / "tests" / "infra" / "fixtures"
 VALID_FIXTURES = sorted((FIXTURES / "valid").glob("*.bicep"))
 
 

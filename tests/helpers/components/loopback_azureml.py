@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from loopback_arm import ARM_HOST, BLOB_SUFFIX, ML_PROVIDER, Response, Sent, arm_error
+from helpers.components.loopback_arm import ARM_HOST, BLOB_SUFFIX, ML_PROVIDER, Response, Sent, arm_error
 
 LOCATION = "westeurope"
 _HOP_HEADERS = {"connection", "date", "keep-alive", "server", "transfer-encoding"}

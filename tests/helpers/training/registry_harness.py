@@ -8,9 +8,9 @@ import json
 import shutil
 from pathlib import Path
 
-from conftest import SMALL_RUN
 from mlflow.tracking import MlflowClient
 
+from helpers.training.small_run import SMALL_RUN
 from training.cli import main
 from training.engine.outputs import scores
 from training.gate.evaluate import EVALUATION_FILE, load_trained_model

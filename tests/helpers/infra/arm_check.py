@@ -13,8 +13,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from arm_models import DictOf, ListOf, ObjectSchema, Scalar, Schema, UnmodelledResource, model_for, resolve
-from bicep_source import BICEP_ONLY_KEYS, BicepFile, BicepResource
+from helpers.infra.arm_models import (
+    DictOf,
+    ListOf,
+    ObjectSchema,
+    Scalar,
+    Schema,
+    UnmodelledResource,
+    model_for,
+    resolve,
+)
+from helpers.infra.bicep_source import BICEP_ONLY_KEYS, BicepFile, BicepResource
 
 
 @dataclass(frozen=True)

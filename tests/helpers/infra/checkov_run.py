@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CHECKOV_VENV = REPO_ROOT / ".venv-checkov"
 CHECKOV = CHECKOV_VENV / "bin" / "checkov"
 CHECKOV_TIMEOUT_S = 240

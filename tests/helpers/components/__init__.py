@@ -1,0 +1,1 @@
+"""Helpers of the components tests: fakes of the Azure side, the quick pipeline, run requests, task files."""
