@@ -87,7 +87,8 @@ def test_without_an_amlignore_the_gitignore_applies_and_without_either_everythin
 @pytest.fixture
 def code_copy(tmp_path: Path) -> Path:
     root = tmp_path / "code"
-    shutil.copytree(REPO_ROOT / "training", root / "training")
+    for package in ("training", "core"):  # what .amlignore keeps
+        shutil.copytree(REPO_ROOT / package, root / package)
     shutil.copy(REPO_ROOT / ".amlignore", root / ".amlignore")
     return root
 

@@ -135,7 +135,8 @@ def test_changing_the_code_reruns_every_step_and_an_identical_copy_reuses_them(
     state, sample_raw, first_run, tmp_path
 ):
     code_root = tmp_path / "code"
-    shutil.copytree(REPO_ROOT / "training", code_root / "training")
+    for package in ("training", "core"):  # the steps' code snapshot (.amlignore)
+        shutil.copytree(REPO_ROOT / package, code_root / package)
     shutil.copy(REPO_ROOT / ".amlignore", code_root / ".amlignore")
     runner = LocalRunner(RunnerOptions(state_root=state, code_root=code_root), os.environ, io.StringIO())
     request = pinned_request(state, sample_raw, parameters=SMALL_TRAINING, task_options=SMALL_MODEL)
