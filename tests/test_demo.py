@@ -114,7 +114,7 @@ def test_the_alert_retrains_on_all_the_data_and_the_gate_promotes_the_better_mod
     listing = model_listing(ModelRegistry(resolve_store(None, {}, story[0].home)), "digits")
     assert listing["aliases"] == {"champion": "2", "previous": "1"}
     newest = listing["versions"][0]["lineage"]
-    assert (newest["trigger"]["kind"], newest["raw_version"]) == ("drift", second.data_version)
+    assert (newest["trigger"]["kind"], newest["raw_version"]) == ("drift", second.raw_version)
 
 
 def test_an_image_model_goes_through_the_same_engine_and_serves_uint8_images(story):
