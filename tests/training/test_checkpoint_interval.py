@@ -40,9 +40,9 @@ def test_the_measured_cost_gives_dalys_interval():
     # C = 0.5 s, M = 1 h: Young sqrt(2 * 0.5 * 3600) = 60 s; Daly 60 * (1 + (1/120)/3 + (1/14400)/9) - 0.5.
     choice = choose_interval(cost_seconds=0.5, write_seconds=3.0, mtbe_hours=1)
     assert choice.rule == RULE_DALY
-    assert choice.young_seconds == pytest.approx(60.0)
-    assert choice.interval_seconds == choice.daly_seconds == pytest.approx(59.5 + 1 / 6 + 1 / 2160)
-    assert (choice.cost_seconds, choice.write_seconds, choice.mtbe_hours) == (0.5, 3.0, 1)
+    assert choice.measured is not None and choice.measured.young_seconds == pytest.approx(60.0)
+    assert choice.interval_seconds == choice.measured.daly_seconds == pytest.approx(59.5 + 1 / 6 + 1 / 2160)
+    assert (choice.measured.cost_seconds, choice.measured.write_seconds, choice.mtbe_hours) == (0.5, 3.0, 1)
 
 
 def test_the_interval_is_never_shorter_than_twice_the_write():
@@ -50,13 +50,15 @@ def test_the_interval_is_never_shorter_than_twice_the_write():
     choice = choose_interval(cost_seconds=0.0005, write_seconds=2.0, mtbe_hours=0.1)
     assert choice.rule == RULE_WRITE_FLOOR
     assert choice.interval_seconds == 4.0
-    assert choice.young_seconds == pytest.approx(0.6) and choice.daly_seconds < 0.6
+    assert choice.measured is not None
+    assert choice.measured.young_seconds == pytest.approx(0.6) and choice.measured.daly_seconds < 0.6
 
 
 def test_a_stall_too_short_for_the_clock_still_gives_an_interval():
     choice = choose_interval(cost_seconds=0.0, write_seconds=0.0, mtbe_hours=1)
-    assert choice.cost_seconds == 0.0 and choice.rule == RULE_DALY
-    assert choice.young_seconds == pytest.approx(math.sqrt(2 * 1e-6 * 3600))  # the smallest cost counted
+    assert choice.measured is not None and choice.measured.cost_seconds == 0.0 and choice.rule == RULE_DALY
+    # the smallest cost counted
+    assert choice.measured.young_seconds == pytest.approx(math.sqrt(2 * 1e-6 * 3600))
 
 
 @pytest.mark.parametrize(
@@ -103,6 +105,9 @@ def test_failed_saves_are_retried_and_then_give_way_to_the_fallback():
         FALLBACK_INTERVAL_SECONDS,
         3,
     )
+    # The same flat keys as a measured choice's, the measurements null: metadata.json readers see one form.
+    assert choice.fields().keys() == choose_interval(0.5, 2.0, 1).fields().keys()
+    assert (choice.fields()["cost_seconds"], choice.fields()["measured_saves"]) == (None, 0)
     assert describe({"event": "checkpoint_interval", "step": 4, **choice.fields()}) == (
         "checkpoint interval 300 s (fallback): 3 measuring saves failed"
     )

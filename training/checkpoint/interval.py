@@ -21,6 +21,7 @@ when to save.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from core.errors import InputError
@@ -54,31 +55,43 @@ def _measured(value: object, what: str) -> float:
 
 
 @dataclass(frozen=True)
+class IntervalMeasurement:
+    """What the measuring saves cost (the slowest of each), and Young's and Daly's intervals for that cost."""
+
+    cost_seconds: float
+    write_seconds: float
+    young_seconds: float
+    daly_seconds: float
+
+
+# A fallback measured nothing that held: its event and metadata say so with nulls, under the same keys.
+_UNMEASURED = dict.fromkeys(field.name for field in dataclass_fields(IntervalMeasurement))
+
+
+@dataclass(frozen=True)
 class IntervalChoice:
-    """The interval an attempt saves at, and what it was chosen from (measurements are None on fallback)."""
+    """The interval an attempt saves at, the rule that chose it, and the measurement it was chosen from
+    (None on the fallback, so a choice is either measured throughout or not at all)."""
 
     interval_seconds: float
     rule: str
     mtbe_hours: float
-    cost_seconds: float | None = None
-    write_seconds: float | None = None
-    young_seconds: float | None = None
-    daly_seconds: float | None = None
+    measured: IntervalMeasurement | None = None
     measured_saves: int = 0
     failed_saves: int = 0
 
     def fields(self) -> dict[str, Any]:
-        """JSON-ready: the progress event's fields and the attempt's entry in metadata.json."""
-        return asdict(self)
+        """JSON-ready and flat: the progress event's fields and the attempt's entry in metadata.json."""
+        chosen = {name: value for name, value in vars(self).items() if name != "measured"}
+        return {**chosen, **(asdict(self.measured) if self.measured else _UNMEASURED)}
 
     def metrics(self) -> dict[str, float]:
         """For experiment tracking. Metrics, not params: a resumed run continues the same MLflow run, whose
         params cannot change, and every attempt measures and chooses anew."""
         metrics = {"checkpoint_interval_seconds": self.interval_seconds}
-        if self.cost_seconds is not None:
-            metrics["checkpoint_cost_seconds"] = self.cost_seconds
-        if self.write_seconds is not None:
-            metrics["checkpoint_measured_write_seconds"] = self.write_seconds
+        if self.measured is not None:
+            metrics["checkpoint_cost_seconds"] = self.measured.cost_seconds
+            metrics["checkpoint_measured_write_seconds"] = self.measured.write_seconds
         return metrics
 
 
@@ -94,16 +107,8 @@ def choose_interval(
     interval, rule = (
         (advice.daly_seconds, RULE_DALY) if advice.daly_seconds >= floor else (floor, RULE_WRITE_FLOOR)
     )
-    return IntervalChoice(
-        interval_seconds=interval,
-        rule=rule,
-        mtbe_hours=mtbe_hours,
-        cost_seconds=cost,
-        write_seconds=write,
-        young_seconds=advice.young_seconds,
-        daly_seconds=advice.daly_seconds,
-        measured_saves=measured_saves,
-    )
+    measured = IntervalMeasurement(cost, write, advice.young_seconds, advice.daly_seconds)
+    return IntervalChoice(interval, rule, mtbe_hours, measured, measured_saves)
 
 
 class IntervalCalibration:
