@@ -64,12 +64,13 @@ def add_task_options(parser: argparse.ArgumentParser) -> None:
         "--config",
         type=Path,
         metavar="FILE",
-        help="the model's configuration (default: models/NAME.toml if any)",
+        help=f"the model's configuration (default: NAME.toml in ${MODELS_DIR_VARIABLE}, "
+        f"else ./{DEFAULT_MODELS_DIR})",
     )
     parser.add_argument(
         "--task",
         metavar="REF",
-        help="tabular, image, file.py:Attr or package.module:Attr (default: the file's)",
+        help="tabular, image, file.py:Attr or package.module:Attr (default: the file's; needed without one)",
     )
     parser.add_argument("--task-options", metavar="JSON", help="the task's options as one JSON object")
     parser.add_argument(
@@ -83,7 +84,8 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--data", type=Path, required=True, metavar="RAW", help="folder of the task's raw files")
     run.add_argument(
         "--model-name",
-        help=f"the model; reads models/NAME.toml when it exists (default {DEFAULT_MODEL_NAME})",
+        help=f"the model (default {DEFAULT_MODEL_NAME}); reads NAME.toml in ${MODELS_DIR_VARIABLE} (default "
+        f"./{DEFAULT_MODELS_DIR}); a model without that file needs --config or --task",
     )
     add_task_options(run)
     run.add_argument(

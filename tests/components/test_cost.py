@@ -244,9 +244,10 @@ def test_a_bad_cost_setting_stops_run_and_submit_before_anything_is_pinned(comma
     raw.mkdir()
     (raw / "a.csv").write_text("id,x,label\n1,0.5,a\n")
     if command == "run":
-        argv, register = ("run", "--data", str(raw)), cli_local.register_commands
+        argv, register = ("run", "--data", str(raw), "--task", "tabular"), cli_local.register_commands
     else:
         argv = ("submit", "--dry-run", "--data", f"azureml:digits-raw:{VERSION}", "--model-name", "digits")
+        argv += ("--task", "tabular")
         register = cli_azure.register_commands
     args = _handler_args(register, *argv, state_root=tmp_path / "state", environ={"RETRAIN_MTBE_HOURS": "x"})
 

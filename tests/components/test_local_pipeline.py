@@ -30,8 +30,9 @@ from training.tasks.tabular.sample_data import write_sample_batches
 
 
 def small_training(epochs: int = SMALL_TRAINING["epochs"]) -> list[str]:
-    """`retrain run` options for the small training of a small model."""
-    options = ["--epochs", str(epochs)]
+    """`retrain run` options for the small training of a small model, of the tabular task: no configuration
+    file applies (see `retrain` below)."""
+    options = ["--task", "tabular", "--epochs", str(epochs)]
     for name, value in SMALL_TRAINING.items():
         if name != "epochs":
             options += ["--param", f"{name}={value}"]

@@ -111,7 +111,7 @@ def test_retrain_run_refuses_it_in_one_line_before_pinning_any_data(tmp_path, ca
     monkeypatch.setenv("RETRAIN_HOME", str(tmp_path / "home"))
     raw = tmp_path / "raw"
     raw.mkdir()
-    code = retrain_cli.main(["run", "--data", str(raw), "--param", "learning_rate=0.0"])
+    code = retrain_cli.main(["run", "--data", str(raw), "--task", "tabular", "--param", "learning_rate=0.0"])
     err = capsys.readouterr().err
     assert code == 2
     assert err.strip() == "retrain: error: parameter learning_rate is '0.0'; expected a number > 0"
