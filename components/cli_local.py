@@ -25,6 +25,7 @@ from typing import TextIO
 
 from components.cost import CostSettings, with_estimate
 from components.errors import SubmissionError
+from components.invocation import command_line, python_argv, retrain_argv, shown_path
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
 from components.model_init import KINDS, init_model
@@ -196,14 +197,21 @@ def init_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     shown = str(folder.relative_to(cwd)) if folder.is_relative_to(cwd) else str(folder)
     result = init_model(args.name, args.task, folder, shown)
     print(f"wrote {result.config}", file=out)
+    retrain = retrain_argv(cwd)
+    # `--model-name` finds the file only in the folder `retrain run` looks in; elsewhere it is named.
+    found = folder == models_dir(cwd, args.environ)
+    model = ["--model-name", args.name] if found else ["--config", shown_path(result.config, cwd)]
+    run = [*retrain, "run", *model, "--data", "RAW"]
     if result.task_file is not None:
-        task = f"{shown}/{result.task_file.name}"
         print(f"wrote {result.task_file}", file=out)
-        print(
-            f"try it: python {task} --sample RAW && retrain run --model-name {args.name} --data RAW", file=out
-        )
+        print("try it, from this folder, on the sample data the task writes:", file=out)
+        sample = [*python_argv(cwd), f"{shown}/{result.task_file.name}", "--sample", "RAW"]
     else:
-        print(f"edit it, then: retrain run --model-name {args.name} --data RAW", file=out)
+        print("edit it for your data; to try it first, from this folder, on sample data:", file=out)
+        image = ["--task", "image"] if args.task == "image" else []
+        sample = [*retrain, "sample-data", *image, "--out", "RAW"]
+    for argv in (sample, run):  # each runs as printed: this interpreter and its `retrain`, by path
+        print(f"  {command_line(argv)}", file=out)
     return 0
 
 

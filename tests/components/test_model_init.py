@@ -7,6 +7,7 @@ import argparse
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -63,12 +64,45 @@ def test_custom_writes_a_configuration_naming_its_task_file(tmp_path):
 
     task_file = tmp_path / "models" / "house-prices_task.py"
     assert code == 0
-    assert f"try it: python models/{task_file.name} --sample RAW" in output
+    assert f"  {shlex.quote(sys.executable)} models/{task_file.name} --sample RAW" in output.splitlines()
     config = load_model_config(tmp_path / "models" / "house-prices.toml")
     assert config.task.text == f"{task_file}:HousePricesTask"
     assert (config.gate.primary_metric, config.gate.min_improvement) == ("mse", 0.0)
     assert f"python models/{task_file.name} --sample RAW" in task_file.read_text()
     assert unexplained_keys((tmp_path / "models" / "house-prices.toml").read_text()) == []
+
+
+def printed_commands(output: str) -> list[list[str]]:
+    """The command lines init prints, one an indented line, as a shell splits them."""
+    return [shlex.split(line) for line in output.splitlines() if line.startswith("  ")]
+
+
+@pytest.mark.parametrize("kind", ["custom", "tabular", "image"])
+def test_the_printed_commands_run_as_printed_from_the_folder_init_ran_in(tmp_path, kind):
+    code, output = retrain_init(tmp_path, "trial", "--task", kind)
+    commands = printed_commands(output)
+
+    assert code == 0 and [argv[-2:] for argv in commands][-1] == ["--data", "RAW"]
+    retrain = str(Path(sys.executable).parent / "retrain")  # the script beside this interpreter, by path
+    assert commands[0][0] == (sys.executable if kind == "custom" else retrain) and commands[1][0] == retrain
+    # As a user's shell runs them: no activated environment (only the system's folders on PATH) and no
+    # configuration folder set. PYTHONPATH names this checkout, as the editable install does for a user's.
+    environ = {
+        **{name: value for name, value in os.environ.items() if not name.startswith(("RETRAIN_", "MLFLOW_"))},
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    for argv in commands:
+        done = subprocess.run(argv, cwd=tmp_path, env=environ, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{shlex.join(argv)}: exit {done.returncode}\n{done.stderr[-3000:]}"
+    assert any(line.startswith("run ") and ": Completed" in line for line in done.stdout.splitlines())
+    assert (tmp_path / ".retrain" / "runs").is_dir()  # the run's state went where the user is, by default
+
+
+def test_a_model_written_elsewhere_is_run_by_its_file(tmp_path):
+    code, output = retrain_init(tmp_path, "b", "--task", "tabular", "--dir", str(tmp_path / "elsewhere"))
+    assert code == 0
+    assert printed_commands(output)[-1][1:] == ["run", "--config", "elsewhere/b.toml", "--data", "RAW"]
 
 
 def test_the_folder_comes_from_the_setting_or_the_option(tmp_path):
