@@ -12,7 +12,9 @@ preflight, components/preflight.py), pins RAW as a data version (an immutable co
 `<state>/data/<model>/`), and runs prep -> train -> evaluate -> register with step reuse, printing each step
 as it starts, is reused, ends or fails. First it prints what the same run would cost on Azure ML
 (components/cost.py, from the RETRAIN_* cost settings); last, the run's status with the gate's decision
-beside it (registered as vN, or refused and why) or the step that failed and why (components/outcome.py).
+beside it (registered as vN, or refused, and why) with the candidate's metrics beside the champion's, or the
+step that failed and why (components/outcome.py). A step's resumes are said as it ends (`train resumed at
+step 3000 after an eviction`; components/local/resumes.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from components.invocation import command_line, python_argv, retrain_argv, shown
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
 from components.model_init import KINDS, init_model
-from components.outcome import describe_outcome, gate_details
+from components.outcome import decision_details, describe_outcome, read_registration, score_lines
 from components.preflight import SubprocessPreflight
 from components.request import CANCELED, COMPLETED, FAILED, DataRef, RunRequest
 from components.run_settings import DEFAULT_MODEL_NAME, RunSettings, resolve_run_settings
@@ -181,7 +183,12 @@ def run_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
         failed = {"failed_step": failure.step, "log_tail": failure.log_tail, "error": failure.headline}
         print(f"run {failure.run_id}: {describe_outcome(FAILED, failed)}", file=out)
         raise
-    print(f"run {record.run_id}: {describe_outcome(record.status, gate_details(record.outputs))}", file=out)
+    registration = read_registration(record.outputs)
+    print(f"run {record.run_id}: {describe_outcome(record.status, decision_details(registration))}", file=out)
+    for line in score_lines(
+        registration
+    ):  # what the gate weighed: the candidate's scores beside the champion's
+        print(f"  {line}", file=out)
     for name, path in record.outputs.items():
         print(f"{name}: {path}", file=out)
     if record.status == CANCELED:

@@ -46,19 +46,28 @@ def test_the_readme_s_minimal_task_runs_to_a_champion_and_is_gated_by_mse(tmp_pa
             frame.to_csv(raw / f"batch-{number:04d}.csv", index=False)
         return raw
 
-    record, first = retrain_run(state, models, "--model-name", "houses", "--data", str(batches(2)), *QUICK)
+    record, first, _ = retrain_run(state, models, "--model-name", "houses", "--data", str(batches(2)), *QUICK)
     assert (first["decision"]["accepted"], first["registered_version"]) == (True, "1")
     assert first["decision"]["primary_metric"] == "mse"
     commands = {step.name: step.command for step in record.steps}
     train = commands["train"]
     assert train[train.index("--task") + 1] == f"{models / 'houses_task.py'}:HousePrices"
 
-    _, better = retrain_run(
+    run, better, output = retrain_run(
         state, models, "--model-name", "houses", "--data", str(batches(3)), "--epochs", "60", *QUICK
     )
     decision = better["decision"]
     assert (decision["accepted"], better["registered_version"]) == (True, "2")
     assert decision["candidate_value"] < decision["champion_value"]
+    # The promotion says why, and sets the candidate's metrics beside the champion's, mse first.
+    lines = output.splitlines()
+    said = lines.index(f"run {run.run_id}: Completed, registered as v2: {decision['reasons'][0]}")
+    mine, theirs = better["metrics"], better["champion_compared"]["metrics"]
+    assert [line.split() for line in lines[said + 1 : said + 4]] == [
+        ["metric", "candidate", "champion", "v1"],
+        ["mse", f"{mine['mse']:.4f}", f"{theirs['mse']:.4f}", "(primary)"],
+        ["mae", f"{mine['mae']:.4f}", f"{theirs['mae']:.4f}"],
+    ]
 
 
 @pytest.fixture(autouse=True)
