@@ -34,7 +34,7 @@ def make_request(**changes) -> RunRequest:
         "processes_per_instance": 4,
         "instance_count": 2,
         "compute": {"prep": "cpu-big"},
-        "component_versions": {"evaluate": "4", "train": "4"},
+        "component_versions": {"evaluate": "4", "train": "5"},
         "task_options": {"hidden_width": 64},
     }
     return RunRequest(**{**fields, **changes})
@@ -98,9 +98,9 @@ def test_registered_components_reference_the_published_versions():
     components = {name: step["component"] for name, step in job._to_dict()["jobs"].items()}
     assert components == {
         "prep": "azureml:retrain_prep:4",
-        "train": "azureml:retrain_train:4",
+        "train": "azureml:retrain_train:5",
         "evaluate": "azureml:retrain_evaluate:4",
-        "register": "azureml:retrain_register:4",
+        "register": "azureml:retrain_register:5",
     }
 
 
