@@ -6,11 +6,11 @@ components/ imports neither torch nor training/, so the check runs where the ste
 the caller's environment. A task that fails to load or lacks a part, and a gate metric the task does not
 declare, are one line naming the task and what is wrong, raised as a SubmissionError (PreflightRefused:
 the check ran and refused, so it always will for the same file, options and policy); so is a trainer's
-parameter the trainer would refuse (core/train_rules.py), checked here in-process. A passed check is
-remembered for the same task file content, options and policy, so `retrain run` checking before it pins
-the data and the runner checking again cost one process. `RecordedPreflight` keeps the verdicts on a task
-file in a folder, so that the front door's flushes, each perhaps in its own process, check a version of a
-user's task file once (function_app/task_check.py).
+or the gate's parameter that they would refuse (core/train_rules.py, core/gate_rules.py), checked here
+in-process. A passed check is remembered for the same task file content, options and policy, so
+`retrain run` checking before it pins the data and the runner checking again cost one process.
+`RecordedPreflight` keeps the verdicts on a task file in a folder, so that the front door's flushes, each
+perhaps in its own process, check a version of a user's task file once (function_app/task_check.py).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from components.run_inputs import GATE_INPUTS
 from components.specs import REPO_ROOT
 from core.errors import InputError
 from core.files import file_sha256, write_atomically
+from core.gate_rules import check_gate_parameters
 from core.train_rules import check_train_parameters
 
 CHECK_COMMAND = ("-m", "training.cli", "check-model")
@@ -40,6 +41,7 @@ CHECK_CODE = (
     "training/gate/check.py",
     "training/gate/policy.py",
     "core/metrics.py",
+    "core/gate_rules.py",
     "training/tasks/base.py",
     "training/tasks/loader.py",
 )
@@ -94,11 +96,13 @@ def check_arguments(request: TaskRun, where: str = DEFAULT_WHERE) -> list[str]:
 
 
 def check_parameter_values(request: TaskRun) -> None:
-    """The trainer's parameters of the request, by the trainer's own rules (core/train_rules.py): a
-    request that did not come through a checked configuration (a resubmission, a hand-made request) is
-    refused here, before any data is pinned or step started, not by the trainer under torchrun."""
+    """The trainer's and the gate's parameters of the request, by their own rules (core/train_rules.py,
+    core/gate_rules.py): a request that did not come through a checked configuration (a resubmission, a
+    hand-made request) is refused here, before any data is pinned or step started, not by the trainer
+    under torchrun or the register step after a whole training."""
     try:
         check_train_parameters(request.parameters)
+        check_gate_parameters(request.parameters)
     except InputError as error:
         raise PreflightRefused(f"preflight: {error}") from None
 

@@ -128,10 +128,15 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def check_train_parameters(parameters: Mapping[str, object]) -> None:
-    """Refuse, in one line naming it, the first parameter whose value the trainer would refuse; a
-    parameter that is not the trainer's is left to its own step."""
+def check_by_rules(parameters: Mapping[str, object], rules: Mapping[str, Rule]) -> None:
+    """Refuse, in one line naming it, the first parameter whose value its rule refuses; a parameter with
+    no rule among `rules` is left to its own step."""
     for name, value in parameters.items():
-        rule = TRAIN_RULES.get(name)
+        rule = rules.get(name)
         if rule is not None and not rule.fits(value):
             raise InputError(f"parameter {name} is {_shown(value)}; expected {rule.expected}")
+
+
+def check_train_parameters(parameters: Mapping[str, object]) -> None:
+    """Refuse, in one line naming it, the first parameter whose value the trainer would refuse."""
+    check_by_rules(parameters, TRAIN_RULES)

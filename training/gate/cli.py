@@ -60,13 +60,16 @@ def _task(config: EvaluateConfig | RegisterConfig) -> tuple[str | None, dict[str
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from training.gate.evaluate import write_evaluation
+    from training.gate.evaluate import GateInputs, write_evaluation
 
     config = config_from_namespace(EvaluateConfig, args, task_options=task_options_from_args(args))
     task_ref, task_options = _task(config)
     registry = _registry(args)
+    gate = GateInputs(
+        config.primary_metric, config.confidence, config.bootstrap_resamples, config.bootstrap_seed
+    )
     write_evaluation(
-        config.model, config.data, config.model_name, registry, config.out, task_ref, task_options
+        config.model, config.data, config.model_name, registry, config.out, task_ref, task_options, gate
     )
     return 0
 
