@@ -131,7 +131,7 @@ def test_retrain_run_refuses_it_in_one_line_before_pinning_any_data(tmp_path, ca
     monkeypatch.setenv("RETRAIN_HOME", str(tmp_path / "home"))
     raw = tmp_path / "raw"
     raw.mkdir()
-    code = retrain_cli.main(["run", "--data", str(raw), "--param", "confidence=1"])
+    code = retrain_cli.main(["run", "--task", "tabular", "--data", str(raw), "--param", "confidence=1"])
     assert code == 2
     assert (
         capsys.readouterr().err.strip() == f"retrain: error: parameter confidence is '1'; expected {EXPECTED}"
