@@ -29,10 +29,11 @@ from components.cost import CostSettings, with_estimate
 from components.errors import SubmissionError
 from components.invocation import command_line, python_argv, retrain_argv, shown_path
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
+from components.local.options import warm_start_setting
 from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
 from components.model_init import KINDS, init_model
 from components.outcome import decision_details, describe_outcome, read_registration, score_lines
-from components.preflight import SubprocessPreflight
+from components.preflight import Preflight, SubprocessPreflight
 from components.request import CANCELED, COMPLETED, FAILED, DataRef, RunRequest
 from components.run_settings import DEFAULT_MODEL_NAME, RunSettings, resolve_run_settings
 from components.specs import load_pipeline_spec
@@ -153,7 +154,7 @@ def run_settings(args: argparse.Namespace, parameters: dict[str, object]) -> Run
     )
 
 
-def build_request(args: argparse.Namespace, preflight: SubprocessPreflight | None = None) -> RunRequest:
+def build_request(args: argparse.Namespace, preflight: Preflight | None = None) -> RunRequest:
     """Check the run (its settings, then its task and gate policy), then pin the raw folder as a data
     version and describe the run: nothing is pinned for a run that would be refused."""
     from components.data_version import require_folder, snapshot_folder
@@ -173,16 +174,19 @@ def build_request(args: argparse.Namespace, preflight: SubprocessPreflight | Non
 def run_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     cost = CostSettings.from_environ(args.environ)  # a bad setting stops before the data is pinned
-    preflight = SubprocessPreflight(environ=args.environ)
-    request, estimate = with_estimate(build_request(args, preflight), cost)
-    print(f"on Azure ML, {estimate.summary()}", file=out, flush=True)
-    runner = LocalRunner(RunnerOptions(state_root=args.state_root), args.environ, out, preflight=preflight)
-    try:
-        record = runner.run(request, force_rerun=args.force_rerun)
-    except LocalStepFailed as failure:
-        failed = {"failed_step": failure.step, "log_tail": failure.log_tail, "error": failure.headline}
-        print(f"run {failure.run_id}: {describe_outcome(FAILED, failed)}", file=out)
-        raise
+    options = RunnerOptions(state_root=args.state_root, warm_start=warm_start_setting(args.environ))
+    runner = LocalRunner(options, args.environ, out)
+    pipeline = load_pipeline_spec()
+    # One warm starter for the preflight and every step: its imports overlap the checks and the pinning.
+    with runner.warm(pipeline):
+        request, estimate = with_estimate(build_request(args, runner.preflight(pipeline)), cost)
+        print(f"on Azure ML, {estimate.summary()}", file=out, flush=True)
+        try:
+            record = runner.run(request, force_rerun=args.force_rerun)
+        except LocalStepFailed as failure:
+            failed = {"failed_step": failure.step, "log_tail": failure.log_tail, "error": failure.headline}
+            print(f"run {failure.run_id}: {describe_outcome(FAILED, failed)}", file=out)
+            raise
     registration = read_registration(record.outputs)
     print(f"run {record.run_id}: {describe_outcome(record.status, decision_details(registration))}", file=out)
     for line in score_lines(

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -116,9 +117,29 @@ def _failure_line(stderr: str, returncode: int) -> tuple[str, bool]:
     return (lines[-1] if lines else f"the check exited with code {returncode} and said nothing"), False
 
 
+class CommandRunner(Protocol):
+    """Runs a command to its end, its output captured, as `subprocess.run` does (the local runner's warm
+    starter does it too, components/local/warm.py)."""
+
+    def run(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+class FreshProcess:
+    """A fresh interpreter for each check."""
+
+    def run(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv), cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+
 class SubprocessPreflight:
     """Runs `python -m training.cli check-model` for a request; `python`, `code_root` and `environ` are
-    those the steps get."""
+    those the steps get, and so is how it starts (`runner`: fresh, or forked warm as the steps are)."""
 
     def __init__(
         self,
@@ -126,9 +147,11 @@ class SubprocessPreflight:
         code_root: Path = REPO_ROOT,
         environ: Mapping[str, str] | None = None,
         timeout_s: float = PREFLIGHT_TIMEOUT_S,
+        runner: CommandRunner | None = None,
     ) -> None:
         self.python, self.code_root, self.timeout_s = python, Path(code_root), timeout_s
         self.environ = dict(environ) if environ is not None else None
+        self.runner = runner or FreshProcess()
         self._passed: dict[tuple[Any, ...], PreflightResult] = {}
 
     def check(self, request: TaskRun, where: str = DEFAULT_WHERE) -> PreflightResult:
@@ -138,15 +161,8 @@ class SubprocessPreflight:
             return self._passed[memo]
         argv = [self.python, *CHECK_COMMAND, *check_arguments(request, where)]
         try:
-            done = subprocess.run(
-                argv,
-                cwd=self.code_root,
-                env=self.environ,
-                capture_output=True,
-                text=True,
-                timeout=self.timeout_s,
-                check=False,
-            )
+            environ = self.environ if self.environ is not None else dict(os.environ)
+            done = self.runner.run(argv, self.code_root, environ, self.timeout_s)
         except (OSError, subprocess.TimeoutExpired) as error:
             raise SubmissionError(
                 f"preflight of task {request.task!r}: could not run the check ({error})"
