@@ -202,6 +202,10 @@ def test_retrain_serve_without_a_champion_says_what_it_looked_for(harness: Harne
             f"in the MLflow registry at {uri}; `retrain models --model-name {name}` lists its versions, "
             f"`retrain run --model-name {name}` trains one"
         )
+    assert retrain_main(["serve", "never-champion", "--mlflow-tracking-uri", uri, "--port", "70000"]) != 0
+    assert (
+        capsys.readouterr().err.strip() == "retrain: error: --port 70000: expected a TCP port from 1 to 65535"
+    )
 
 
 def _content_type(form: str) -> str:
