@@ -11,7 +11,8 @@ its task, gate policy and parameters, checks that the task loads and reports the
 preflight, components/preflight.py), pins RAW as a data version (an immutable copy under
 `<state>/data/<model>/`), and runs prep -> train -> evaluate -> register with step reuse, printing each step
 as it starts, is reused, ends or fails. First it prints what the same run would cost on Azure ML
-(components/cost.py, from the RETRAIN_* cost settings); last, the run's status with the gate's decision
+(components/cost.py, from the RETRAIN_* cost settings, with the train time the model's last training here
+measured when there is one: components/local/measured.py); last, the run's status with the gate's decision
 beside it (registered as vN, or refused, and why) with the candidate's metrics beside the champion's, or the
 step that failed and why (components/outcome.py). A step's resumes are said as it ends (`train resumed at
 step 3000 after an eviction`; components/local/resumes.py).
@@ -29,6 +30,7 @@ from components.cost import CostSettings, with_estimate
 from components.errors import SubmissionError
 from components.invocation import command_line, python_argv, retrain_argv, shown_path
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
+from components.local.measured import measured_training
 from components.local.options import warm_start_setting
 from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
 from components.model_init import KINDS, init_model
@@ -179,8 +181,11 @@ def run_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     pipeline = load_pipeline_spec()
     # One warm starter for the preflight and every step: its imports overlap the checks and the pinning.
     with runner.warm(pipeline):
-        request, estimate = with_estimate(build_request(args, runner.preflight(pipeline)), cost)
-        print(f"on Azure ML, {estimate.summary()}", file=out, flush=True)
+        request = build_request(args, runner.preflight(pipeline))
+        # The model's own last training here, when there is one, beats the setting's guess of its hours.
+        measured = measured_training(RunStore(args.state_root / "runs"), request.model_name)
+        request, estimate = with_estimate(request, cost, measured)
+        print(f"on Azure ML, {estimate.summary()}; {estimate.basis}", file=out, flush=True)
         try:
             record = runner.run(request, force_rerun=args.force_rerun)
         except LocalStepFailed as failure:

@@ -26,7 +26,8 @@ The rules a task keeps, so that the engine's guarantees hold for it:
   straight from a raw CSV, a uint8 N×H×W×3 image array) and returns an answer they can use (class names);
   `input_example` is such an input, which MLflow stores beside the model.
 - **Drift features for every task.** `drift_features` turns a folder of raw files, or a prepared data version
-  (the champion's training data), into one table of named numeric features the drift check compares.
+  (the champion's training data), into one table of named numeric features the drift check compares;
+  categorical columns and texts enter it as shares (training/tasks/features.py).
 
 A task is loaded from `--task NAME` (a built-in: `tabular`, `image`), `--task path/to/file.py:Attr` or
 `--task package.module:Attr` (training/tasks/loader.py). `Attr` is a `Task` instance, or a class or factory
@@ -53,23 +54,39 @@ from core.metrics import Direction as Direction
 from core.metrics import Metric as Metric
 from core.metrics import MetricSet
 from training.data.splits import SPLIT_NAMES, SplitFractions
+from training.data.token_shares import TokenGroup
 
 
 @dataclass(frozen=True)
 class FeatureTable:
-    """Named numeric features, one row per item: what a drift check compares."""
+    """Named numeric features, one row per item: what a drift check compares. `groups` holds non-numeric
+    inputs (a categorical column, a text) as each row's tokens; the drift check turns them into share
+    columns by the reference's vocabulary (training/data/token_shares.py), the same columns on both sides.
+    training/tasks/features.py builds both kinds in a line each."""
 
     names: tuple[str, ...]
     values: np.ndarray  # float64 [rows, len(names)]
+    groups: tuple[TokenGroup, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "names", tuple(self.names))
+        object.__setattr__(self, "groups", tuple(self.groups))
         values = np.asarray(self.values, dtype=np.float64)
         if values.ndim != 2 or values.shape[1] != len(self.names):
             raise InputError(
                 f"drift features: expected a [rows, {len(self.names)}] array for {len(self.names)} names, "
                 f"got shape {values.shape}"
             )
+        for group in self.groups:
+            if len(group.rows) != values.shape[0]:
+                raise InputError(
+                    f"drift features {group.name}: {len(group.rows)} rows of tokens beside {values.shape[0]} "
+                    "rows of numbers; expected one per item"
+                )
+        named = [*self.names, *(group.name for group in self.groups)]
+        if len(set(named)) != len(named):
+            twice = sorted({name for name in named if named.count(name) > 1})
+            raise InputError(f"drift features: {twice[:5]} named twice; expected each feature once")
         object.__setattr__(self, "values", values)
 
     def __len__(self) -> int:
