@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import TypeGuard
 
 from core.errors import InputError
+from core.metrics import Metric, MetricSet
 
 # `--early-stopping-metric`: a metric as the trainer logs it, the task's name behind `validation_`.
 VALIDATION_PREFIX = "validation_"
@@ -193,6 +194,17 @@ def check_by_rules(parameters: Mapping[str, object], rules: Mapping[str, Rule]) 
         rule = rules.get(name)
         if rule is not None and not rule.fits(value):
             raise InputError(f"parameter {name} is {_shown(value)}; expected {rule.expected}")
+
+
+def validation_metric(name: str, metrics: MetricSet, task_name: str) -> Metric:
+    """The task's metric behind `validation_<metric>` (an early-stopping metric, as the trainer logs it);
+    InputError, naming the task and the names it reports, when the task does not declare it. The trainer,
+    its launcher and the pre-run check all ask here, so a metric is refused before anything trains."""
+    found = metrics.find(name.removeprefix(VALIDATION_PREFIX)) if name.startswith(VALIDATION_PREFIX) else None
+    if found is None:
+        declared = ", ".join(VALIDATION_PREFIX + each for each in metrics.names())
+        raise InputError(f"task {task_name!r} does not report it; expected one of {declared}")
+    return found
 
 
 def check_train_parameters(parameters: Mapping[str, object]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.metrics import MetricSet
-from core.train_rules import VALIDATION_PREFIX
+from core.train_rules import VALIDATION_PREFIX, validation_metric
 
 STOP_COMPLETED = "completed"  # every step of every epoch was trained
 STOP_EARLY = "early_stopping"  # the early-stopping metric stopped improving
@@ -84,14 +84,10 @@ def selection_rule(
                 "metrics; expected one of them"
             )
         return SelectionRule(VALIDATION_PREFIX + default_primary_metric, metric.direction == "higher", None)
-    name = early_stopping_metric.removeprefix(VALIDATION_PREFIX)
-    metric = metrics.find(name) if early_stopping_metric.startswith(VALIDATION_PREFIX) else None
-    if metric is None:
-        declared = ", ".join(VALIDATION_PREFIX + each for each in metrics.names())
-        raise InputError(
-            f"--early-stopping-metric {early_stopping_metric}: task {task_name!r} does not report it; "
-            f"expected one of {declared}"
-        )
+    try:
+        metric = validation_metric(early_stopping_metric, metrics, task_name)
+    except InputError as error:
+        raise InputError(f"--early-stopping-metric {early_stopping_metric}: {error}") from None
     return SelectionRule(early_stopping_metric, metric.direction == "higher", patience, min_delta)
 
 
