@@ -16,6 +16,7 @@ from components.specs import load_pipeline_spec
 from core.errors import InputError
 from core.metrics import Metric, MetricSet
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.estimate import PER_TENSOR_OVERHEAD_BYTES, estimate_checkpoint_bytes
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.engine.config import TrainConfig, trajectory_mismatches
 from training.engine.early_stopping import (
@@ -235,3 +236,9 @@ def test_the_validation_state_and_the_best_weights_ride_in_every_checkpoint_past
     del loaded.state["validation"]  # a checkpoint from before validation existed: nothing validated yet
     fresh = restore(objects, loaded, "dv-1")
     assert (fresh.validation, fresh.best_weights) == (ValidationState(), None)
+
+
+def test_a_validating_runs_checkpoint_size_estimate_counts_the_best_weights_once_more():
+    model = torch.nn.Linear(10, 4)  # 44 float32 parameters in 2 tensors
+    extra = estimate_checkpoint_bytes(model, best_copy=True) - estimate_checkpoint_bytes(model)
+    assert extra == 44 * 4 + 2 * PER_TENSOR_OVERHEAD_BYTES
