@@ -64,7 +64,14 @@ def describe(event: Event) -> str:
         )
         return f"diverged: {what}; nothing saved after it; exiting with code {event['exit_code']}"
     if kind == "done":
-        return f"done: {event['steps']} steps, validation {_scores_text(event.get('validation') or {})}"
+        ending = " (early stopping)" if event.get("stop_reason") == "early_stopping" else ""
+        model = (
+            f"; model: the best validated step, {event['candidate_step']}"
+            if event.get("candidate") == "best"
+            else ""
+        )
+        scored = _scores_text(event.get("validation") or {})
+        return f"done: {event['steps']} steps{ending}, validation {scored}{model}"
     if kind == "validation":
         return _validation_text(event)
     return json.dumps(event)
