@@ -11,6 +11,7 @@ from pathlib import Path
 from helpers.training.overfitting import STEPS_PER_EPOCH, TOTAL_STEPS
 from helpers.training.run_outputs import newest_record, read_metadata
 from helpers.training.training_process import is_step, kill_process_tree, resumed_event
+from mlflow.tracking import MlflowClient
 
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
@@ -35,7 +36,8 @@ def _newest_state(checkpoints: Path) -> dict:
 def test_an_overfitting_run_stops_early_keeps_its_best_step_and_resumes_to_the_same_end(
     start_overfitting, tmp_path
 ):
-    reference = start_overfitting("uninterrupted")
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    reference = start_overfitting("uninterrupted", tracking=["--mlflow-tracking-uri", tracking_uri])
     assert reference.finish() == 0, (tmp_path / "uninterrupted" / "attempt-1.log").read_text()[-3000:]
     expected = read_metadata(tmp_path / "uninterrupted" / "out")
     validations = [event for event in reference.events_seen if event["event"] == "validation"]
@@ -48,6 +50,17 @@ def test_an_overfitting_run_stops_early_keeps_its_best_step_and_resumes_to_the_s
     assert list(losses) == list(range(STEPS_PER_EPOCH, stopped + 1, STEPS_PER_EPOCH))
     assert best == min(losses, key=losses.__getitem__) and stopped == best + 2 * STEPS_PER_EPOCH
     assert [event["stop"] for event in validations] == [False] * (len(validations) - 1) + [True]
+
+    # Each validation is in MLflow at its step, and the run's tags say how it ended.
+    client = MlflowClient(tracking_uri)
+    run = client.get_run(expected["mlflow_run_id"])
+    history = client.get_metric_history(run.info.run_id, "validation_loss")
+    logged = {metric.step: metric.value for metric in history}
+    assert logged == losses and len(history) == len(losses)  # once a validation: not again at the end
+    assert (run.data.tags["retrain.stop_reason"], run.data.tags["retrain.best_step"]) == (
+        "early_stopping",
+        str(best),
+    )
 
     # Its model is the best validation step's, and metadata.json says so.
     assert expected["candidate"] == "best" and expected["validation"]["best_step"] == best

@@ -332,13 +332,16 @@ class Trainer:
         metadata = {**self._metadata(model, final_metrics), **outcome, "warnings": warnings}
         write_metadata(out, metadata)
         tracked = {name: value for name, value in final_metrics.items() if value is not None}
+        if self.config.validates:  # each validation is logged at its step; the candidate's is one of them
+            tracked = {name: value for name, value in tracked.items() if not name.startswith("validation_")}
         self.tracker.log_metrics(tracked, step=self._run.step)
-        self.tracker.set_tags(
-            {
-                "retrain.stop_reason": outcome["stop_reason"],
-                "retrain.candidate_step": str(outcome["candidate_step"]),
-            }
-        )
+        tags = {
+            "retrain.stop_reason": outcome["stop_reason"],
+            "retrain.candidate_step": str(outcome["candidate_step"]),
+        }
+        if outcome["validation"] is not None:
+            tags["retrain.best_step"] = str(outcome["validation"]["best_step"])
+        self.tracker.set_tags(tags)
         self.tracker.finish("FINISHED")
         self._emit(
             "done",

@@ -159,12 +159,7 @@ class Validator:
         finite = {name: value for name, value in metrics.items() if math.isfinite(value)}
         self._tracker.log_metrics(finite, step=run.step)
         if state.stopped_at is not None:
-            self._tracker.set_tags(
-                {
-                    "retrain.early_stopped_at_step": str(state.stopped_at),
-                    "retrain.best_step": str(state.best_step),
-                }
-            )
+            self._tracker.set_tags({"retrain.early_stopped_at_step": str(state.stopped_at)})
 
     # -- the end --------------------------------------------------------------------------------------
 

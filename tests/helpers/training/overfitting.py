@@ -8,6 +8,7 @@ steps, the run stops after about 240.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from training.data.splits import SplitFractions
@@ -32,7 +33,9 @@ def prepare_overfitting_data(root: Path) -> Path:
     return root / "prepared"
 
 
-def overfitting_arguments(data: Path, out: Path, checkpoints: Path, nproc: int) -> list[str]:
-    """`retrain train` arguments for the overfitting run."""
+def overfitting_arguments(
+    data: Path, out: Path, checkpoints: Path, nproc: int, tracking: Sequence[str] = ("--no-mlflow",)
+) -> list[str]:
+    """`retrain train` arguments for the overfitting run; `tracking`: its MLflow flags (default: none)."""
     locations = ["--data", str(data), "--out", str(out), "--checkpoints", str(checkpoints)]
-    return ["--nproc", str(nproc), *locations, *OVERFITTING_RUN, "--no-mlflow"]
+    return ["--nproc", str(nproc), *locations, *OVERFITTING_RUN, *tracking]
