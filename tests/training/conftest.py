@@ -121,16 +121,16 @@ def overfitting_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def start_overfitting(overfitting_data: Path, tmp_path: Path) -> Iterator[Callable[..., TrainingProcess]]:
-    """Start the overfitting run on 2 processes into `tmp_path/<name>/` (its out/ and checkpoints/); the
-    same name is the same run, restarted; `tracking`: its MLflow flags (default: none). Whatever is still
-    running at the end is killed, whole."""
+    """Start the overfitting run on `nproc` processes (default 2) into `tmp_path/<name>/` (its out/ and
+    checkpoints/); the same name is the same run, restarted; `tracking`: its MLflow flags (default: none).
+    Whatever is still running at the end is killed, whole."""
     started: list[TrainingProcess] = []
 
-    def start(name: str, tracking: Sequence[str] = NO_TRACKING) -> TrainingProcess:
+    def start(name: str, tracking: Sequence[str] = NO_TRACKING, nproc: int = 2) -> TrainingProcess:
         root = tmp_path / name
         root.mkdir(exist_ok=True)
         arguments = overfitting_arguments(
-            overfitting_data, root / "out", root / "checkpoints", nproc=2, tracking=tracking
+            overfitting_data, root / "out", root / "checkpoints", nproc=nproc, tracking=tracking
         )
         log_file = (root / f"attempt-{len(started) + 1}.log").open("w")
         process = TrainingProcess(arguments, stderr=log_file)

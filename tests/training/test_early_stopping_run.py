@@ -1,11 +1,13 @@
 """Validation while training, end to end: a run that overfits stops early, writes its best validated step's
-weights, and ends the same when SIGKILLed twice and resumed (real torchrun, gloo, 2 processes, on CPU).
+weights, and ends the same when SIGKILLed twice and resumed (real torchrun, gloo, 2 processes, on CPU), and
+when its last attempt runs on one process.
 
 The one end-to-end test of the feature; its rules are tested as functions in test_early_stopping.py.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from helpers.training.overfitting import STEPS_PER_EPOCH, TOTAL_STEPS
@@ -86,14 +88,18 @@ def test_an_overfitting_run_stops_early_keeps_its_best_step_and_resumes_to_the_s
     second_kill = newest_record(str(checkpoints)).step
     assert STEPS_PER_EPOCH < first_kill < best < second_kill < stopped
     assert not (tmp_path / "killed" / "out" / "metadata.json").exists()
+    # A copy of the run so far finishes on one process: the best weights it writes are the checkpoint's.
+    shutil.copytree(checkpoints, tmp_path / "one-process" / "checkpoints")
+    alone = start_overfitting("one-process", nproc=1)
+    assert alone.finish() == 0, (tmp_path / "one-process" / "attempt-4.log").read_text()[-3000:]
     last = start_overfitting("killed")
-    assert last.finish() == 0, (tmp_path / "killed" / "attempt-3.log").read_text()[-3000:]
+    assert last.finish() == 0, (tmp_path / "killed" / "attempt-5.log").read_text()[-3000:]
 
     assert [resumed_event(process)["step"] for process in (second, last)] == [first_kill, second_kill]
     metadata = read_metadata(tmp_path / "killed" / "out")
     assert {key: metadata[key] for key in OUTCOME_KEYS} == {key: expected[key] for key in OUTCOME_KEYS}
-    assert [attempt["ended"] for attempt in metadata["attempts"]] == [
-        "interrupted",
-        "interrupted",
-        "completed",
-    ]
+    endings = [attempt["ended"] for attempt in metadata["attempts"]]
+    assert endings == ["interrupted", "interrupted", "completed"]
+    alone_metadata = read_metadata(tmp_path / "one-process" / "out")
+    assert [attempt["world_size"] for attempt in alone_metadata["attempts"]] == [2, 2, 1]
+    assert {key: alone_metadata[key] for key in OUTCOME_KEYS} == {key: expected[key] for key in OUTCOME_KEYS}
