@@ -3,8 +3,9 @@ before any data is pinned or any step started.
 
 components/ imports neither torch nor training/, so the check runs where the steps run: as a process,
 `python -m training.cli check-model` (training/gate/check.py), in the components' code folder and with
-the caller's environment. A task that fails to load or lacks a part, and a gate metric the task does not
-declare, are one line naming the task and what is wrong, raised as a SubmissionError (PreflightRefused:
+the caller's environment. A task that fails to load or lacks a part, a gate metric the task does not
+declare, and an early-stopping metric it does not report (checked in-process against the metrics the check
+found), are one line naming the task and what is wrong, raised as a SubmissionError (PreflightRefused:
 the check ran and refused, so it always will for the same file, options and policy); so is a trainer's
 or the gate's parameter that they would refuse (core/train_rules.py, core/gate_rules.py), checked here
 in-process. A passed check is remembered for the same task file content, options and policy, so
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from components.errors import SubmissionError
 from components.run_inputs import GATE_INPUTS
@@ -31,9 +32,11 @@ from components.specs import REPO_ROOT
 from core.errors import InputError
 from core.files import file_sha256, write_atomically
 from core.gate_rules import check_gate_parameters
-from core.train_rules import check_train_parameters
+from core.metrics import Direction, Metric, MetricSet
+from core.train_rules import check_train_parameters, validation_metric
 
 CHECK_COMMAND = ("-m", "training.cli", "check-model")
+STOPPING_METRIC = "early_stopping_metric"
 DEFAULT_WHERE = "the gate policy"
 PREFLIGHT_TIMEOUT_S = 600.0  # a cold import of torch on a busy machine; the check itself is instant
 _ERROR_PREFIX = "retrain: error: "
@@ -108,6 +111,22 @@ def check_parameter_values(request: TaskRun) -> None:
         raise PreflightRefused(f"preflight: {error}") from None
 
 
+def check_stopping_metric(request: TaskRun, result: PreflightResult) -> None:
+    """An early-stopping metric the task does not report, refused before any data is pinned (the trainer
+    would refuse it only once its step starts): in-process, against the metrics the check found."""
+    name = request.parameters.get(STOPPING_METRIC)
+    if not isinstance(name, str) or name.strip().lower() in ("", "off", "none"):
+        return
+    declared = tuple(
+        Metric(metric, cast(Direction, direction)) for metric, direction in result.metrics.items()
+    )
+    metrics = MetricSet(declared)
+    try:
+        validation_metric(name.strip(), metrics, result.name)
+    except InputError as error:
+        raise PreflightRefused(f"preflight: parameter {STOPPING_METRIC} is {name!r}: {error}") from None
+
+
 def _failure_line(stderr: str, returncode: int) -> tuple[str, bool]:
     """The check's one-line reason, and whether it is the check's own refusal (its `retrain: error:`)."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
@@ -158,6 +177,7 @@ class SubprocessPreflight:
         check_parameter_values(request)
         memo = (*check_arguments(request, ""), request.task_sha256)
         if memo in self._passed:
+            check_stopping_metric(request, self._passed[memo])
             return self._passed[memo]
         argv = [self.python, *CHECK_COMMAND, *check_arguments(request, where)]
         try:
@@ -172,6 +192,7 @@ class SubprocessPreflight:
             raise (PreflightRefused if refused else SubmissionError)(f"preflight: {line}")
         result = _parse(done.stdout, request.task)
         self._passed[memo] = result
+        check_stopping_metric(request, result)
         return result
 
 
@@ -198,16 +219,19 @@ class RecordedPreflight:
             raise PreflightRefused(str(recorded["refused"]))
         if recorded is not None:
             try:
-                return _result(recorded["passed"])
+                passed = _result(recorded["passed"])
             except (KeyError, TypeError):
                 pass  # a damaged record: check again, and write it anew
+            else:
+                check_stopping_metric(request, passed)  # not part of the kept verdict's key
+                return passed
         try:
             result = self._inner.check(request, where)
         except PreflightRefused as refusal:
             _keep(path, {"refused": str(refusal)})
             raise
         _keep(path, {"passed": {**asdict(result), "metrics": dict(result.metrics)}})
-        return result
+        return result  # the inner check has checked the early-stopping metric
 
 
 def _keep(path: Path, verdict: Mapping[str, Any]) -> None:

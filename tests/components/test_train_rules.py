@@ -26,6 +26,9 @@ REFUSED = [
     ("learning_rate", "0.0", "0.0", 0.0, "a number > 0"),
     ("mtbe_hours", "0", "0", 0.0, "a number of hours > 0"),
     ("checkpoint_every_seconds", '"banana"', "banana", "banana", "a number of seconds > 0, 'auto'"),
+    ("early_stopping_patience", "0", "0", 0, "a whole number of validations >= 1"),
+    ("early_stopping_metric", '"loss"', "loss", "loss", "validation_<one of the task's metrics>"),
+    ("validate_every_epochs", "-1", "-1", -1, "a whole number of epochs >= 1, or 0 or 'off'"),
 ]
 IDS = [name for name, *_ in REFUSED]
 
@@ -84,6 +87,12 @@ def test_the_trainer_refuses_it_by_the_same_rule(tmp_path, name, toml, text, val
         ("checkpoint_every_seconds", ["auto", "OFF", "none", "300", 300, 0.5, None]),
         ("checkpoint_every_steps", ["off", "10", 10, None]),
         ("epochs", ["3", 3]),
+        ("validate_every_epochs", ["0", 0, "off", "2", 2, None]),
+        ("validate_every_steps", ["0", "OFF", "25", 25, None]),
+        ("early_stopping_metric", ["validation_loss", "validation_recall_3", "off", None]),
+        ("early_stopping_patience", ["1", 5]),
+        ("early_stopping_min_delta", ["0", 0.01, 0]),
+        ("candidate", ["best", "last", "auto"]),
     ],
 )
 def test_what_the_trainer_accepts_passes_every_room(name, good):
@@ -99,6 +108,11 @@ def test_what_the_trainer_accepts_passes_every_room(name, good):
         ("checkpoint_every_seconds", ["banana", 0, "-5", "inf", True]),
         ("epochs", [0, 2.0, "2.5", True]),
         ("keep_checkpoints", [1, "1"]),
+        ("validate_every_epochs", [-1, "1.5", True]),
+        ("early_stopping_metric", ["loss", "", "validation_", 3]),
+        ("early_stopping_patience", [0, "2.5", True]),
+        ("early_stopping_min_delta", [-0.1, "nan", True]),
+        ("candidate", ["worst", 1]),
     ],
 )
 def test_what_the_trainer_refuses_fits_no_rule(name, bad):

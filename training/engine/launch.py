@@ -80,10 +80,14 @@ def _newest_record(config: TrainConfig, environ: Mapping[str, str]) -> Checkpoin
 
 
 def load_checked_task(config: TrainConfig) -> Any:
-    """The task `config` names, loaded and checked against the contract (this imports torch)."""
+    """The task `config` names, loaded and checked against the contract (this imports torch), and against
+    the early-stopping metric: one the task does not declare is refused before any process starts."""
+    from training.engine.validation import rule_for
     from training.tasks.loader import load_task
 
-    return load_task(config.task, config.task_options)
+    task = load_task(config.task, config.task_options)
+    rule_for(config, task)
+    return task
 
 
 def refuse_incompatible_resume(config: TrainConfig, environ: Mapping[str, str], task: Any) -> None:

@@ -2,10 +2,10 @@
 
 The model comes from the task (`Task.build_model(info)`), built right after seeding torch's generator, so
 every rank and every attempt starts from the same weights. A checkpoint holds the model, optimizer and LR
-scheduler states, the step, the data cursor (epoch and
-position), the RNG scheme (counter-based, so derivable from seed, step and rank), the config, the data
-version, the attempt history and the MLflow run id. Rank 0 writes it: data-parallel ranks hold identical
-model and optimizer states, and everything per-rank is derivable.
+scheduler states, the step, the data cursor (epoch and position), the RNG scheme (counter-based, so
+derivable from seed, step and rank), the config, the data version, the attempt history, the MLflow run id,
+and validation's state with the best validated weights (training/engine/validation.py). Rank 0 writes it:
+data-parallel ranks hold identical model and optimizer states, and everything per-rank is derivable.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from core.errors import InputError
 from training.checkpoint.checkpointer import LoadedCheckpoint
 from training.engine.config import TrainConfig
+from training.engine.early_stopping import ValidationState
 from training.engine.sampling import DataCursor
 from training.tasks.base import Task, built_model
 
@@ -47,6 +48,10 @@ class RunState:
     elapsed_seconds: float = 0.0
     attempts: list[dict[str, Any]] = field(default_factory=list)
     mlflow_run_id: str | None = None
+    # Validation while training (training/engine/validation.py): its decisions so far, and on rank 0 the
+    # best validated weights (CPU tensors, replaced whole, never changed in place).
+    validation: ValidationState = field(default_factory=ValidationState)
+    best_weights: dict[str, torch.Tensor] | None = None
 
     @property
     def attempt(self) -> int:
@@ -124,6 +129,8 @@ def checkpoint_state(objects: TrainingObjects, run: RunState, config: TrainConfi
         "data_version": data_version,
         "attempts": [dict(entry) for entry in run.attempts],
         "mlflow_run_id": run.mlflow_run_id,
+        # In the checkpoint itself, not a record of its own: eviction of old checkpoints cannot lose it.
+        "validation": {**run.validation.to_dict(), "best_weights": run.best_weights},
     }
 
 
@@ -150,6 +157,10 @@ def restore(objects: TrainingObjects, loaded: LoadedCheckpoint, data_version: st
         attempts=[dict(entry) for entry in state["attempts"]],
         mlflow_run_id=state["mlflow_run_id"],
     )
+    validation = state.get("validation")  # absent from checkpoints made before validation existed
+    if validation is not None:
+        run.validation = ValidationState.from_dict(validation)
+        run.best_weights = validation.get("best_weights")
     if run.attempts and run.attempts[-1]["ended"] is None:
         # The attempt that wrote this checkpoint never said goodbye: killed (SIGKILL, node loss) or crashed.
         run.attempts[-1]["ended"] = "interrupted"

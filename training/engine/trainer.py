@@ -6,7 +6,9 @@ a vote on whether anyone received an eviction notice), so that all of them stop 
 checkpoints asynchronously at the configured interval (or, with `--checkpoint-every-seconds auto`, at one
 chosen from what its first saves cost), immediately when evicted, and at the end: the trainer's checkpoint
 manager (training/checkpoint/manager.py) decides when, and saves. A step whose agreed loss is not finite
-stops every rank at that step, with nothing saved after it (training/engine/divergence.py).
+stops every rank at that step, with nothing saved after it (training/engine/divergence.py). With validation
+on, the validation split is scored at the due steps, the best validated weights are kept, and early stopping
+ends every rank at the same step (training/engine/validation.py).
 
 The task (training/tasks/base.py) supplies the data, the model, the loss of a batch and the final scores;
 the loop, DDP, sampling, RNG and checkpoints are the same for every task.
@@ -42,6 +44,7 @@ from training.engine.sampling import BatchPlan, epoch_permutation, rank_batch_in
 from training.engine.throughput import ThroughputMeter
 from training.engine.tracking import Tracker
 from training.engine.train_state import RunState, build_training_objects
+from training.engine.validation import Validator
 from training.tasks.base import Task, TaskData, batch_loss
 
 log = logging.getLogger(__name__)
@@ -103,6 +106,17 @@ class Trainer:
             tracker=tracker,
             emit=self._emit,
             clock=clock,
+        )
+        self._validator = Validator(
+            config,
+            context,
+            task,
+            data,
+            self._objects.model,
+            tracker,
+            self._emit,
+            steps_per_epoch=self._plan.steps_per_epoch,
+            total_steps=self._total_steps,
         )
         # The run's progress: fresh here, restored by `run()` when there is a checkpoint to resume.
         self._run = RunState()
@@ -174,9 +188,10 @@ class Trainer:
 
     def _train(self) -> str:
         consensus = StepConsensus(self.context)
-        while self._run.step < self._total_steps:
+        while self._run.step < self._total_steps and not self._run.validation.stopped:
             local_loss = self._train_step()
             self._meter.update(self.config.global_batch_size)
+            self._validator.after_step(self._run)  # before anything may save this step's state
             verdict = consensus.exchange(
                 self._run.step, local_loss, self.notice.received, self._step_details()
             )
@@ -188,7 +203,12 @@ class Trainer:
                     return DIVERGED
                 if verdict.stop_requested:
                     return self._last_step(consensus.drain(), PREEMPTED)
-            if self._checkpoints.interval_save_due(self._run.step) and self._safe_to_save(consensus.settle()):
+            last = self._run.validation.stopped  # early stopping: the final save takes this step
+            if (
+                not last
+                and self._checkpoints.interval_save_due(self._run.step)
+                and self._safe_to_save(consensus.settle())
+            ):
                 self._checkpoints.save(REASON_INTERVAL, self._progress())
             self._checkpoints.poll(self._run)
         return self._last_step(consensus.drain(), COMPLETED)
@@ -296,7 +316,7 @@ class Trainer:
         return TrainOutcome(COMPLETED, self._run.step)
 
     def _write_outputs(self) -> None:
-        model = self._objects.model
+        model, outcome = self._validator.candidate(self._objects.model, self._run)
         metrics = scores(self.task, model, on_device(self.data.split("validation"), self.context.device))
         final_metrics: dict[str, float | None] = {
             f"validation_{name}": value for name, value in metrics.items()
@@ -309,17 +329,36 @@ class Trainer:
         warnings = self._checkpoints.warnings(self._run)
         for warning in warnings:
             log.warning("%s", warning)
-        write_metadata(out, {**self._metadata(final_metrics), "warnings": warnings})
+        metadata = {**self._metadata(model, final_metrics), **outcome, "warnings": warnings}
+        write_metadata(out, metadata)
         tracked = {name: value for name, value in final_metrics.items() if value is not None}
+        if self.config.validates:  # each validation is logged at its step; the candidate's is one of them
+            tracked = {name: value for name, value in tracked.items() if not name.startswith("validation_")}
         self.tracker.log_metrics(tracked, step=self._run.step)
+        tags = {
+            "retrain.stop_reason": outcome["stop_reason"],
+            "retrain.candidate_step": str(outcome["candidate_step"]),
+        }
+        if outcome["validation"] is not None:
+            tags["retrain.best_step"] = str(outcome["validation"]["best_step"])
+        self.tracker.set_tags(tags)
         self.tracker.finish("FINISHED")
-        self._emit("done", steps=self._run.step, validation=metrics, out=str(out))
+        self._emit(
+            "done",
+            steps=self._run.step,
+            validation=metrics,
+            out=str(out),
+            stop_reason=outcome["stop_reason"],
+            candidate=outcome["candidate"],
+            candidate_step=outcome["candidate_step"],
+        )
 
-    def _metadata(self, final_metrics: dict[str, float | None]) -> dict[str, Any]:
+    def _metadata(self, model: nn.Module, final_metrics: dict[str, float | None]) -> dict[str, Any]:
+        """`model`: the candidate written, whose weights `weights_sha256` fingerprints."""
         run, config = self._run, self.config
         return {
             "format": "retrain-training/1",
-            "weights_sha256": weights_sha256(self._objects.model),
+            "weights_sha256": weights_sha256(model),
             "data_version": self.data.data_version,
             "steps": run.step,
             "epochs": run.step / self._plan.steps_per_epoch,
