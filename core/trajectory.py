@@ -2,10 +2,10 @@
 
 The trajectory options are the ones that decide the course of a training: the epochs (they decide the total
 steps, and with them the learning-rate schedule from the first step on), the seed, the batch size, the
-optimiser's settings, the task and its options (the model and the data it reads). A checkpoint only resumes
-under the same values (the trainer refuses otherwise, training/engine/resume_policy.py); anything else (the
-checkpoint interval and how many to keep, the mean time between evictions, the world size, the progress
-display) may change between attempts.
+optimiser's settings, how a step is computed (gradient clipping, accumulation, precision), the task and its
+options (the model and the data it reads). A checkpoint only resumes under the same values (the trainer
+refuses otherwise, training/engine/resume_policy.py); anything else (the checkpoint interval and how many to
+keep, the mean time between evictions, the world size, the progress display) may change between attempts.
 
 The names are the trainer's `TrainConfig` fields (training/engine/config.py), and the train step's inputs of
 the same names (components/train.yml), whose values the checkpoint key digests.
@@ -30,6 +30,9 @@ TRAJECTORY_FIELDS = (
     "learning_rate",
     "weight_decay",
     "warmup_steps",
+    "grad_clip_norm",
+    "accumulate_grad_batches",
+    "precision",
     "task",
     "task_options",
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from core.errors import InputError
 from core.flags import flag, number_text
 from core.task_ref import options_text
 from core.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
-from core.train_rules import OFF_WORDS, TRAIN_RULES, read_interval
+from core.train_rules import OFF_WORDS, PRECISIONS, TRAIN_RULES, read_interval
 from core.trajectory import TRAJECTORY_FIELDS  # the options a checkpoint resumes only under
 from training.tasks.task_flags import task_flag, task_options_flag
 
@@ -58,6 +58,15 @@ def _optional_whole(text: str) -> int | None:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a int or 'off', got {text!r}") from None
+
+
+def _number_or_off(text: str) -> float | None:
+    if text.lower() in OFF_WORDS:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'off', got {text!r}") from None
 
 
 def _seconds_auto_or_off(text: str) -> float | str | None:
@@ -117,6 +126,35 @@ class TrainConfig:
     )
     weight_decay: float = field(default=0.01, metadata=flag(parse=float, format=number_text, group=_TRAINING))
     warmup_steps: int = field(default=20, metadata=flag(parse=int, group=_TRAINING))
+    grad_clip_norm: float | None = field(
+        default=None,
+        metadata=flag(
+            parse=_number_or_off,
+            format=number_text,
+            none="off",
+            metavar="X",
+            group=_TRAINING,
+            help="clip the gradients' total norm to X before each optimizer step ('off')",
+        ),
+    )
+    accumulate_grad_batches: int = field(
+        default=1,
+        metadata=flag(
+            parse=int,
+            metavar="K",
+            group=_TRAINING,
+            help="reach the global batch in K micro-batches per process (less memory, same step)",
+        ),
+    )
+    precision: str = field(
+        default="32",
+        metadata=flag(
+            choices=PRECISIONS,
+            group=_TRAINING,
+            help="32; bf16-mixed (bfloat16 autocast, CPU or CUDA); 16-mixed (float16 autocast with a "
+            "gradient scaler, CUDA only)",
+        ),
+    )
     task: str = field(default=DEFAULT_TASK, metadata=task_flag(_TASK))
     task_options: dict[str, Any] = field(default_factory=dict, metadata=task_options_flag(_TASK))
     checkpoint_every_steps: int | None = field(
@@ -230,10 +268,12 @@ def _shown_option(name: str, value: object) -> str:
 
 
 def trajectory_mismatches(saved: dict[str, Any], current: TrainConfig) -> list[str]:
-    """Human-readable differences between a checkpoint's trajectory options and the current ones."""
+    """Human-readable differences between a checkpoint's trajectory options and the current ones. An option
+    a checkpoint does not record is older than it, so the checkpoint was trained with its default."""
+    defaults = {each.name: each.default for each in fields(TrainConfig)}
     return [
         f"--{name.replace('_', '-')} {_shown_option(name, getattr(current, name))} "
-        f"(checkpoint: {_shown_option(name, saved.get(name))})"
+        f"(checkpoint: {_shown_option(name, saved.get(name, defaults[name]))})"
         for name in TRAJECTORY_FIELDS
-        if saved.get(name) != getattr(current, name)
+        if saved.get(name, defaults[name]) != getattr(current, name)
     ]
