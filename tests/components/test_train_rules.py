@@ -26,6 +26,9 @@ REFUSED = [
     ("learning_rate", "0.0", "0.0", 0.0, "a number > 0"),
     ("mtbe_hours", "0", "0", 0.0, "a number of hours > 0"),
     ("checkpoint_every_seconds", '"banana"', "banana", "banana", "a number of seconds > 0, 'auto'"),
+    ("grad_clip_norm", "0.0", "0", 0.0, "a number > 0"),
+    ("accumulate_grad_batches", "0", "0", 0, "a whole number >= 1"),
+    ("precision", '"fp16"', "fp16", "fp16", "one of 32, bf16-mixed, 16-mixed"),
 ]
 IDS = [name for name, *_ in REFUSED]
 
@@ -84,6 +87,9 @@ def test_the_trainer_refuses_it_by_the_same_rule(tmp_path, name, toml, text, val
         ("checkpoint_every_seconds", ["auto", "OFF", "none", "300", 300, 0.5, None]),
         ("checkpoint_every_steps", ["off", "10", 10, None]),
         ("epochs", ["3", 3]),
+        ("grad_clip_norm", ["1.0", 0.5, 2, "off", None]),
+        ("accumulate_grad_batches", ["4", 1]),
+        ("precision", ["32", 32, "bf16-mixed", "16-mixed"]),
     ],
 )
 def test_what_the_trainer_accepts_passes_every_room(name, good):
@@ -99,6 +105,9 @@ def test_what_the_trainer_accepts_passes_every_room(name, good):
         ("checkpoint_every_seconds", ["banana", 0, "-5", "inf", True]),
         ("epochs", [0, 2.0, "2.5", True]),
         ("keep_checkpoints", [1, "1"]),
+        ("grad_clip_norm", [0, "-1", "inf", True]),
+        ("accumulate_grad_batches", [0, 2.0, True]),
+        ("precision", ["16", "bf16", 16, True]),
     ],
 )
 def test_what_the_trainer_refuses_fits_no_rule(name, bad):

@@ -17,7 +17,7 @@ from core.errors import InputError
 from core.flags import flag, number_text
 from core.task_ref import options_text
 from core.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
-from core.train_rules import OFF_WORDS, PRECISIONS, TRAIN_RULES, read_interval
+from core.train_rules import OFF_WORDS, PRECISIONS, TRAIN_RULES, read_interval, read_precision
 from core.trajectory import TRAJECTORY_FIELDS  # the options a checkpoint resumes only under
 from training.tasks.task_flags import task_flag, task_options_flag
 
@@ -222,6 +222,7 @@ class TrainConfig:
         for name, rule in TRAIN_RULES.items():
             value = getattr(self, name)
             _require(rule.fits(value), f"{rule.flag} {_shown(value)}: expected {rule.expected}")
+        object.__setattr__(self, "precision", read_precision(self.precision))  # a TOML 32 is the name "32"
         _require(
             self.progress in PROGRESS_MODES,
             f"--progress {self.progress!r}: expected one of {', '.join(PROGRESS_MODES)}",

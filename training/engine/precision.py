@@ -26,15 +26,20 @@ from core.errors import InputError
 FULL, BF16_MIXED, FP16_MIXED = "32", "bf16-mixed", "16-mixed"
 
 
+def require_supported(precision: str, device: torch.device) -> None:
+    """Refuse float16 off CUDA: CPU float16 kernels are few and slow, and bfloat16 serves a CPU better."""
+    if precision == FP16_MIXED and device.type != "cuda":
+        raise InputError(
+            f"--precision {FP16_MIXED}: float16 with a gradient scaler needs a CUDA device, and this "
+            f"process trains on {device.type}; use --precision {BF16_MIXED} or 32 on a CPU"
+        )
+
+
 class Precision:
-    """One attempt's precision on `device`: the autocast context, backward, and the (scaled) step."""
+    """One attempt's precision on `device`: the autocast context, backward, and the (scaled) step. The
+    trainer asks `require_supported` first; torch itself runs every combination."""
 
     def __init__(self, precision: str, device: torch.device) -> None:
-        if precision == FP16_MIXED and device.type != "cuda":
-            raise InputError(
-                f"--precision {FP16_MIXED}: float16 with a gradient scaler needs a CUDA device, and this "
-                f"process trains on {device.type}; use --precision {BF16_MIXED} or 32 on a CPU"
-            )
         self.precision = precision
         self._device_type = device.type
         self.scaler = torch.amp.GradScaler(device.type) if precision == FP16_MIXED else None

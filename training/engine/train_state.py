@@ -24,7 +24,7 @@ from core.errors import InputError
 from training.checkpoint.checkpointer import LoadedCheckpoint
 from training.engine.config import TrainConfig
 from training.engine.optimization import Optimization, build_optimization
-from training.engine.precision import Precision
+from training.engine.precision import Precision, require_supported
 from training.engine.sampling import DataCursor
 from training.tasks.base import Task, built_model
 
@@ -95,7 +95,8 @@ class RunState:
 def build_training_objects(
     config: TrainConfig, task: Task, info: Mapping[str, Any], total_steps: int, device: torch.device
 ) -> TrainingObjects:
-    precision = Precision(config.precision, device)  # a precision the device lacks is refused first
+    require_supported(config.precision, device)  # refused before anything is built
+    precision = Precision(config.precision, device)
     torch.manual_seed(config.seed)  # identical initial weights on every rank and every attempt
     model = built_model(task, info)
     if not any(parameter.requires_grad for parameter in model.parameters()):
