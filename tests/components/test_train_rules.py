@@ -125,3 +125,21 @@ def test_retrain_run_refuses_it_in_one_line_before_pinning_any_data(tmp_path, ca
     assert code == 2
     assert err.strip() == "retrain: error: parameter learning_rate is '0.0'; expected a number > 0"
     assert not (tmp_path / "home" / "data").exists()
+
+
+def test_the_step_options_are_pipeline_keys_of_the_same_names_and_reach_the_train_step(tmp_path):
+    path = tmp_path / "iris.toml"
+    path.write_text(
+        '[pipeline]\ngrad_clip_norm = 1.0\naccumulate_grad_batches = 4\nprecision = "bf16-mixed"\n'
+    )
+    parameters = load_model_config(path, PIPELINE).parameters()
+    assert {
+        name: parameters[name] for name in ("grad_clip_norm", "accumulate_grad_batches", "precision")
+    } == {
+        "grad_clip_norm": 1.0,
+        "accumulate_grad_batches": 4,
+        "precision": "bf16-mixed",
+    }
+    check_parameter_texts(PIPELINE, {"accumulate_grad_batches": "4", "precision": "16-mixed"})
+    train = PIPELINE.steps["train"].component
+    assert {"grad_clip_norm", "accumulate_grad_batches", "precision"} <= set(train.inputs)
