@@ -122,10 +122,24 @@ class TrainConfig:
         ),
     )
     learning_rate: float = field(
-        default=3e-3, metadata=flag(parse=float, format=number_text, group=_TRAINING)
+        default=3e-3,
+        metadata=flag(
+            parse=float,
+            format=number_text,
+            group=_TRAINING,
+            help="the default optimiser's (AdamW) peak learning rate; a task's own optimiser may follow it",
+        ),
     )
-    weight_decay: float = field(default=0.01, metadata=flag(parse=float, format=number_text, group=_TRAINING))
-    warmup_steps: int = field(default=20, metadata=flag(parse=int, group=_TRAINING))
+    weight_decay: float = field(
+        default=0.01,
+        metadata=flag(parse=float, format=number_text, group=_TRAINING, help="AdamW's weight decay"),
+    )
+    warmup_steps: int = field(
+        default=20,
+        metadata=flag(
+            parse=int, group=_TRAINING, help="steps of linear warm-up, then a cosine decay to a tenth"
+        ),
+    )
     grad_clip_norm: float | None = field(
         default=None,
         metadata=flag(
