@@ -323,11 +323,11 @@ def test_bf16_mixed_trains_and_resumes_exactly_on_the_cpu(prepared_data, tmp_pat
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
     config = config_from_args(parser.parse_args(arguments(tmp_path / "resumed")[2:]), {}, Path())
-    task, notice = load_task(config.task, config.task_options), PreemptionNotice()
+    task, notice, tracking = load_task(config.task, config.task_options), PreemptionNotice(), _Tracking()
     checkpointer = Checkpointer(LocalCheckpointStore(Path(config.checkpoints)), keep_last=2)
     trainer = Trainer(
         config, init_distributed("cpu", {}), task, task.load(config.data), checkpointer,
-        _NoTracking(), _preempted_at(25, notice), launch_id="t", notice=notice,
+        tracking, _preempted_at(25, notice), launch_id="t", notice=notice,
     )  # fmt: skip
     try:
         assert trainer.run().status == PREEMPTED
@@ -341,14 +341,22 @@ def test_bf16_mixed_trains_and_resumes_exactly_on_the_cpu(prepared_data, tmp_pat
     assert resumed["resumes"] == 1 and first["ended"] == "preempted" and 25 <= first["ended_at_step"] < 44
     assert resumed["optimization"]["precision"] == "bf16-mixed"
     assert resumed["config"]["precision"] == "bf16-mixed"
+    tracked = {name: tracking.params[name] for name in ("optimizer", "lr_scheduler", "precision")}
+    assert tracked == {"optimizer": "AdamW", "lr_scheduler": "LambdaLR", "precision": "bf16-mixed"}
     # And bfloat16 did the arithmetic: the same run in float32 ends elsewhere.
     full = [arg for arg in arguments(tmp_path / "full") if arg not in ("--precision", "bf16-mixed")]
     assert main(["train", *full]) == 0
     assert read_metadata(tmp_path / "full" / "out")["weights_sha256"] != uninterrupted["weights_sha256"]
 
 
-class _NoTracking:
+class _Tracking:
+    """What the trainer gives an MLflow run (training/engine/tracking.py's Tracker): its parameters."""
+
+    def __init__(self) -> None:
+        self.params: dict = {}
+
     def start(self, run_id, params, tags):
+        self.params = dict(params)
         return None
 
     def log_metrics(self, metrics, step):
