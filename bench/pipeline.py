@@ -16,8 +16,8 @@ scoring of 60 test rows is left in the overhead. Each round runs it twice, alter
 and times a bare `python -c "import torch, mlflow"` beside them: the start-up one interpreter cannot avoid.
 Target: after <= 10 s (median).
 
-**Runner against direct commands.** Each round starts two cold state folders and runs the whole pipeline (prep -> train -> evaluate ->
-register, a small training) in each, back to back, alternating which goes first:
+**Runner against direct commands.** Each round starts two cold state folders and runs the whole pipeline
+(prep -> train -> evaluate -> register, a small training) in each, back to back, alternating which goes first:
 
 - runner: `LocalRunner.run`, with everything it adds: spec loading, code/environment/input hashing, cache
   lookups, run records rewritten atomically per state change, log files, staging and publishing of
@@ -290,7 +290,7 @@ def main() -> int:
     print(f"retrain run overhead, README task: before {overhead['before_overhead_s']:.2f} s, after "
           f"{overhead['after_overhead_s']:.2f} s (after / before {overhead['after_over_before']:.3f}; target "
           f"after <= {RUN_OVERHEAD_TARGET_S:.0f} s: {'ok' if run_ok else 'MISSED'}); training itself "
-          f"{overhead['training_s']:.2f} s; a bare `import torch, mlflow` {overhead['bare_import_s']:.2f} s")  # fmt: skip
+          f"{overhead['training_s']:.2f} s; bare `import torch, mlflow` {overhead['bare_import_s']:.2f} s")  # fmt: skip
     overhead_ok = result["overhead_ratio"] <= OVERHEAD_TARGET
     cached_ok = result["cached_ratio"] <= CACHED_TARGET and result["all_steps_reused"]
     print(f"runner / direct   {result['overhead_ratio']:.3f} (target <= {OVERHEAD_TARGET}; "

@@ -92,6 +92,25 @@ def read_interval(value: object) -> float | str | None:
     return _number(value)
 
 
+def read_optional_number(value: object) -> float | None:
+    """A number, or 'off' (None); ValueError otherwise."""
+    return None if _off(value) else _number(value)
+
+
+# `--precision`: full float32, bfloat16 autocast (CPU and CUDA), float16 autocast with a gradient scaler
+# (CUDA only; the trainer refuses it on a CPU). Lightning's names, so users recognise them.
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+
+
+def read_precision(value: object) -> str:
+    """A precision's name; a TOML `precision = 32` is the name "32"."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str):
+        return value.strip()
+    raise ValueError(value)
+
+
 def _finite(value: object) -> TypeGuard[float]:
     return isinstance(value, float) and math.isfinite(value)
 
@@ -128,6 +147,19 @@ _RULES = (
     Rule("learning_rate", "a number > 0", _number, lambda value: _finite(value) and value > 0),
     Rule("weight_decay", "a number >= 0", _number, lambda value: _finite(value) and value >= 0),
     Rule("warmup_steps", "a whole number >= 0", _whole, _at_least(0)),
+    Rule(
+        "grad_clip_norm",
+        "a number > 0 (the largest gradient norm), or 'off'",
+        read_optional_number,
+        lambda value: value is None or (_finite(value) and value > 0),
+    ),
+    Rule(
+        "accumulate_grad_batches",
+        "a whole number >= 1 (micro-batches per optimizer step)",
+        _whole,
+        _at_least(1),
+    ),
+    Rule("precision", f"one of {', '.join(PRECISIONS)}", read_precision, lambda value: value in PRECISIONS),
     Rule(
         "checkpoint_every_steps",
         "a whole number >= 1, or 'off'",

@@ -2,12 +2,13 @@
 
 The trajectory options are the ones that decide the course of a training: the epochs (they decide the total
 steps, and with them the learning-rate schedule from the first step on), the seed, the batch size, the
-optimiser's settings, the task and its options (the model and the data it reads), and the validation
-cadence and early-stopping rule (where the run stops, and which validated step is its best). `--candidate`
-is not among them: the best validated weights are kept whenever validation is on, so which ones become the
-model may change on a resume. A checkpoint only resumes under the same values (the trainer refuses
-otherwise, training/engine/resume_policy.py; a checkpoint from before an option existed counts as made with
-its default); anything else (the checkpoint interval and how many to keep, the mean time between evictions,
+optimiser's settings, how a step is computed (gradient clipping, accumulation, precision), the task and its
+options (the model and the data it reads), and the validation cadence and early-stopping rule (where the
+run stops, and which validated step is its best). `--candidate` is not among them: the best validated
+weights are kept whenever validation is on, so which ones become the model may change on a resume. A
+checkpoint only resumes under the same values (the trainer refuses otherwise,
+training/engine/resume_policy.py; a checkpoint from before an option existed counts as made with its
+default); anything else (the checkpoint interval and how many to keep, the mean time between evictions,
 the world size, the progress display) may change between attempts.
 
 The names are the trainer's `TrainConfig` fields (training/engine/config.py), and the train step's inputs of
@@ -35,6 +36,9 @@ TRAJECTORY_FIELDS = (
     "learning_rate",
     "weight_decay",
     "warmup_steps",
+    "grad_clip_norm",
+    "accumulate_grad_batches",
+    "precision",
     "task",
     "task_options",
     # Validation decides where an early-stopped run ends and which step is its best; resumed under other

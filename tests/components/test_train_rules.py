@@ -29,6 +29,9 @@ REFUSED = [
     ("early_stopping_patience", "0", "0", 0, "a whole number of validations >= 1"),
     ("early_stopping_metric", '"loss"', "loss", "loss", "validation_<one of the task's metrics>"),
     ("validate_every_epochs", "-1", "-1", -1, "a whole number of epochs >= 1, or 0 or 'off'"),
+    ("grad_clip_norm", "0.0", "0", 0.0, "a number > 0"),
+    ("accumulate_grad_batches", "0", "0", 0, "a whole number >= 1"),
+    ("precision", '"fp16"', "fp16", "fp16", "one of 32, bf16-mixed, 16-mixed"),
 ]
 IDS = [name for name, *_ in REFUSED]
 
@@ -93,6 +96,9 @@ def test_the_trainer_refuses_it_by_the_same_rule(tmp_path, name, toml, text, val
         ("early_stopping_patience", ["1", 5]),
         ("early_stopping_min_delta", ["0", 0.01, 0]),
         ("candidate", ["best", "last", "auto"]),
+        ("grad_clip_norm", ["1.0", 0.5, 2, "off", None]),
+        ("accumulate_grad_batches", ["4", 1]),
+        ("precision", ["32", 32, "bf16-mixed", "16-mixed"]),
     ],
 )
 def test_what_the_trainer_accepts_passes_every_room(name, good):
@@ -113,6 +119,9 @@ def test_what_the_trainer_accepts_passes_every_room(name, good):
         ("early_stopping_patience", [0, "2.5", True]),
         ("early_stopping_min_delta", [-0.1, "nan", True]),
         ("candidate", ["worst", 1]),
+        ("grad_clip_norm", [0, "-1", "inf", True]),
+        ("accumulate_grad_batches", [0, 2.0, True]),
+        ("precision", ["16", "bf16", 16, True]),
     ],
 )
 def test_what_the_trainer_refuses_fits_no_rule(name, bad):
@@ -130,3 +139,21 @@ def test_retrain_run_refuses_it_in_one_line_before_pinning_any_data(tmp_path, ca
     assert code == 2
     assert err.strip() == "retrain: error: parameter learning_rate is '0.0'; expected a number > 0"
     assert not (tmp_path / "home" / "data").exists()
+
+
+def test_the_step_options_are_pipeline_keys_of_the_same_names_and_reach_the_train_step(tmp_path):
+    path = tmp_path / "iris.toml"
+    path.write_text(
+        '[pipeline]\ngrad_clip_norm = 1.0\naccumulate_grad_batches = 4\nprecision = "bf16-mixed"\n'
+    )
+    parameters = load_model_config(path, PIPELINE).parameters()
+    assert {
+        name: parameters[name] for name in ("grad_clip_norm", "accumulate_grad_batches", "precision")
+    } == {
+        "grad_clip_norm": 1.0,
+        "accumulate_grad_batches": 4,
+        "precision": "bf16-mixed",
+    }
+    check_parameter_texts(PIPELINE, {"accumulate_grad_batches": "4", "precision": "16-mixed"})
+    train = PIPELINE.steps["train"].component
+    assert {"grad_clip_norm", "accumulate_grad_batches", "precision"} <= set(train.inputs)

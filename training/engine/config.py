@@ -23,9 +23,11 @@ from core.train_rules import (
     CANDIDATE_LAST,
     CANDIDATES,
     OFF_WORDS,
+    PRECISIONS,
     TRAIN_RULES,
     read_interval,
     read_optional_count,
+    read_precision,
 )
 from core.trajectory import TRAJECTORY_FIELDS  # the options a checkpoint resumes only under
 from training.tasks.task_flags import task_flag, task_options_flag
@@ -74,6 +76,13 @@ def _optional_count(text: str) -> int | None:
         return read_optional_count(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, or 0 or 'off', got {text!r}") from None
+def _number_or_off(text: str) -> float | None:
+    if text.lower() in OFF_WORDS:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'off', got {text!r}") from None
 
 
 def _seconds_auto_or_off(text: str) -> float | str | None:
@@ -137,10 +146,53 @@ class TrainConfig:
         ),
     )
     learning_rate: float = field(
-        default=3e-3, metadata=flag(parse=float, format=number_text, group=_TRAINING)
+        default=3e-3,
+        metadata=flag(
+            parse=float,
+            format=number_text,
+            group=_TRAINING,
+            help="the default optimiser's (AdamW) peak learning rate; a task's own optimiser may follow it",
+        ),
     )
-    weight_decay: float = field(default=0.01, metadata=flag(parse=float, format=number_text, group=_TRAINING))
-    warmup_steps: int = field(default=20, metadata=flag(parse=int, group=_TRAINING))
+    weight_decay: float = field(
+        default=0.01,
+        metadata=flag(parse=float, format=number_text, group=_TRAINING, help="AdamW's weight decay"),
+    )
+    warmup_steps: int = field(
+        default=20,
+        metadata=flag(
+            parse=int, group=_TRAINING, help="steps of linear warm-up, then a cosine decay to a tenth"
+        ),
+    )
+    grad_clip_norm: float | None = field(
+        default=None,
+        metadata=flag(
+            parse=_number_or_off,
+            format=number_text,
+            none="off",
+            metavar="X",
+            group=_TRAINING,
+            help="clip the gradients' total norm to X before each optimizer step ('off')",
+        ),
+    )
+    accumulate_grad_batches: int = field(
+        default=1,
+        metadata=flag(
+            parse=int,
+            metavar="K",
+            group=_TRAINING,
+            help="reach the global batch in K micro-batches per process (less memory, same step)",
+        ),
+    )
+    precision: str = field(
+        default="32",
+        metadata=flag(
+            choices=PRECISIONS,
+            group=_TRAINING,
+            help="32; bf16-mixed (bfloat16 autocast, CPU or CUDA); 16-mixed (float16 autocast with a "
+            "gradient scaler, CUDA only)",
+        ),
+    )
     task: str = field(default=DEFAULT_TASK, metadata=task_flag(_TASK))
     task_options: dict[str, Any] = field(default_factory=dict, metadata=task_options_flag(_TASK))
     validate_every_epochs: int | None = field(
@@ -270,6 +322,7 @@ class TrainConfig:
         for name, rule in TRAIN_RULES.items():
             value = getattr(self, name)
             _require(rule.fits(value), f"{rule.flag} {_shown(value)}: expected {rule.expected}")
+        object.__setattr__(self, "precision", read_precision(self.precision))  # a TOML 32 is the name "32"
         _require(
             self.progress in PROGRESS_MODES,
             f"--progress {self.progress!r}: expected one of {', '.join(PROGRESS_MODES)}",

@@ -42,7 +42,7 @@ from core.flags import config_to_argv
 from core.secrets import tracking_credentials_apart
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
 from training.checkpoint.stores import newest_record, open_checkpoint_lease, open_checkpoint_store
-from training.engine.batch_split import per_rank_batch_size
+from training.engine.batch_split import micro_batch_size
 from training.engine.config import TrainConfig
 from training.engine.divergence import DIVERGED_EXIT_CODE, TrainingDiverged
 from training.engine.failure_report import WorkerFailed, read_report
@@ -136,7 +136,8 @@ def _run_torchrun(command: list[str], environ: Mapping[str, str]) -> tuple[int, 
 def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     if nproc < 1:
         raise InputError(f"--nproc {nproc}: expected a positive number of processes")
-    per_rank_batch_size(config.global_batch_size, nproc)  # refuse before starting any process
+    # Refused before starting any process:
+    micro_batch_size(config.global_batch_size, nproc, config.accumulate_grad_batches)
     task = load_checked_task(config)
     launch_id = uuid.uuid4().hex[:12]
     if nproc == 1:

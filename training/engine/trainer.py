@@ -10,8 +10,10 @@ stops every rank at that step, with nothing saved after it (training/engine/dive
 on, the validation split is scored at the due steps, the best validated weights are kept, and early stopping
 ends every rank at the same step (training/engine/validation.py).
 
-The task (training/tasks/base.py) supplies the data, the model, the loss of a batch and the final scores;
-the loop, DDP, sampling, RNG and checkpoints are the same for every task.
+The task (training/tasks/base.py) supplies the data, the model, the loss of a batch and the final scores,
+and may supply its optimizer and schedule (training/engine/optimization.py); the loop, DDP, sampling, RNG
+and checkpoints are the same for every task. How one step is computed (micro-batches, precision, gradient
+clipping) is training/engine/train_step.py's.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import training
 from training.checkpoint.checkpointer import Checkpointer, LoadedCheckpoint
 from training.checkpoint.manager import CheckpointManager
 from training.checkpoint.records import REASON_INTERVAL
+from training.engine.batch_split import micro_batch_size
 from training.engine.batches import BatchSource, on_device
 from training.engine.config import TrainConfig
 from training.engine.consensus import StepConsensus, StepVerdict
@@ -44,8 +47,9 @@ from training.engine.sampling import BatchPlan, epoch_permutation, rank_batch_in
 from training.engine.throughput import ThroughputMeter
 from training.engine.tracking import Tracker
 from training.engine.train_state import RunState, build_training_objects
+from training.engine.train_step import TrainStep
 from training.engine.validation import Validator
-from training.tasks.base import Task, TaskData, batch_loss
+from training.tasks.base import Task, TaskData, loss_takes_info
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +94,19 @@ class Trainer:
         # weights on every rank; a resume loads its checkpoint into them).
         self._train_batches = BatchSource(data.split("train"), context.device, config.task)
         self._plan = BatchPlan(len(self._train_batches), config.global_batch_size)
-        self._plan.per_rank_batch_size(context.world_size)  # refuse a batch the ranks cannot share
+        # Refuse a batch the ranks, or each rank's micro-batches, cannot share.
+        micro_batch_size(config.global_batch_size, context.world_size, config.accumulate_grad_batches)
         self._total_steps = self._plan.steps_per_epoch * config.epochs
-        self._objects = build_training_objects(config, task, data.info, self._total_steps)
-        self._objects.model.to(context.device)
+        self._objects = build_training_objects(config, task, data.info, self._total_steps, context.device)
+        self._step = TrainStep(
+            task,
+            self._train_batches,
+            self._objects.optimization,
+            self._objects.precision,
+            accumulate_grad_batches=config.accumulate_grad_batches,
+            grad_clip_norm=config.grad_clip_norm,
+            loss_info=data.info if loss_takes_info(task) else None,
+        )
         self._network: nn.Module = self._objects.model  # wrapped for DDP once the checkpoint is loaded
         self._checkpoints = CheckpointManager(
             checkpointer,
@@ -249,7 +262,7 @@ class Trainer:
         return not checks or bool(torch.stack(checks).all())  # one device sync for the whole model
 
     def _train_step(self) -> float:
-        run, objects = self._run, self._objects
+        run = self._run
         indices = rank_batch_indices(
             self._epoch_permutation(run.cursor.epoch),
             run.cursor,
@@ -259,17 +272,11 @@ class Trainer:
         )
         # Seeded first: a split that augments as it reads draws from the generator this step reseeds.
         torch.manual_seed(step_seed(self.config.seed, run.step, self.context.rank))
-        batch = self._train_batches.batch(indices)
-        self._network.train()
-        loss = batch_loss(self.task, self._network, batch)
-        objects.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self._checkpoints.wait_until_staged()  # the previous checkpoint's snapshot may still read the weights
-        objects.optimizer.step()
-        objects.scheduler.step()
+        # Before the update, the previous checkpoint's snapshot may still be reading the weights.
+        loss = self._step.run(self._network, indices, before_update=self._checkpoints.wait_until_staged)
         run.step += 1
         run.cursor = run.cursor.advance(self._plan)
-        return loss.item()
+        return loss
 
     def _epoch_permutation(self, epoch: int) -> torch.Tensor:
         if epoch != self._permutation_epoch:
@@ -365,6 +372,7 @@ class Trainer:
             "seed": config.seed,
             "world_size": self.context.world_size,
             "global_batch_size": config.global_batch_size,
+            "optimization": self._optimization_record(),
             "wall_time_seconds": self._elapsed_seconds(),
             "resumes": run.resumes,
             "evictions_survived": run.evictions_survived,
@@ -385,6 +393,16 @@ class Trainer:
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
 
+    def _optimization_record(self) -> dict[str, Any]:
+        """What trained the weights: the optimizer and schedule (and whose), and how a step was computed."""
+        return {
+            **self._objects.optimization.describe(),
+            "precision": self.config.precision,
+            "accumulate_grad_batches": self.config.accumulate_grad_batches,
+            "grad_clip_norm": self.config.grad_clip_norm,
+            "skipped_steps": self._objects.precision.skipped_steps,  # float16 overflows, this attempt
+        }
+
     def _elapsed_seconds(self) -> float:
         """The run's training time: its earlier attempts' and this one's so far."""
         return self._elapsed_before + self._clock() - self._attempt_started
@@ -400,7 +418,7 @@ class Trainer:
         return {
             "epoch": self._run.cursor.epoch,
             "position": self._run.cursor.position,
-            "learning_rate": self._objects.scheduler.get_last_lr()[0],
+            "learning_rate": self._objects.optimization.learning_rate(),
             "samples_per_second": self._meter.samples_per_second(),
         }
 
@@ -427,6 +445,7 @@ class Trainer:
     def _tracked_params(self) -> dict[str, Any]:
         return {
             **self.config.to_dict(),
+            **self._objects.optimization.describe(),
             "total_steps": self._total_steps,
             "parameters": sum(p.numel() for p in self._objects.model.parameters()),
         }
