@@ -290,7 +290,7 @@ def main() -> int:
     print(f"retrain run overhead, README task: before {overhead['before_overhead_s']:.2f} s, after "
           f"{overhead['after_overhead_s']:.2f} s (after / before {overhead['after_over_before']:.3f}; target "
           f"after <= {RUN_OVERHEAD_TARGET_S:.0f} s: {'ok' if run_ok else 'MISSED'}); training itself "
-          f"{overhead['training_s']:.2f} s; bare `import torch, mlflow` {overhead['bare_import_s']:.2f} s")  # fmt: skip
+          f"{overhead['training_s']:.2f} s; bare import {overhead['bare_import_s']:.2f} s")  # fmt: skip
     overhead_ok = result["overhead_ratio"] <= OVERHEAD_TARGET
     cached_ok = result["cached_ratio"] <= CACHED_TARGET and result["all_steps_reused"]
     print(f"runner / direct   {result['overhead_ratio']:.3f} (target <= {OVERHEAD_TARGET}; "
