@@ -14,6 +14,7 @@ The starter leaves when the runner closes it (the run ended) or dies (its stdin 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -182,7 +183,8 @@ class WarmLauncher:
         starter.wait()
         for stream in (starter.stdin, starter.stdout):
             if stream is not None:
-                stream.close()
+                with contextlib.suppress(OSError):  # a request still buffered for a starter that had died
+                    stream.close()
 
     def _module_command(self, argv: Sequence[str]) -> tuple[str, list[str]] | None:
         if len(argv) < 3 or argv[0] != self._python or argv[1] != "-m" or argv[2].startswith("-"):

@@ -76,6 +76,8 @@ def _optional_count(text: str) -> int | None:
         return read_optional_count(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, or 0 or 'off', got {text!r}") from None
+
+
 def _number_or_off(text: str) -> float | None:
     if text.lower() in OFF_WORDS:
         return None
