@@ -209,7 +209,7 @@ def test_the_validation_state_and_the_best_weights_ride_in_every_checkpoint_past
         "n_features": 2, "n_classes": 3, "feature_columns": ["a", "b"], "feature_mean": [0.0, 0.0],
         "feature_std": [1.0, 1.0], "classes": None,
     }  # fmt: skip
-    objects = build_training_objects(config, task, info, total_steps=10)
+    objects = build_training_objects(config, task, info, total_steps=10, device=torch.device("cpu"))
     best = {name: tensor.clone() + 1 for name, tensor in objects.model.state_dict().items()}
     validation = ValidationState(3, 6, 4, 0.5, {"validation_loss": 0.5}, 1)
     run = RunState(validation=validation, best_weights=best)
