@@ -53,10 +53,11 @@ def test_a_warm_step_sees_its_start_as_a_fresh_one_does(warm, environ, tmp_path)
     assert fresh_code == warm_code == 0
     assert sorted(warm_log.splitlines()) == sorted(fresh_log.splitlines()) == ["to stderr", "to stdout"]
     same = ("argv0_is_file", "cwd", "path0", "main", "own_session", "marker", "descriptors", "threads",
-            "sigint", "sigterm", "sigpipe")  # fmt: skip
+            "sigint", "sigterm", "sigpipe", "titled")  # fmt: skip
     assert {key: forked[key] for key in same} == {key: fresh[key] for key in same}
     assert forked["argv"] == ["ok", str(tmp_path / "warm" / "seen.json")]
     assert forked["own_session"] and forked["main"] == "__main__" and forked["descriptors"] == []
+    assert forked["titled"]  # `ps` shows the step's command, not its starter's
     assert forked["marker"] == "the step's own" and forked["path0"] == str(TESTS)
     # Each forked step draws its own random numbers, as each fresh interpreter does.
     for generator in ("random", "numpy", "torch_seed", "torch_first"):

@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
@@ -104,12 +105,33 @@ def preempted_in_launch(config: TrainConfig, launch_id: str, environ: Mapping[st
     return record is not None and record.reason == REASON_PREEMPTED and record.launch_id == launch_id
 
 
-def _run_torchrun(command: list[str], environ: Mapping[str, str]) -> tuple[int, bool]:
+def _start_torchrun(command: list[str], environ: Mapping[str, str], config: TrainConfig) -> Any:
+    """torchrun's agent, forked from this process once it has imported what the workers need (they are
+    forked from the agent in turn: training/warm/), instead of three fresh interpreters importing torch
+    each. This process has loaded the task already; the workers import it afresh. Exec'd as it is when
+    this process runs threads of its own, which a fork would not carry."""
+    if threading.active_count() > 1:
+        return subprocess.Popen(command, env=dict(environ))
+    from training.tasks.loader import user_task_modules
+    from training.warm.forked import ForkedProcess, module_command
+    from training.warm.preload import preload, worker_modules
+
+    agent = module_command(command)
+    assert agent is not None, command  # torchrun_command's: `python -m training.engine.torchrun_agent`
+    preload(worker_modules(tracking=bool(config.mlflow_tracking_uri)))
+    module, arguments, _ = agent
+    forget = user_task_modules(config.task)
+    return ForkedProcess(
+        module, arguments, env=environ, cwd=os.getcwd(), new_session=False, forget_modules=forget
+    )
+
+
+def _run_torchrun(command: list[str], environ: Mapping[str, str], config: TrainConfig) -> tuple[int, bool]:
     """torchrun's exit code, and whether an eviction notice (SIGTERM/SIGINT) was forwarded to it."""
     # A subreaper while torchrun runs: workers orphaned by torchrun's death come back here, to be ended.
     subreaper = set_child_subreaper(True)
     others = children(os.getpid())  # whatever else this process started is not torchrun's to end
-    process = subprocess.Popen(command, env={**environ, PARENT_PID_VARIABLE: str(os.getpid())})
+    process = _start_torchrun(command, {**environ, PARENT_PID_VARIABLE: str(os.getpid())}, config)
 
     forwarded: list[int] = []
 
@@ -160,7 +182,8 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     environment = {"OMP_NUM_THREADS": "1", **environ, **credentials, LAUNCH_ID_VARIABLE: launch_id}
     with tempfile.TemporaryDirectory(prefix="retrain-launch-") as reports:
         error_file = Path(reports) / "torchrun-error.json"  # this launch's alone: no older report speaks
-        code, noticed = _run_torchrun(command, {**environment, ELASTIC_ERROR_FILE_VARIABLE: str(error_file)})
+        environment[ELASTIC_ERROR_FILE_VARIABLE] = str(error_file)
+        code, noticed = _run_torchrun(command, environment, config)
         report = read_report(error_file) if code != 0 else None
     if report is not None and report.code == DIVERGED_EXIT_CODE:
         raise TrainingDiverged(report.message)

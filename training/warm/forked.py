@@ -5,15 +5,18 @@ torchrun's agent use (pid, poll, wait, send_signal, terminate, kill, returncode)
 `_become` does what exec and a fresh interpreter's start and end would have done, so that a module cannot
 tell the difference:
 
-- its own session (as `start_new_session=True`), its standard streams on the given files, every other
-  descriptor this process holds closed (an exec'd child inherits none: Python opens them close-on-exec);
+- its own session (as `start_new_session=True`; or its parent's, as torchrun's agent is its launcher's),
+  its standard streams on the given files, every other descriptor this process holds closed (an exec'd
+  child inherits none: Python opens them close-on-exec);
 - the step's working folder and environment; `sys.path[0]` the working folder, as `python -m` makes it;
+  its command line as its process title, where setproctitle is installed;
 - the signal dispositions a fresh interpreter starts with (SIGINT raises KeyboardInterrupt, SIGPIPE
   ignored, the rest default), and no wakeup descriptor;
 - fresh random state: Python's `random` reseeds itself after a fork, and numpy's and torch's global
   generators are reseeded here from the OS, as each is at its import; torch's thread count follows the
   step's OMP_NUM_THREADS (OpenMP read the starter's at import);
-- none of the starter's objects is ever collected here (`gc.freeze`), so no finaliser of theirs acts on
+- none of the starter's objects is ever collected here (`gc.freeze`), and their `weakref.finalize`
+  finalisers are detached, so nothing of theirs acts on the parent's files (its temporary folders) or on
   a descriptor number the child has reused;
 - at the end, what an interpreter does before it exits: `SystemExit`'s code (None is 0, a message is
   printed and is 1), an uncaught exception's traceback and 1, an uncaught KeyboardInterrupt ends the
@@ -32,10 +35,12 @@ import io
 import os
 import runpy
 import select
+import shlex
 import signal
 import sys
 import threading
 import traceback
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
@@ -70,6 +75,8 @@ class ForkedProcess:
         stderr: _Stream = None,
         unbuffered: bool = False,
         close_in_child: Sequence[int] = (),
+        new_session: bool = True,
+        forget_modules: Sequence[str] = (),
     ) -> None:
         self.args = [sys.executable, *(["-u"] if unbuffered else []), "-m", module, *args]
         self.returncode: int | None = None
@@ -78,7 +85,10 @@ class ForkedProcess:
         if pid == 0:  # the child: never returns
             code = 1
             try:
-                code = _become(module, list(args), dict(env), cwd, descriptors, unbuffered, close_in_child)
+                forget = (module, *forget_modules)
+                code = _become(
+                    forget, list(args), dict(env), cwd, descriptors, unbuffered, close_in_child, new_session
+                )
             finally:
                 os._exit(code)
         self.pid = pid
@@ -137,24 +147,35 @@ def _descriptor(stream: _Stream) -> int | None:
 
 
 def _become(
-    module: str,
+    modules: Sequence[str],
     args: list[str],
     env: dict[str, str],
     cwd: str,
     descriptors: list[int | None],
     unbuffered: bool,
     close_in_child: Sequence[int],
+    new_session: bool,
 ) -> int:
-    """Run `module` as `python -m` would, in this freshly forked child; its exit code."""
+    """Run `modules[0]` as `python -m` would, in this freshly forked child; its exit code. The modules
+    named are forgotten first, to be imported afresh: the one run (a fresh interpreter has not imported the
+    module it runs as __main__) and any the caller names (a user's task its launcher loaded)."""
+    module = modules[0]
     # The starter's objects are never collected here: a finaliser of one of them (a file closed in a
     # cycle's __del__) must not act on a descriptor number this process has since reused.
     gc.freeze()
+    # Nor are their finalisers run at this process's exit: the parent's temporary folder (its launcher's
+    # report folder) is the parent's to remove. The child's own are run, as an interpreter runs them.
+    for finaliser in list(weakref.finalize._registry):  # type: ignore[attr-defined]
+        finaliser.detach()
     try:
-        os.setsid()
+        if new_session:
+            os.setsid()
         for target, descriptor in enumerate(descriptors):
             if descriptor is not None and descriptor != target:
                 os.dup2(descriptor, target)  # dup2's copy is inheritable, as a standard stream is
         _close_other_descriptors(close_in_child)
+        # Before the environment changes: setproctitle finds the memory it rewrites from the environment's.
+        _title([sys.executable, *(["-u"] if unbuffered else []), "-m", module, *args])
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
@@ -165,10 +186,22 @@ def _become(
     except BaseException:  # cannot become the step: say why, as a failed exec would
         traceback.print_exc()
         return 1
+    for name in modules:
+        sys.modules.pop(name, None)
     sys.argv = [module, *args]  # runpy puts the module's file first
     code = _run(module)
     _shut_down()
     return code
+
+
+def _title(argv: list[str]) -> None:
+    """Show the step's own command line (`ps`, /proc/PID/cmdline), not its parent's, where setproctitle
+    is installed (the local environment, requirements-dev.txt)."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:
+        return
+    setproctitle(shlex.join(argv))
 
 
 def _close_other_descriptors(extra: Sequence[int]) -> None:
@@ -230,8 +263,6 @@ def _fresh_libraries(env: Mapping[str, str]) -> None:
 
 
 def _run(module: str) -> int:
-    # A fresh interpreter has not imported the module it runs as __main__; the starter may have.
-    sys.modules.pop(module, None)
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as leaving:

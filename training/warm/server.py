@@ -20,7 +20,6 @@ it, so its workers save and leave as when the runner itself was their agent's pa
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import selectors
@@ -30,31 +29,24 @@ import threading
 from typing import Any
 
 from training.warm.forked import ForkedProcess
+from training.warm.preload import TRACKING, TRAINING, load
 
 # What the steps import before they do anything, in the order they need it: what the preflight and
-# prepare need (torch, pandas, the step commands), then MLflow and its SQL stores and model flavour for
-# tracking, evaluation and registration, then the compiler stack an optimizer's first parameter group
-# imports, torchrun, and the worker. Never the user's task: each step imports that afresh.
+# prepare need (torch, pandas, the step commands), then MLflow for tracking, evaluation and registration,
+# then what a training worker needs besides (preload.py). Never the user's task: each step imports that
+# afresh.
 PRELOAD = (
     "numpy",
     "torch",
     "pandas",
     "training.cli",
-    "mlflow",
-    "mlflow.tracking",
-    "mlflow.store.tracking.sqlalchemy_store",
-    "mlflow.store.model_registry.sqlalchemy_store",
-    "sqlalchemy.dialects.sqlite",
+    *TRACKING,
     "mlflow.tracing.processor.base_mlflow",
     "mlflow.pyfunc",
-    "training.mlflow_setup",
     "training.gate.cli",
     "training.gate.evaluate",
     "training.gate.register",
-    "torch._dynamo",
-    "torch.distributed.run",
-    "training.engine.worker",
-    "training.engine.torchrun_agent",
+    *TRAINING,
 )
 
 
@@ -93,11 +85,7 @@ class Starter:
                 self._start_ready()
 
     def _load(self, name: str) -> None:
-        """Import `name`; one that fails is left to fail in the step that needs it, where it is reported."""
-        try:
-            importlib.import_module(name)
-        except Exception as error:  # the step that imports it reports it, in its log
-            print(f"warm start: not preloaded {name}: {type(error).__name__}: {error}", file=sys.stderr)
+        load(name)
         if self._to_load:
             return
         threads = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]

@@ -35,6 +35,8 @@ def _seen() -> dict:
         "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
         "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
         "sigpipe": signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN,
+        "titled": "-m helpers.training.warm_probe"
+        in Path("/proc/self/cmdline").read_text().replace("\0", " "),
     }
 
 
