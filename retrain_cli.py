@@ -1,8 +1,8 @@
 """The `retrain` command: the one place that knows every room and puts their subcommands side by side.
 
 `training.cli` contributes the commands that run inside a step (sample-data, prepare, train, evaluate,
-register, drift), those that read the model registry (models, lineage, rollback) and the planner (plan);
-`components.cli_local` the local pipeline runner (run, runs); `components.cli_azure` the Azure ML side
+register, drift), those that read the model registry (models, lineage, rollback, serve) and the planner
+(plan); `components.cli_local` the local pipeline runner (run, runs); `components.cli_azure` the Azure ML side
 (submit, publish, schedule); `function_app.local.cli` the front door played locally (event, watch, trigger,
 flush, ledger); `demo.cli` the whole loop on one machine (demo). Each handler gets the local state folder
 and the environment on its arguments, so no library code reads os.environ.

@@ -6,7 +6,8 @@ output, train's checkpoints, lives under a checkpoint key: `<run key>-<digest>`,
 the step reads for the options that decide the trajectory (core/trajectory.py: the options, the key), and a
 task file's content. Options a resume may change (the checkpoint interval and how many to keep, the mean
 time between evictions, the progress display, the process count) are left out, so a rerun with other such
-values still resumes.
+values still resumes. An optional input the run leaves unset (the validation and early-stopping inputs) is
+left out of the digest, so runs that do not use them keep the keys they had before those inputs existed.
 
 Values are resolved as the step receives them: the request's parameter, else the pipeline's input, else
 the component's default; so `--epochs 5` and pipeline.yml's default of 5 are one key. Locally the key
@@ -41,6 +42,8 @@ def trajectory_values(pipeline: PipelineSpec, step: str, request: RunRequest) ->
             value = request.parameters[name]
         else:
             value = binding if binding is not None else port.default
+        if value is None and port.optional:
+            continue  # unset: adding an optional input never moves the checkpoints of runs that leave it so
         values[name] = str(value)
     if TASK_INPUT in values and request.task_sha256 is not None:
         values[TASK_FILE_DIGEST] = request.task_sha256  # a task file's content decides its model

@@ -11,8 +11,11 @@ its task, gate policy and parameters, checks that the task loads and reports the
 preflight, components/preflight.py), pins RAW as a data version (an immutable copy under
 `<state>/data/<model>/`), and runs prep -> train -> evaluate -> register with step reuse, printing each step
 as it starts, is reused, ends or fails. First it prints what the same run would cost on Azure ML
-(components/cost.py, from the RETRAIN_* cost settings); last, the run's status with the gate's decision
-beside it (registered as vN, or refused and why) or the step that failed and why (components/outcome.py).
+(components/cost.py, from the RETRAIN_* cost settings, with the train time the model's last training here
+measured when there is one: components/local/measured.py); last, the run's status with the gate's decision
+beside it (registered as vN, or refused, and why) with the candidate's metrics beside the champion's, or the
+step that failed and why (components/outcome.py). A step's resumes are said as it ends (`train resumed at
+step 3000 after an eviction`; components/local/resumes.py).
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ from typing import TextIO
 
 from components.cost import CostSettings, with_estimate
 from components.errors import SubmissionError
+from components.invocation import command_line, python_argv, retrain_argv, shown_path
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
+from components.local.measured import measured_training
+from components.local.options import warm_start_setting
 from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
 from components.model_init import KINDS, init_model
-from components.outcome import describe_outcome, gate_details
-from components.preflight import SubprocessPreflight
+from components.outcome import decision_details, describe_outcome, read_registration, score_lines
+from components.preflight import Preflight, SubprocessPreflight
 from components.request import CANCELED, COMPLETED, FAILED, DataRef, RunRequest
 from components.run_settings import DEFAULT_MODEL_NAME, RunSettings, resolve_run_settings
 from components.specs import load_pipeline_spec
@@ -64,12 +70,13 @@ def add_task_options(parser: argparse.ArgumentParser) -> None:
         "--config",
         type=Path,
         metavar="FILE",
-        help="the model's configuration (default: models/NAME.toml if any)",
+        help=f"the model's configuration (default: NAME.toml in ${MODELS_DIR_VARIABLE}, "
+        f"else ./{DEFAULT_MODELS_DIR})",
     )
     parser.add_argument(
         "--task",
         metavar="REF",
-        help="tabular, image, file.py:Attr or package.module:Attr (default: the file's)",
+        help="tabular, image, file.py:Attr or package.module:Attr (default: the file's; needed without one)",
     )
     parser.add_argument("--task-options", metavar="JSON", help="the task's options as one JSON object")
     parser.add_argument(
@@ -83,7 +90,8 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--data", type=Path, required=True, metavar="RAW", help="folder of the task's raw files")
     run.add_argument(
         "--model-name",
-        help=f"the model; reads models/NAME.toml when it exists (default {DEFAULT_MODEL_NAME})",
+        help=f"the model (default {DEFAULT_MODEL_NAME}); reads NAME.toml in ${MODELS_DIR_VARIABLE} (default "
+        f"./{DEFAULT_MODELS_DIR}); a model without that file needs --config or --task",
     )
     add_task_options(run)
     run.add_argument(
@@ -148,7 +156,7 @@ def run_settings(args: argparse.Namespace, parameters: dict[str, object]) -> Run
     )
 
 
-def build_request(args: argparse.Namespace, preflight: SubprocessPreflight | None = None) -> RunRequest:
+def build_request(args: argparse.Namespace, preflight: Preflight | None = None) -> RunRequest:
     """Check the run (its settings, then its task and gate policy), then pin the raw folder as a data
     version and describe the run: nothing is pinned for a run that would be refused."""
     from components.data_version import require_folder, snapshot_folder
@@ -168,17 +176,28 @@ def build_request(args: argparse.Namespace, preflight: SubprocessPreflight | Non
 def run_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     cost = CostSettings.from_environ(args.environ)  # a bad setting stops before the data is pinned
-    preflight = SubprocessPreflight(environ=args.environ)
-    request, estimate = with_estimate(build_request(args, preflight), cost)
-    print(f"on Azure ML, {estimate.summary()}", file=out, flush=True)
-    runner = LocalRunner(RunnerOptions(state_root=args.state_root), args.environ, out, preflight=preflight)
-    try:
-        record = runner.run(request, force_rerun=args.force_rerun)
-    except LocalStepFailed as failure:
-        failed = {"failed_step": failure.step, "log_tail": failure.log_tail, "error": failure.headline}
-        print(f"run {failure.run_id}: {describe_outcome(FAILED, failed)}", file=out)
-        raise
-    print(f"run {record.run_id}: {describe_outcome(record.status, gate_details(record.outputs))}", file=out)
+    options = RunnerOptions(state_root=args.state_root, warm_start=warm_start_setting(args.environ))
+    runner = LocalRunner(options, args.environ, out)
+    pipeline = load_pipeline_spec()
+    # One warm starter for the preflight and every step: its imports overlap the checks and the pinning.
+    with runner.warm(pipeline):
+        request = build_request(args, runner.preflight(pipeline))
+        # The model's own last training here, when there is one, beats the setting's guess of its hours.
+        measured = measured_training(RunStore(args.state_root / "runs"), request.model_name)
+        request, estimate = with_estimate(request, cost, measured)
+        print(f"on Azure ML, {estimate.summary()}; {estimate.basis}", file=out, flush=True)
+        try:
+            record = runner.run(request, force_rerun=args.force_rerun)
+        except LocalStepFailed as failure:
+            failed = {"failed_step": failure.step, "log_tail": failure.log_tail, "error": failure.headline}
+            print(f"run {failure.run_id}: {describe_outcome(FAILED, failed)}", file=out)
+            raise
+    registration = read_registration(record.outputs)
+    print(f"run {record.run_id}: {describe_outcome(record.status, decision_details(registration))}", file=out)
+    for line in score_lines(
+        registration
+    ):  # what the gate weighed: the candidate's scores beside the champion's
+        print(f"  {line}", file=out)
     for name, path in record.outputs.items():
         print(f"{name}: {path}", file=out)
     if record.status == CANCELED:
@@ -194,14 +213,21 @@ def init_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     shown = str(folder.relative_to(cwd)) if folder.is_relative_to(cwd) else str(folder)
     result = init_model(args.name, args.task, folder, shown)
     print(f"wrote {result.config}", file=out)
+    retrain = retrain_argv(cwd)
+    # `--model-name` finds the file only in the folder `retrain run` looks in; elsewhere it is named.
+    found = folder == models_dir(cwd, args.environ)
+    model = ["--model-name", args.name] if found else ["--config", shown_path(result.config, cwd)]
+    run = [*retrain, "run", *model, "--data", "RAW"]
     if result.task_file is not None:
-        task = f"{shown}/{result.task_file.name}"
         print(f"wrote {result.task_file}", file=out)
-        print(
-            f"try it: python {task} --sample RAW && retrain run --model-name {args.name} --data RAW", file=out
-        )
+        print("try it, from this folder, on the sample data the task writes:", file=out)
+        sample = [*python_argv(cwd), f"{shown}/{result.task_file.name}", "--sample", "RAW"]
     else:
-        print(f"edit it, then: retrain run --model-name {args.name} --data RAW", file=out)
+        print("edit it for your data; to try it first, from this folder, on sample data:", file=out)
+        image = ["--task", "image"] if args.task == "image" else []
+        sample = [*retrain, "sample-data", *image, "--out", "RAW"]
+    for argv in (sample, run):  # each runs as printed: this interpreter and its `retrain`, by path
+        print(f"  {command_line(argv)}", file=out)
     return 0
 
 

@@ -11,6 +11,10 @@ this module only chooses its inputs from the request and the settings:
 - Evictions: a multi-node job stops when any one of its nodes is evicted, so a run of H hours on N
   low-priority nodes expects H x N / (mean hours between evictions of one node) of them. The mean is the
   run's own `mtbe_hours` parameter when it sets one, else the setting.
+- Expected train hours: the setting (RETRAIN_EXPECTED_TRAIN_HOURS), unless the caller measured the model:
+  `retrain run` passes what the model's last training on this machine took (`MeasuredTraining`, read by
+  components/local/measured.py), scaled to this run's epochs and GPU count. The estimate says which
+  (`basis`).
 - Checkpoint interval: the run's own `checkpoint_every_seconds` parameter when it is a number of seconds
   ('off': no checkpoints, so an eviction loses half the run), else the setting (for 'auto', the trainer's
   default, which picks Daly's interval once it has measured a save).
@@ -68,6 +72,7 @@ DEFAULT_CHECKPOINT_EVERY_HOURS = 0.25
 TRAIN_STEP = "train"
 CHECKPOINT_PARAMETER, NO_CHECKPOINTS = "checkpoint_every_seconds", "off"
 MTBE_PARAMETER = "mtbe_hours"
+EPOCHS_PARAMETER = "epochs"
 LOW_PRIORITY, DEDICATED = "low_priority", "dedicated"
 # Tags are strings: hours and money to the cent, the ratio to a tenth of a percent.
 COST_TAG, GPU_HOURS_TAG, WALL_HOURS_TAG = (
@@ -235,6 +240,45 @@ class CostSettings:
 
 
 @dataclass(frozen=True)
+class MeasuredTraining:
+    """What one finished training of the model took: its wall time per optimizer step (saves included) on
+    `world_size` processes, and its steps per epoch; `run_id` names the run that trained it."""
+
+    run_id: str
+    seconds_per_step: float
+    steps_per_epoch: float
+    world_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("seconds_per_step", "steps_per_epoch"):
+            value = getattr(self, name)
+            if not is_finite_number(value) or value <= 0:
+                raise CostSettingsError(
+                    f"measured training of run {self.run_id}: {name} {value!r}; expected > 0"
+                )
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+            raise CostSettingsError(
+                f"measured training of run {self.run_id}: world_size {self.world_size!r}; "
+                "expected an integer >= 1"
+            )
+
+    def hours(self, epochs: float, gpus: int) -> float:
+        """The uninterrupted hours of `epochs` on `gpus`: the same steps per epoch (a larger global batch
+        takes fewer, longer steps: the product stays), each step's work shared by `gpus` instead of
+        `world_size` processes, as if scaling were perfect."""
+        return (
+            self.seconds_per_step * self.steps_per_epoch * epochs * self.world_size / gpus / SECONDS_PER_HOUR
+        )
+
+    def describe(self, epochs: float) -> str:
+        return (
+            f"measured on run {self.run_id}: {self.seconds_per_step:.3g} s per step x "
+            f"{self.steps_per_epoch:g} steps per epoch x {epochs:g} epochs, on {self.world_size} process(es) "
+            "there"
+        )
+
+
+@dataclass(frozen=True)
 class CostEstimate:
     """One run's expected spend. `cost` is in the currency of the price (None when no price is set);
     `verdict` compares spot with dedicated, for a run on low-priority compute only."""
@@ -249,6 +293,15 @@ class CostEstimate:
     cost_vs_dedicated: float
     cost: float | None = None
     verdict: str | None = None
+    # Where expected_hours came from: a measured training's words, or None for the setting.
+    measured: str | None = None
+
+    @property
+    def basis(self) -> str:
+        """Which train time the estimate used: measured on a run of the model, or the setting's."""
+        if self.measured is not None:
+            return f"train time {self.measured}"
+        return f"train time assumed: {EXPECTED_TRAIN_HOURS}={self.expected_hours:g} h (no measured training)"
 
     @property
     def tier(self) -> str:
@@ -318,11 +371,28 @@ def mtbe_hours(request: RunRequest, settings: CostSettings) -> float:
     return settings.mtbe_hours if hours is None else hours
 
 
-def estimate_run_cost(request: RunRequest, settings: CostSettings) -> CostEstimate:
-    """The expected spend of `request`'s train step; the CPU steps cost little beside it and are left out."""
+def run_epochs(request: RunRequest) -> float:
+    """The epochs `request` trains: its own parameter, else pipeline.yml's default."""
+    epochs = _positive_number(request.parameters.get(EPOCHS_PARAMETER))
+    if epochs is None:
+        epochs = _positive_number(load_pipeline_spec().inputs.get(EPOCHS_PARAMETER))
+    if epochs is None:
+        raise SpecError(f"{PIPELINE_FILE}: expected a default number of '{EPOCHS_PARAMETER}' > 0")
+    return epochs
+
+
+def estimate_run_cost(
+    request: RunRequest, settings: CostSettings, measured: MeasuredTraining | None = None
+) -> CostEstimate:
+    """The expected spend of `request`'s train step; the CPU steps cost little beside it and are left out.
+    With `measured`, the train hours are the model's measured time at this run's epochs and GPUs."""
     compute = train_compute(request, settings)
     low_priority = compute in settings.low_priority_computes
     hours = settings.expected_train_hours
+    basis = None
+    if measured is not None:
+        epochs = run_epochs(request)
+        hours, basis = measured.hours(epochs, request.process_count), measured.describe(epochs)
     if low_priority:
         evictions = hours * request.instance_count / mtbe_hours(request, settings)
         scenario = SpotScenario(
@@ -350,10 +420,13 @@ def estimate_run_cost(request: RunRequest, settings: CostSettings) -> CostEstima
         # The ratio already carries the discount: dedicated GPU-hours x ratio is what spot costs in them.
         cost=None if price is None else price * spot.dedicated_gpu_hours * spot.cost_vs_dedicated,
         verdict=spot.verdict if low_priority else None,
+        measured=basis,
     )
 
 
-def with_estimate(request: RunRequest, settings: CostSettings) -> tuple[RunRequest, CostEstimate]:
+def with_estimate(
+    request: RunRequest, settings: CostSettings, measured: MeasuredTraining | None = None
+) -> tuple[RunRequest, CostEstimate]:
     """`request` carrying its estimate in its job tags, and the estimate."""
-    estimate = estimate_run_cost(request, settings)
+    estimate = estimate_run_cost(request, settings, measured)
     return replace(request, job_tags={**request.job_tags, **estimate.as_tags()}), estimate

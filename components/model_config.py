@@ -4,7 +4,8 @@
     [task]                      # ref: a built-in, "file.py:Attr" (relative to this file) or "pkg.mod:Attr"
     [task.options]              # the task's keyword arguments
     [gate]                      # primary_metric, min_improvement, floors, max_regression,
-                                # first_model_floors, bootstrap_unloadable_champion; unset: the task's
+                                # first_model_floors, bootstrap_unloadable_champion, confidence;
+                                # unset: the task's (confidence unset: the margin alone decides)
     [pipeline]                  # pipeline parameters, as `retrain run --param NAME=VALUE` sets them
     [trigger]                   # account, container, prefix, suffixes (default: the task's raw suffixes),
                                 # depth (folder levels below the prefix holding data; default: the task's)
@@ -39,6 +40,7 @@ from components.task_ref import (
     check_task_options,
     parse_task_reference,
 )
+from core.gate_rules import CONFIDENCE, GATE_RULES
 from core.names import check_model_name
 from core.task_ref import TaskRef
 
@@ -99,6 +101,7 @@ class GateConfig:
     max_regression: Mapping[str, float] | None = None
     first_model_floors: Mapping[str, float] | None = None
     bootstrap_unloadable_champion: bool | None = None
+    confidence: float | None = None  # None: the margin alone, no bootstrap
 
     def parameters(self) -> dict[str, Any]:
         """The register step's inputs of the parts that are set (components/register.yml)."""
@@ -113,6 +116,8 @@ class GateConfig:
                 values[name] = bounds_text(bounds)
         if self.bootstrap_unloadable_champion is not None:
             values["bootstrap_unloadable_champion"] = str(self.bootstrap_unloadable_champion).lower()
+        if self.confidence is not None:
+            values[CONFIDENCE] = self.confidence
         return values
 
 
@@ -294,6 +299,12 @@ def _gate(reader: _Reader, document: Mapping[str, Any]) -> GateConfig:
         if not isinstance(flag, bool):
             raise reader.fail("[gate] bootstrap_unloadable_champion", f"is {_shown(flag)}", "true or false")
         values["bootstrap_unloadable_champion"] = flag
+    if CONFIDENCE in gate:
+        rule = GATE_RULES[CONFIDENCE]
+        confidence = gate[CONFIDENCE]
+        if isinstance(confidence, str) or not rule.fits(confidence):  # a TOML string is no number
+            raise reader.fail(f"[gate] {CONFIDENCE}", f"is {_shown(confidence)}", rule.expected)
+        values[CONFIDENCE] = float(confidence)
     return GateConfig(**values)
 
 

@@ -5,11 +5,18 @@ which it writes to `registration.json` in the pipeline's `registration` output: 
 refusal and the gate's reasons. `gate_details` reads that into a submission's details (`registered_version`,
 `decision`, `reasons`), next to what a failed run leaves there (`failed_step`, `log_tail`, `error`);
 `describe_outcome` turns such details into the one line that `retrain run`, `retrain flush` and
-`retrain trigger` print:
+`retrain trigger` print, a promotion with its reasons as a refusal has them:
 
-    Completed, registered as v3
+    Completed, registered as v3: macro_f1 0.9612 beats champion v2's 0.9544 by at least 0.002 on dv-...
     Completed, refused: accuracy 0.4100 is below the floor 0.8; ...
     Failed at prep: batch-0005.csv: missing column 'label'; expected the columns ...
+
+`score_lines` sets the candidate's metrics beside the champion's it was judged against, as `retrain run`
+prints them under that line, the primary metric first:
+
+    metric     candidate  champion v2
+    macro_f1      0.9612       0.9544  (primary)
+    accuracy      0.9650       0.9583
 """
 
 from __future__ import annotations
@@ -34,20 +41,37 @@ REGISTERED, REFUSED = "registered", "refused"
 _STEP_ERROR = "retrain: error: "
 
 
-def gate_details(outputs: Mapping[str, str]) -> dict[str, Any]:
-    """The gate's decision from a completed run's pipeline outputs; empty when the run has none (a pipeline
-    without a register step) or it cannot be read. Reading it never fails the run it describes."""
+def read_registration(outputs: Mapping[str, str]) -> dict[str, Any] | None:
+    """The register step's record from a completed run's pipeline outputs; None when the run has none (a
+    pipeline without a register step) or it cannot be read. Reading it never fails the run it describes."""
     folder = outputs.get(REGISTRATION_OUTPUT)
     if folder is None:
-        return {}
+        return None
     path = Path(folder) / REGISTRATION_FILE
     try:
         record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        log.warning("the gate's decision is not known: %s is unreadable (%s)", path, error)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def gate_details(outputs: Mapping[str, str]) -> dict[str, Any]:
+    """The gate's decision from a completed run's pipeline outputs; empty when it is not known."""
+    return decision_details(read_registration(outputs))
+
+
+def decision_details(record: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A registration record's decision as a submission's details; empty when there is none or it lacks
+    one."""
+    if record is None:
+        return {}
+    try:
         accepted = record["decision"]["accepted"]
         reasons = [str(reason) for reason in record["decision"]["reasons"]]
         version = record["registered_version"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        log.warning("the gate's decision is not known: %s is unreadable (%s)", path, error)
+    except (KeyError, TypeError) as error:
+        log.warning("the gate's decision is not known: its record lacks %s", error)
         return {}
     return {
         "registered_version": None if version is None else str(version),
@@ -63,7 +87,10 @@ def describe_outcome(status: str, details: Mapping[str, Any]) -> str:
         if details.get("decision") == REFUSED:
             return f"{status}, refused: {'; '.join(details.get('reasons') or ()) or 'no reason given'}"
         if details.get("registered_version"):
-            return f"{status}, registered as v{details['registered_version']}"
+            reasons = "; ".join(details.get("reasons") or ())
+            return f"{status}, registered as v{details['registered_version']}" + (
+                f": {reasons}" if reasons else ""
+            )
     if status == FAILED and details.get("failed_step"):
         why = _failure(details)  # a step's log may quote a URL with its SAS token: masked, as errors are
         return f"{status} at {details['failed_step']}" + (f": {mask_secrets(why)}" if why else "")
@@ -80,3 +107,46 @@ def _failure(details: Mapping[str, Any]) -> str | None:
     if details.get("error"):
         return str(details["error"])
     return next((line.strip() for line in reversed(tail) if line.strip()), None)
+
+
+def score_lines(record: Mapping[str, Any] | None) -> list[str]:
+    """The candidate's metrics beside the champion's, from a registration record: a header, then one line
+    per metric, the primary one first, the rest in the task's order. Empty when the record has none."""
+    if record is None or not isinstance(record.get("metrics"), Mapping) or not record["metrics"]:
+        return []
+    candidate = record["metrics"]
+    compared = record.get("champion_compared")
+    compared = compared if isinstance(compared, Mapping) else {}
+    champion = compared.get("metrics") if isinstance(compared.get("metrics"), Mapping) else {}
+    decision = record.get("decision")
+    primary = decision.get("primary_metric") if isinstance(decision, Mapping) else None
+    version = compared.get("version")
+    if champion:
+        heading = f"champion v{version}"
+    elif version is not None:
+        heading = f"champion v{version} (unloadable)"
+    else:
+        heading = "no champion"
+    names = [*dict.fromkeys([*candidate, *champion])]
+    names.sort(key=lambda name: name != primary)  # stable: the task's order after the primary metric
+    rows = [("metric", "candidate", heading, "")]
+    rows += [
+        (
+            name,
+            _score(candidate.get(name)),
+            _score(champion.get(name)),
+            "(primary)" if name == primary else "",
+        )
+        for name in names
+    ]
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    return [
+        f"{name:<{widths[0]}}  {mine:>{widths[1]}}  {theirs:>{widths[2]}}  {note}".rstrip()
+        for name, mine, theirs, note in rows
+    ]
+
+
+def _score(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-"
+    return f"{value:.4f}"

@@ -3,35 +3,40 @@ before any data is pinned or any step started.
 
 components/ imports neither torch nor training/, so the check runs where the steps run: as a process,
 `python -m training.cli check-model` (training/gate/check.py), in the components' code folder and with
-the caller's environment. A task that fails to load or lacks a part, and a gate metric the task does not
-declare, are one line naming the task and what is wrong, raised as a SubmissionError (PreflightRefused:
+the caller's environment. A task that fails to load or lacks a part, a gate metric the task does not
+declare, and an early-stopping metric it does not report (checked in-process against the metrics the check
+found), are one line naming the task and what is wrong, raised as a SubmissionError (PreflightRefused:
 the check ran and refused, so it always will for the same file, options and policy); so is a trainer's
-parameter the trainer would refuse (core/train_rules.py), checked here in-process. A passed check is
-remembered for the same task file content, options and policy, so `retrain run` checking before it pins
-the data and the runner checking again cost one process. `RecordedPreflight` keeps the verdicts on a task
-file in a folder, so that the front door's flushes, each perhaps in its own process, check a version of a
-user's task file once (function_app/task_check.py).
+or the gate's parameter that they would refuse (core/train_rules.py, core/gate_rules.py), checked here
+in-process. A passed check is remembered for the same task file content, options and policy, so
+`retrain run` checking before it pins the data and the runner checking again cost one process.
+`RecordedPreflight` keeps the verdicts on a task file in a folder, so that the front door's flushes, each
+perhaps in its own process, check a version of a user's task file once (function_app/task_check.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from components.errors import SubmissionError
 from components.run_inputs import GATE_INPUTS
 from components.specs import REPO_ROOT
 from core.errors import InputError
 from core.files import file_sha256, write_atomically
-from core.train_rules import check_train_parameters
+from core.gate_rules import check_gate_parameters
+from core.metrics import Direction, Metric, MetricSet
+from core.train_rules import check_train_parameters, validation_metric
 
 CHECK_COMMAND = ("-m", "training.cli", "check-model")
+STOPPING_METRIC = "early_stopping_metric"
 DEFAULT_WHERE = "the gate policy"
 PREFLIGHT_TIMEOUT_S = 600.0  # a cold import of torch on a busy machine; the check itself is instant
 _ERROR_PREFIX = "retrain: error: "
@@ -40,6 +45,7 @@ CHECK_CODE = (
     "training/gate/check.py",
     "training/gate/policy.py",
     "core/metrics.py",
+    "core/gate_rules.py",
     "training/tasks/base.py",
     "training/tasks/loader.py",
 )
@@ -94,13 +100,31 @@ def check_arguments(request: TaskRun, where: str = DEFAULT_WHERE) -> list[str]:
 
 
 def check_parameter_values(request: TaskRun) -> None:
-    """The trainer's parameters of the request, by the trainer's own rules (core/train_rules.py): a
-    request that did not come through a checked configuration (a resubmission, a hand-made request) is
-    refused here, before any data is pinned or step started, not by the trainer under torchrun."""
+    """The trainer's and the gate's parameters of the request, by their own rules (core/train_rules.py,
+    core/gate_rules.py): a request that did not come through a checked configuration (a resubmission, a
+    hand-made request) is refused here, before any data is pinned or step started, not by the trainer
+    under torchrun or the register step after a whole training."""
     try:
         check_train_parameters(request.parameters)
+        check_gate_parameters(request.parameters)
     except InputError as error:
         raise PreflightRefused(f"preflight: {error}") from None
+
+
+def check_stopping_metric(request: TaskRun, result: PreflightResult) -> None:
+    """An early-stopping metric the task does not report, refused before any data is pinned (the trainer
+    would refuse it only once its step starts): in-process, against the metrics the check found."""
+    name = request.parameters.get(STOPPING_METRIC)
+    if not isinstance(name, str) or name.strip().lower() in ("", "off", "none"):
+        return
+    declared = tuple(
+        Metric(metric, cast(Direction, direction)) for metric, direction in result.metrics.items()
+    )
+    metrics = MetricSet(declared)
+    try:
+        validation_metric(name.strip(), metrics, result.name)
+    except InputError as error:
+        raise PreflightRefused(f"preflight: parameter {STOPPING_METRIC} is {name!r}: {error}") from None
 
 
 def _failure_line(stderr: str, returncode: int) -> tuple[str, bool]:
@@ -112,9 +136,29 @@ def _failure_line(stderr: str, returncode: int) -> tuple[str, bool]:
     return (lines[-1] if lines else f"the check exited with code {returncode} and said nothing"), False
 
 
+class CommandRunner(Protocol):
+    """Runs a command to its end, its output captured, as `subprocess.run` does (the local runner's warm
+    starter does it too, components/local/warm.py)."""
+
+    def run(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+class FreshProcess:
+    """A fresh interpreter for each check."""
+
+    def run(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv), cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+
 class SubprocessPreflight:
     """Runs `python -m training.cli check-model` for a request; `python`, `code_root` and `environ` are
-    those the steps get."""
+    those the steps get, and so is how it starts (`runner`: fresh, or forked warm as the steps are)."""
 
     def __init__(
         self,
@@ -122,27 +166,23 @@ class SubprocessPreflight:
         code_root: Path = REPO_ROOT,
         environ: Mapping[str, str] | None = None,
         timeout_s: float = PREFLIGHT_TIMEOUT_S,
+        runner: CommandRunner | None = None,
     ) -> None:
         self.python, self.code_root, self.timeout_s = python, Path(code_root), timeout_s
         self.environ = dict(environ) if environ is not None else None
+        self.runner = runner or FreshProcess()
         self._passed: dict[tuple[Any, ...], PreflightResult] = {}
 
     def check(self, request: TaskRun, where: str = DEFAULT_WHERE) -> PreflightResult:
         check_parameter_values(request)
         memo = (*check_arguments(request, ""), request.task_sha256)
         if memo in self._passed:
+            check_stopping_metric(request, self._passed[memo])
             return self._passed[memo]
         argv = [self.python, *CHECK_COMMAND, *check_arguments(request, where)]
         try:
-            done = subprocess.run(
-                argv,
-                cwd=self.code_root,
-                env=self.environ,
-                capture_output=True,
-                text=True,
-                timeout=self.timeout_s,
-                check=False,
-            )
+            environ = self.environ if self.environ is not None else dict(os.environ)
+            done = self.runner.run(argv, self.code_root, environ, self.timeout_s)
         except (OSError, subprocess.TimeoutExpired) as error:
             raise SubmissionError(
                 f"preflight of task {request.task!r}: could not run the check ({error})"
@@ -152,6 +192,7 @@ class SubprocessPreflight:
             raise (PreflightRefused if refused else SubmissionError)(f"preflight: {line}")
         result = _parse(done.stdout, request.task)
         self._passed[memo] = result
+        check_stopping_metric(request, result)
         return result
 
 
@@ -178,16 +219,19 @@ class RecordedPreflight:
             raise PreflightRefused(str(recorded["refused"]))
         if recorded is not None:
             try:
-                return _result(recorded["passed"])
+                passed = _result(recorded["passed"])
             except (KeyError, TypeError):
                 pass  # a damaged record: check again, and write it anew
+            else:
+                check_stopping_metric(request, passed)  # not part of the kept verdict's key
+                return passed
         try:
             result = self._inner.check(request, where)
         except PreflightRefused as refusal:
             _keep(path, {"refused": str(refusal)})
             raise
         _keep(path, {"passed": {**asdict(result), "metrics": dict(result.metrics)}})
-        return result
+        return result  # the inner check has checked the early-stopping metric
 
 
 def _keep(path: Path, verdict: Mapping[str, Any]) -> None:

@@ -38,6 +38,7 @@ GATE_INPUTS = (
     "max_regression",
     "first_model_floors",
     "bootstrap_unloadable_champion",
+    "confidence",
 )
 # A scheduled run resolves `<asset>@latest` when it fires; its version is known only inside the job.
 UNPINNED_DATA_VERSION = "latest"

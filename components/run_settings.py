@@ -4,8 +4,9 @@ options, and the pipeline parameters, from the model's configuration file and th
 The file is `--config FILE`, else `models/<--model-name>.toml` when it exists (components/model_config.py).
 The command line wins over the file: `--param` over its [pipeline] and [gate] values, `--task` over its
 [task] (the file's options then apply only when the task is the same), and `--task-options JSON` then
-`--task-option KEY=VALUE` over the options. Without a file, and without --task, a run trains today's
-default: the digits model on the tabular task.
+`--task-option KEY=VALUE` over the options. A model without a file needs --task: a missing file is an
+error naming where it was looked for (a typo in --model-name, or a RETRAIN_MODELS_DIR pointing elsewhere,
+must not train the built-in tabular task on data it cannot read).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from types import MappingProxyType
 from typing import Any
 
 from components.errors import ConfigError, SubmissionError
-from components.model_config import ModelConfig, find_model_config, load_model_config
+from components.model_config import (
+    DEFAULT_MODELS_DIR,
+    MODELS_DIR_VARIABLE,
+    ModelConfig,
+    config_file,
+    find_model_config,
+    load_model_config,
+)
 from components.request import DataRef, RunRequest
 from components.run_inputs import GATE_INPUTS
 from components.specs import PipelineSpec
@@ -103,13 +111,13 @@ def options_object(text: str | None) -> dict[str, Any]:
 
 def _config(
     model_name: str | None,
-    config_file: Path | None,
+    given_file: Path | None,
     cwd: Path,
     environ: Mapping[str, str],
     spec: PipelineSpec,
 ) -> ModelConfig | None:
-    if config_file is not None:
-        config = load_model_config(config_file if config_file.is_absolute() else cwd / config_file, spec)
+    if given_file is not None:
+        config = load_model_config(given_file if given_file.is_absolute() else cwd / given_file, spec)
         if model_name is not None and model_name != config.name:
             raise ConfigError(
                 f"{config.path}: configures model {config.name!r}, but --model-name is {model_name!r}; "
@@ -117,6 +125,21 @@ def _config(
             )
         return config
     return find_model_config(model_name or DEFAULT_MODEL_NAME, cwd, environ, spec)
+
+
+def missing_config(name: str, cwd: Path, environ: Mapping[str, str]) -> ConfigError:
+    """The one-line error for a model without a configuration file: where it was looked for, why there,
+    and the three ways on."""
+    folder = environ.get(MODELS_DIR_VARIABLE)
+    why = (
+        f"{MODELS_DIR_VARIABLE}={folder}"
+        if folder
+        else f"./{DEFAULT_MODELS_DIR} under the working folder; {MODELS_DIR_VARIABLE} moves it"
+    )
+    return ConfigError(
+        f"model {name!r}: no configuration file {config_file(name, cwd, environ)} ({why}); expected one: "
+        f"`retrain init {name} --task tabular|image|custom` writes it, or give --config FILE or --task REF"
+    )
 
 
 def resolve_run_settings(
@@ -135,6 +158,8 @@ def resolve_run_settings(
     from components.local.plan import check_parameter_texts, check_parameters
 
     config = _config(model_name, config_file, cwd, environ, pipeline)
+    if config is None and task is None:
+        raise missing_config(model_name or DEFAULT_MODEL_NAME, cwd, environ)
     chosen = config.task.text if config is not None else DEFAULT_TASK
     options: dict[str, Any] = dict(config.task.options) if config is not None else {}
     if task is not None:

@@ -131,7 +131,6 @@ class PipelineSpec:
     inputs: Mapping[str, Any]
     steps: Mapping[str, StepSpec]
     default_compute: str | None
-    experiment_name: str
     order: tuple[str, ...] = field(default=())
 
     def downstream_of(self, step: str) -> frozenset[str]:
@@ -287,7 +286,6 @@ def load_pipeline_spec(path: Path = PIPELINE_FILE) -> PipelineSpec:
         inputs={name: _default(value) for name, value in (document.get("inputs") or {}).items()},
         steps=steps,
         default_compute=settings.get("default_compute"),
-        experiment_name=str(document.get("experiment_name", "retrain")),
         order=_topological_order(steps, path),
     )
 

@@ -23,6 +23,14 @@ from types import MappingProxyType
 from typing import TypeGuard
 
 from core.errors import InputError
+from core.metrics import Metric, MetricSet
+
+# `--early-stopping-metric`: a metric as the trainer logs it, the task's name behind `validation_`.
+VALIDATION_PREFIX = "validation_"
+_VALIDATION_METRIC = re.compile(VALIDATION_PREFIX + r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+# `--candidate`: which weights a training writes as its model; `auto` is `best` with validation, else `last`.
+CANDIDATE_AUTO, CANDIDATE_BEST, CANDIDATE_LAST = "auto", "best", "last"
+CANDIDATES = (CANDIDATE_AUTO, CANDIDATE_BEST, CANDIDATE_LAST)
 
 # `--checkpoint-every-seconds auto`: the trainer measures its own checkpoint cost at its first saves and
 # takes Daly's optimum interval for that cost and `--mtbe-hours` (training/checkpoint/interval.py).
@@ -55,6 +63,26 @@ def read_optional_whole(value: object) -> int | None:
     return None if _off(value) else _whole(value)
 
 
+def read_optional_count(value: object) -> int | None:
+    """A cadence that may be off: a whole number, with 0 (or 'off') meaning off (None)."""
+    count = read_optional_whole(value)
+    return None if count == 0 else count
+
+
+def read_optional_name(value: object) -> str | None:
+    if _off(value):
+        return None
+    if not isinstance(value, str):
+        raise ValueError(value)
+    return value.strip()
+
+
+def read_candidate(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(value)
+    return value.strip().lower()
+
+
 def read_interval(value: object) -> float | str | None:
     """A checkpoint interval: a number of seconds, 'auto', or 'off' (None); ValueError otherwise."""
     if _off(value):
@@ -62,6 +90,25 @@ def read_interval(value: object) -> float | str | None:
     if isinstance(value, str) and value.strip().lower() == AUTO_INTERVAL:
         return AUTO_INTERVAL
     return _number(value)
+
+
+def read_optional_number(value: object) -> float | None:
+    """A number, or 'off' (None); ValueError otherwise."""
+    return None if _off(value) else _number(value)
+
+
+# `--precision`: full float32, bfloat16 autocast (CPU and CUDA), float16 autocast with a gradient scaler
+# (CUDA only; the trainer refuses it on a CPU). Lightning's names, so users recognise them.
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+
+
+def read_precision(value: object) -> str:
+    """A precision's name; a TOML `precision = 32` is the name "32"."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str):
+        return value.strip()
+    raise ValueError(value)
 
 
 def _finite(value: object) -> TypeGuard[float]:
@@ -101,6 +148,19 @@ _RULES = (
     Rule("weight_decay", "a number >= 0", _number, lambda value: _finite(value) and value >= 0),
     Rule("warmup_steps", "a whole number >= 0", _whole, _at_least(0)),
     Rule(
+        "grad_clip_norm",
+        "a number > 0 (the largest gradient norm), or 'off'",
+        read_optional_number,
+        lambda value: value is None or (_finite(value) and value > 0),
+    ),
+    Rule(
+        "accumulate_grad_batches",
+        "a whole number >= 1 (micro-batches per optimizer step)",
+        _whole,
+        _at_least(1),
+    ),
+    Rule("precision", f"one of {', '.join(PRECISIONS)}", read_precision, lambda value: value in PRECISIONS),
+    Rule(
         "checkpoint_every_steps",
         "a whole number >= 1, or 'off'",
         read_optional_whole,
@@ -119,6 +179,37 @@ _RULES = (
         _whole,
         _at_least(2),
     ),
+    Rule(
+        "validate_every_epochs",
+        "a whole number of epochs >= 1, or 0 or 'off' for none",
+        read_optional_count,
+        lambda value: value is None or _at_least(1)(value),
+    ),
+    Rule(
+        "validate_every_steps",
+        "a whole number of steps >= 1, or 0 or 'off' for none",
+        read_optional_count,
+        lambda value: value is None or _at_least(1)(value),
+    ),
+    Rule(
+        "early_stopping_metric",
+        "validation_<one of the task's metrics>, such as validation_loss, or 'off'",
+        read_optional_name,
+        lambda value: value is None or (isinstance(value, str) and bool(_VALIDATION_METRIC.fullmatch(value))),
+    ),
+    Rule(
+        "early_stopping_patience",
+        "a whole number of validations >= 1",
+        _whole,
+        _at_least(1),
+    ),
+    Rule(
+        "early_stopping_min_delta",
+        "a number >= 0 (how much the metric must improve by to count)",
+        _number,
+        lambda value: _finite(value) and value >= 0,
+    ),
+    Rule("candidate", f"one of {', '.join(CANDIDATES)}", read_candidate, lambda value: value in CANDIDATES),
 )
 TRAIN_RULES: Mapping[str, Rule] = MappingProxyType({rule.name: rule for rule in _RULES})
 
@@ -128,10 +219,26 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def check_train_parameters(parameters: Mapping[str, object]) -> None:
-    """Refuse, in one line naming it, the first parameter whose value the trainer would refuse; a
-    parameter that is not the trainer's is left to its own step."""
+def check_by_rules(parameters: Mapping[str, object], rules: Mapping[str, Rule]) -> None:
+    """Refuse, in one line naming it, the first parameter whose value its rule refuses; a parameter with
+    no rule among `rules` is left to its own step."""
     for name, value in parameters.items():
-        rule = TRAIN_RULES.get(name)
+        rule = rules.get(name)
         if rule is not None and not rule.fits(value):
             raise InputError(f"parameter {name} is {_shown(value)}; expected {rule.expected}")
+
+
+def validation_metric(name: str, metrics: MetricSet, task_name: str) -> Metric:
+    """The task's metric behind `validation_<metric>` (an early-stopping metric, as the trainer logs it);
+    InputError, naming the task and the names it reports, when the task does not declare it. The trainer,
+    its launcher and the pre-run check all ask here, so a metric is refused before anything trains."""
+    found = metrics.find(name.removeprefix(VALIDATION_PREFIX)) if name.startswith(VALIDATION_PREFIX) else None
+    if found is None:
+        declared = ", ".join(VALIDATION_PREFIX + each for each in metrics.names())
+        raise InputError(f"task {task_name!r} does not report it; expected one of {declared}")
+    return found
+
+
+def check_train_parameters(parameters: Mapping[str, object]) -> None:
+    """Refuse, in one line naming it, the first parameter whose value the trainer would refuse."""
+    check_by_rules(parameters, TRAIN_RULES)

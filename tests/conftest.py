@@ -23,6 +23,7 @@ SLOWEST_FILES = (
     "tests/components/test_concurrent_runs.py",
     "tests/components/test_readme_task.py",
     "tests/training/test_resume.py",
+    "tests/training/test_optimization_resume.py",
     "tests/components/test_local_pipeline.py",
     "tests/training/test_orphan_workers.py",
     "tests/training/test_checkpoint_integrity.py",

@@ -35,7 +35,13 @@ _SAMPLE = {
     "number": "0.5",
 }
 # Inputs whose text has a form of its own (an optional input has no default to render).
-_SAMPLE_BY_NAME = {"bootstrap_unloadable_champion": "true", "task": "tabular", "task_options": "{}"}
+_SAMPLE_BY_NAME = {
+    "bootstrap_unloadable_champion": "true",
+    "task": "tabular",
+    "task_options": "{}",
+    "candidate": "best",
+    "early_stopping_metric": "validation_loss",
+}
 
 
 def _rendered(step: str, values: Mapping[str, object] | None = None) -> list[str]:

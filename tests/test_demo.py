@@ -132,6 +132,21 @@ def test_an_image_model_goes_through_the_same_engine_and_serves_uint8_images(sto
     assert f"served {chapter.right} of 8 new images right" in story[1]
 
 
+def test_each_model_s_runs_are_in_an_experiment_named_as_the_model(story):
+    home, record = story[0].home, story[0].record
+    client = MlflowClient(default_mlflow_tracking_uri(home))
+    experiments = {experiment.name: experiment.experiment_id for experiment in client.search_experiments()}
+    assert "retrain" not in experiments  # the one experiment every model once shared
+    for name, versions in (("digits", ("1", "2")), ("shapes", ("1",))):
+        in_its_own = {run.info.run_id for run in client.search_runs([experiments[name]])}
+        # Each version was registered from its training run, which is in its model's experiment.
+        assert {client.get_model_version(name, version).run_id for version in versions} <= in_its_own
+    run = RunStore(home / "runs").load(record.submissions[0].details["run_id"])
+    for step in ("train", "register"):
+        command = run.step(step).command
+        assert command[command.index("--mlflow-experiment") + 1] == "digits"
+
+
 def test_the_summary_shows_every_stage_the_estimates_and_the_plots(story):
     _, output = story
     for heading in (

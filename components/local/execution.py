@@ -54,6 +54,7 @@ from components.local.plan import (
     step_argv,
     step_input_values,
 )
+from components.local.resumes import resume_lines
 from components.local.runs import RunRecord, RunStore, StepAttempt, StepRecord
 from components.request import CANCELED, COMPLETED, FAILED, RUNNING, RunRequest
 from components.run_inputs import TASK_INPUT
@@ -415,6 +416,9 @@ class PipelineExecution:
             outputs={name: str(path) for name, path in paths.items()},
         )
         self.context.say(step.name, f"completed in {duration:.1f} s")
+        for name in cached_outputs:  # a training's resumes, this run's and earlier runs' of it
+            for line in resume_lines(paths[name]):
+                self.context.say(step.name, line)
         return _Produced(paths, hashes)
 
     def _create_output_folders(self, step: StepSpec, paths: Mapping[str, Path]) -> None:

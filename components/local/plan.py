@@ -24,6 +24,7 @@ from components.local.launch import TorchrunReports, launch_argv
 from components.request import RunRequest
 from components.run_inputs import DATA_INPUT, RESERVED_INPUTS, reserved_values
 from components.specs import ParentInput, PipelineSpec, Port, StepOutput, StepSpec
+from core.gate_rules import GATE_RULES
 from core.text import quoted
 from core.train_rules import TRAIN_RULES
 
@@ -136,10 +137,11 @@ def parse_text_value(text: str, port: Port) -> Any:
 
 def parameter_refusal(name: str, value: Any, port: Port) -> str | None:
     """The form `name` expects when `value` (typed, or text as `parse_text_value` reads it) does not suit
-    its port or, for a trainer's parameter, the trainer's own rule (core/train_rules.py, which the
-    trainer checks by too: a learning rate of 0 passes the port's inclusive `min: 0`, not the trainer);
-    None when it does."""
-    rule = TRAIN_RULES.get(name)
+    its port or, for a trainer's or the gate's parameter, its own rule (core/train_rules.py and
+    core/gate_rules.py, which the trainer and the gate check by too: a learning rate of 0 passes the port's
+    inclusive `min: 0`, not the trainer; a confidence of 1 passes `max: 1`, not the gate); None when it
+    does."""
+    rule = TRAIN_RULES.get(name) or GATE_RULES.get(name)
     if not value_fits(value, port) or (rule is not None and not rule.fits(value)):
         return rule.expected if rule is not None else expected_form(port)
     return None

@@ -50,6 +50,7 @@ from components.local.options import RunnerOptions
 from components.local.plan import durable_outputs, durable_path, pipeline_values
 from components.local.runs import RunRecord, RunStore, StepRecord, new_run_id
 from components.local.staging import sweep_staging
+from components.local.warm import WarmLauncher
 from components.preflight import Preflight, SubprocessPreflight
 from components.request import RunRequest
 from components.run_inputs import TASK_INPUT
@@ -81,7 +82,12 @@ class LocalRunner:
         self.environ = dict(environ)
         self._preflight = preflight
         self._progress = progress
-        self._launcher = launcher or SubprocessLauncher()
+        if launcher is None:
+            launcher = SubprocessLauncher()
+            if options.warm_start:
+                launcher = WarmLauncher(options.python, fallback=launcher)
+        self._launcher = launcher
+        self._kept_warm = False  # within `warm()`: the starter outlives each run
         self.clock = clock or SystemClock()
         self._on_process_started = on_process_started
         self.runs = RunStore(options.state_root / "runs")
@@ -97,6 +103,30 @@ class LocalRunner:
                 "(`retrain run --data FOLDER` makes one)"
             )
         check_pinned(Path(request.data.uri))  # a pinned copy changed since is refused, never read
+        if self._kept_warm:
+            return self._run(pipeline, request, force_rerun)
+        with self.warm(pipeline):  # its imports overlap the checks below
+            return self._run(pipeline, request, force_rerun)
+
+    @contextmanager
+    def warm(self, pipeline: PipelineSpec | None = None) -> Iterator[None]:
+        """Start the warm starter now (its imports then overlap whatever the caller does first: the
+        preflight and pinning of `retrain run`), and end it when this block ends."""
+        warm = self._launcher if isinstance(self._launcher, WarmLauncher) else None
+        if warm is None or self._kept_warm:
+            yield
+            return
+        warm.warm_up(
+            self._steps_code_folder(pipeline or load_pipeline_spec(self.options.pipeline_file)), self.environ
+        )
+        self._kept_warm = True
+        try:
+            yield
+        finally:
+            self._kept_warm = False
+            warm.close()
+
+    def _run(self, pipeline: PipelineSpec, request: RunRequest, force_rerun: bool) -> RunRecord:
         task_code = None
         if TASK_INPUT in pipeline.inputs:  # a pipeline that carries a task: check it before any step
             request, task_code = _pinned_task_code(request, self.task_search_path(pipeline))
@@ -148,8 +178,9 @@ class LocalRunner:
     def preflight(self, pipeline: PipelineSpec) -> Preflight:
         """The given preflight, else the check run by this runner's interpreter in the steps' code folder."""
         if self._preflight is None:
+            warm = self._launcher if isinstance(self._launcher, WarmLauncher) else None
             self._preflight = SubprocessPreflight(
-                self.options.python, self._steps_code_folder(pipeline), self.environ
+                self.options.python, self._steps_code_folder(pipeline), self.environ, runner=warm
             )
         return self._preflight
 

@@ -34,7 +34,7 @@ def make_request(**changes) -> RunRequest:
         "processes_per_instance": 4,
         "instance_count": 2,
         "compute": {"prep": "cpu-big"},
-        "component_versions": {"evaluate": "4", "train": "4"},
+        "component_versions": {"evaluate": "3", "train": "6"},
         "task_options": {"hidden_width": 64},
     }
     return RunRequest(**{**fields, **changes})
@@ -90,17 +90,17 @@ def test_component_versions_are_pinned(built):
         )
         assert jobs[step]["component"]["environment"] == "azureml:retrain-training:3"
     # A version other than the YAML's can only be a registered one: the step references it.
-    assert jobs["evaluate"]["component"] == "azureml:retrain_evaluate:4"
+    assert jobs["evaluate"]["component"] == "azureml:retrain_evaluate:3"
 
 
 def test_registered_components_reference_the_published_versions():
     job = build_pipeline_job(PipelineBuild.for_request(make_request(), registered_components=True))
     components = {name: step["component"] for name, step in job._to_dict()["jobs"].items()}
     assert components == {
-        "prep": "azureml:retrain_prep:4",
-        "train": "azureml:retrain_train:4",
-        "evaluate": "azureml:retrain_evaluate:4",
-        "register": "azureml:retrain_register:4",
+        "prep": "azureml:retrain_prep:5",
+        "train": "azureml:retrain_train:6",
+        "evaluate": "azureml:retrain_evaluate:3",  # the request pins it
+        "register": "azureml:retrain_register:5",
     }
 
 
@@ -188,7 +188,7 @@ def test_the_built_job_agrees_with_pipeline_yml(built, from_yaml):
 
 
 def test_the_same_component_version_as_the_yaml_uses_the_yaml():
-    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "4"})))
+    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "5"})))
     assert job._to_dict()["jobs"]["prep"]["component"]["command"].startswith("python -m training.cli prepare")
 
 

@@ -200,7 +200,8 @@ def test_a_run_of_the_same_training_waits_for_the_one_in_progress_and_other_runs
 
 
 def _retrain_run(home: Path, raw: Path, epochs: int) -> subprocess.Popen[str]:
-    options = ["--epochs", str(epochs), "--task-option", f"hidden_width={SMALL_MODEL['hidden_width']}"]
+    options = ["--task", "tabular", "--epochs", str(epochs)]
+    options += ["--task-option", f"hidden_width={SMALL_MODEL['hidden_width']}"]
     for name, value in {"global_batch_size": 32, "checkpoint_every_steps": 10}.items():
         options += ["--param", f"{name}={value}"]
     environ = {

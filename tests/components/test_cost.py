@@ -12,6 +12,7 @@ from components import cli_azure, cli_local
 from components.cost import (
     CostSettings,
     CostSettingsError,
+    MeasuredTraining,
     compute_defaults,
     estimate_run_cost,
     with_estimate,
@@ -58,6 +59,40 @@ def test_a_run_on_the_spot_cluster_is_priced_with_the_spot_model():
         "estimated cost 33.60: 4 GPU(s) x 10.50 h on low-priority compute gpu-spot = 42.00 GPU-hours "
         "(0.50 expected evictions; spot pays: 58% cheaper than dedicated)"
     )
+
+
+def test_a_measured_training_sets_the_hours_at_the_run_s_epochs_and_gpus_and_says_so():
+    # 0.9 s a step on 2 processes, 40 steps an epoch: 20 epochs on 4 GPUs take 0.9 x 40 x 20 x 2/4 s.
+    measured = MeasuredTraining(
+        "20261203-101500-3fa2c1", seconds_per_step=0.9, steps_per_epoch=40, world_size=2
+    )
+    request = make_request(compute={"train": "gpu-dedicated"}, parameters={"epochs": "20"})
+
+    estimate = estimate_run_cost(request, SETTINGS, measured)
+
+    assert estimate.expected_hours == pytest.approx(360 / 3600)
+    assert estimate.wall_hours == pytest.approx(0.1) and estimate.gpu_hours == pytest.approx(0.4)
+    assert estimate.basis == (
+        "train time measured on run 20261203-101500-3fa2c1: 0.9 s per step x 40 steps per epoch x 20 epochs, "
+        "on 2 process(es) there"
+    )
+    # Without one, the setting's hours, said to be assumed; without epochs, pipeline.yml's default (5).
+    assumed = estimate_run_cost(request, SETTINGS)
+    assert (assumed.expected_hours, assumed.basis) == (
+        10.0,
+        "train time assumed: RETRAIN_EXPECTED_TRAIN_HOURS=10 h (no measured training)",
+    )
+    default_epochs = estimate_run_cost(make_request(compute={"train": "gpu-dedicated"}), SETTINGS, measured)
+    assert default_epochs.expected_hours == pytest.approx(0.9 * 40 * 5 * 2 / 4 / 3600)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("seconds_per_step", 0.0), ("steps_per_epoch", float("nan")), ("world_size", 0)]
+)
+def test_a_measurement_that_is_not_one_is_refused_naming_its_run(field: str, value: float):
+    fields = {"seconds_per_step": 1.0, "steps_per_epoch": 10.0, "world_size": 1, field: value}
+    with pytest.raises(CostSettingsError, match=f"measured training of run r-1: {field} "):
+        MeasuredTraining("r-1", **fields)
 
 
 def test_a_run_on_dedicated_compute_is_never_evicted_and_pays_the_full_price():
@@ -244,9 +279,10 @@ def test_a_bad_cost_setting_stops_run_and_submit_before_anything_is_pinned(comma
     raw.mkdir()
     (raw / "a.csv").write_text("id,x,label\n1,0.5,a\n")
     if command == "run":
-        argv, register = ("run", "--data", str(raw)), cli_local.register_commands
+        argv, register = ("run", "--data", str(raw), "--task", "tabular"), cli_local.register_commands
     else:
         argv = ("submit", "--dry-run", "--data", f"azureml:digits-raw:{VERSION}", "--model-name", "digits")
+        argv += ("--task", "tabular")
         register = cli_azure.register_commands
     args = _handler_args(register, *argv, state_root=tmp_path / "state", environ={"RETRAIN_MTBE_HOURS": "x"})
 

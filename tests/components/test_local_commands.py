@@ -55,6 +55,24 @@ def test_the_real_train_command_drops_its_unset_optional_flags():
     argv = render_command(train.component.command, inputs, {"model": "/m", "checkpoints": "/c"}, "train")
     assert "--checkpoint-every-steps" not in argv and "--mlflow-tracking-uri" not in argv
     assert argv[argv.index("--epochs") + 1] == "5"  # pipeline.yml's default, over the component's
+    assert not [word for word in argv if word.startswith(("--validate", "--early-stopping", "--candidate"))]
+
+
+def test_validation_parameters_reach_the_train_command_as_its_flags():
+    train = PIPELINE.steps["train"]
+    stopping = {"validate_every_epochs": 1, "early_stopping_metric": "validation_loss", "candidate": "best"}
+    run = request(parameters=stopping)
+    inputs = step_input_values(
+        train, pipeline_values(PIPELINE, run), run.parameters, {("prep", "prepared_data"): "/p"}
+    )
+    argv = render_command(train.component.command, inputs, {"model": "/m", "checkpoints": "/c"}, "train")
+    for flag, value in (
+        ("--validate-every-epochs", "1"),
+        ("--early-stopping-metric", "validation_loss"),
+        ("--candidate", "best"),
+    ):
+        assert argv[argv.index(flag) + 1] == value
+    assert "--early-stopping-patience" not in argv  # unset: the trainer's default
 
 
 @pytest.mark.parametrize(

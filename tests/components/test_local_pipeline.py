@@ -30,8 +30,9 @@ from training.tasks.tabular.sample_data import write_sample_batches
 
 
 def small_training(epochs: int = SMALL_TRAINING["epochs"]) -> list[str]:
-    """`retrain run` options for the small training of a small model."""
-    options = ["--epochs", str(epochs)]
+    """`retrain run` options for the small training of a small model, of the tabular task: no configuration
+    file applies (see `retrain` below)."""
+    options = ["--task", "tabular", "--epochs", str(epochs)]
     for name, value in SMALL_TRAINING.items():
         if name != "epochs":
             options += ["--param", f"{name}={value}"]
@@ -107,11 +108,19 @@ def test_the_first_run_executes_every_components_real_command(first_run, state):
         True,
         "1",
     )  # the first model
-    # The gate's decision beside the run's status, as the local submitter reports it to the front door too.
-    assert output.splitlines()[-2:] == [
-        f"run {record.run_id}: Completed, registered as v1",
-        f"registration: {registration}",
+    # The gate's decision beside the run's status, as the local submitter reports it to the front door too,
+    # then what it weighed: the candidate's metrics (beside no champion's), the primary one first.
+    lines = output.splitlines()
+    said = lines.index(
+        f"run {record.run_id}: Completed, registered as v1: no champion yet; first-model floors met"
+    )
+    header, primary, *others = lines[said + 1 : -1]
+    assert header.split() == ["metric", "candidate", "no", "champion"]
+    assert primary.split() == ["macro_f1", f"{decision['metrics']['macro_f1']:.4f}", "-", "(primary)"]
+    assert [line.split()[0] for line in others] == [
+        name for name in decision["metrics"] if name != "macro_f1"
     ]
+    assert lines[-1] == f"registration: {registration}"
     details = LocalSubmitter(RunnerOptions(state_root=state), os.environ).status(record.job_name).details
     assert (details["registered_version"], details["decision"]) == ("1", "registered")
     assert details["reasons"] == decision["decision"]["reasons"]
@@ -171,7 +180,12 @@ def test_new_data_reruns_every_step_and_a_degraded_data_set_is_refused_by_the_ga
     reasons = " ".join(outcome["decision"]["reasons"])
     assert "accuracy" in reasons and "below the floor" in reasons and "champion v" in reasons, reasons
     refused = f"run {record.run_id}: Completed, refused: {'; '.join(outcome['decision']['reasons'])}"
-    assert refused in output.splitlines()
+    lines = output.splitlines()
+    table = lines[lines.index(refused) + 1 : lines.index(refused) + 3]
+    champion = outcome["champion_compared"]  # the candidate's scores beside the champion's it lost to
+    assert table[0].split() == ["metric", "candidate", "champion", f"v{champion['version']}"]
+    scores = [f"{outcome['metrics']['macro_f1']:.4f}", f"{champion['metrics']['macro_f1']:.4f}"]
+    assert table[1].split() == ["macro_f1", *scores, "(primary)"]
     details = LocalSubmitter(RunnerOptions(state_root=state), os.environ).status(record.job_name).details
     assert (details["registered_version"], details["decision"]) == (None, "refused")
 
@@ -226,3 +240,32 @@ def test_runs_lists_the_runs_newest_first_with_each_steps_status_and_reuse(state
     assert f"{first.run_id}  Completed  {first.run_key}" in text
     assert "  prep      Completed ran " in text and "  prep      Completed reused " in text
     assert f"model={first.step('train').outputs['model']}" in text
+
+
+def test_a_train_step_evicted_after_its_first_checkpoint_resumes_and_the_run_says_at_which_step_and_why(
+    state, sample_raw, first_run
+):
+    from demo.eviction import EvictOnFirstCheckpoint
+
+    # Other epochs than the module's other runs: a training of its own (its own checkpoint folder).
+    evictor = EvictOnFirstCheckpoint(state / "checkpoints")
+    progress = io.StringIO()
+    runner = LocalRunner(RunnerOptions(state_root=state), os.environ, progress, on_process_started=evictor)
+    parameters = {**SMALL_TRAINING, "epochs": 4}
+    record = runner.run(pinned_request(state, sample_raw, parameters=parameters, task_options=SMALL_MODEL))
+
+    assert evictor.wait() is not None, evictor.error
+    assert record.status == COMPLETED and len(record.step("train").attempts) == 2
+    model = Path(record.step("train").outputs["model"])
+    evicted, resumed = json.loads((model / "metadata.json").read_text())["attempts"]
+    assert (
+        evicted["ended"] == "preempted"
+        and resumed["started_at_step"] >= SMALL_TRAINING["checkpoint_every_steps"]
+    )
+    said = [line for line in progress.getvalue().splitlines() if line.startswith("train ")]
+    assert said[-1] == (
+        f"train     resumed at step {resumed['started_at_step']} after an eviction "
+        f"(checkpoint {resumed['resumed_from']})"
+    )
+    assert said[-2].startswith("train     completed in ")  # said once the step has ended
+    assert said[1].startswith("train     preempted (exit 75) after ")

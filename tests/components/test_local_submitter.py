@@ -102,7 +102,7 @@ def test_malformed_run_options_are_usage_errors(argv, message, capsys):
     ],
 )
 def test_bad_run_input_is_a_one_line_error_and_writes_no_run(argv, error, message, tmp_path, sample_raw):
-    args = parse("run", "--data", str(sample_raw), *argv)
+    args = parse("run", "--data", str(sample_raw), "--task", "tabular", *argv)
     args.state_root, args.environ = tmp_path / "state", {}
     with pytest.raises(error, match=message) as raised:
         args.handler(args, io.StringIO())
@@ -110,8 +110,26 @@ def test_bad_run_input_is_a_one_line_error_and_writes_no_run(argv, error, messag
     assert not (tmp_path / "state" / "runs").exists()
 
 
+def test_a_model_without_a_configuration_file_is_refused_naming_where_it_looked_unless_a_task_is_given(
+    tmp_path, sample_raw, capsys
+):
+    args = parse("run", "--data", str(sample_raw), "--model-name", "iris")
+    args.state_root, args.environ = tmp_path / "state", {"RETRAIN_MODELS_DIR": str(tmp_path / "conf")}
+    with pytest.raises(ConfigError) as missing:
+        args.handler(args, io.StringIO())
+    assert str(missing.value).startswith(
+        f"model 'iris': no configuration file {tmp_path / 'conf' / 'iris.toml'} "
+        f"(RETRAIN_MODELS_DIR={tmp_path / 'conf'}); expected one: `retrain init iris --task"
+    )
+    assert not (tmp_path / "state").exists()  # nothing pinned, no run recorded
+
+    with pytest.raises(SystemExit):
+        parse("run", "--help")
+    assert "$RETRAIN_MODELS_DIR" in " ".join(capsys.readouterr().out.split())
+
+
 def test_a_missing_data_folder_is_a_one_line_error(tmp_path):
-    args = parse("run", "--data", str(tmp_path / "nowhere"))
+    args = parse("run", "--data", str(tmp_path / "nowhere"), "--task", "tabular")
     args.state_root, args.environ = tmp_path / "state", {}
     with pytest.raises(DataError, match=r"--data .*/nowhere: no such folder"):
         args.handler(args, io.StringIO())

@@ -282,8 +282,22 @@ def test_another_task_on_the_command_line_drops_the_file_s_options(tmp_path):
     assert (mine.task, mine.task_sha256 is not None) == (f"{tmp_path / 'mine.py'}:Mine", True)
 
 
-def test_without_a_file_a_run_trains_the_digits_defaults_unless_told_otherwise(tmp_path):
-    default = settings(tmp_path, model_name=None)
+def test_without_a_file_a_run_needs_a_task_and_the_error_says_where_it_looked(tmp_path):
+    with pytest.raises(ConfigError) as missing:
+        settings(tmp_path, model_name=None)
+    assert str(missing.value) == (
+        f"model 'digits': no configuration file {tmp_path / 'models' / 'digits.toml'} (./models under the "
+        "working folder; RETRAIN_MODELS_DIR moves it); expected one: `retrain init digits --task "
+        "tabular|image|custom` writes it, or give --config FILE or --task REF"
+    )
+    write(tmp_path / "models", FULL)  # iris's file is there; it names no other model's
+    with pytest.raises(ConfigError) as moved:
+        settings(tmp_path, environ={MODELS_DIR_VARIABLE: "conf"})
+    assert f"no configuration file {tmp_path / 'conf' / 'iris.toml'} (RETRAIN_MODELS_DIR=conf);" in str(
+        moved.value
+    )
+
+    default = settings(tmp_path, model_name=None, task="tabular")  # the built-in task, as asked
     assert (default.model_name, default.task, dict(default.task_options), dict(default.parameters)) == (
         "digits", "tabular", {}, {}
     )  # fmt: skip
@@ -312,5 +326,6 @@ def test_an_explicit_file_names_the_model_and_a_different_model_name_is_refused(
     ],
 )
 def test_bad_command_line_values_are_one_line_errors(tmp_path, given, message):
+    write(tmp_path / "models", FULL)
     with pytest.raises(SubmissionError, match=message):
         settings(tmp_path, **given)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -63,12 +63,70 @@ def test_custom_writes_a_configuration_naming_its_task_file(tmp_path):
 
     task_file = tmp_path / "models" / "house-prices_task.py"
     assert code == 0
-    assert f"try it: python models/{task_file.name} --sample RAW" in output
+    assert f"  {shlex.quote(sys.executable)} models/{task_file.name} --sample RAW" in output.splitlines()
     config = load_model_config(tmp_path / "models" / "house-prices.toml")
     assert config.task.text == f"{task_file}:HousePricesTask"
     assert (config.gate.primary_metric, config.gate.min_improvement) == ("mse", 0.0)
     assert f"python models/{task_file.name} --sample RAW" in task_file.read_text()
     assert unexplained_keys((tmp_path / "models" / "house-prices.toml").read_text()) == []
+
+
+def printed_commands(output: str) -> list[list[str]]:
+    """The command lines init prints, one an indented line, as a shell splits them."""
+    return [shlex.split(line) for line in output.splitlines() if line.startswith("  ")]
+
+
+def _as_a_users_shell() -> dict[str, str]:
+    """As a user's shell runs a printed line: no activated environment (only the system's folders on PATH)
+    and no configuration folder set. PYTHONPATH names this checkout, as the editable install does for a
+    user's."""
+    return {
+        **{name: value for name, value in os.environ.items() if not name.startswith(("RETRAIN_", "MLFLOW_"))},
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+
+
+def _run_as_printed(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(argv, cwd=cwd, env=_as_a_users_shell(), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, f"{shlex.join(argv)}: exit {done.returncode}\n{done.stderr[-3000:]}"
+    return done
+
+
+RETRAIN_SCRIPT = str(Path(sys.executable).parent / "retrain")  # the script beside this interpreter, by path
+
+
+def test_the_printed_commands_run_as_printed_from_the_folder_init_ran_in(tmp_path):
+    """The custom kind's lines, run as printed: the task file writes its sample data, and one `retrain run`
+    prepares, trains, evaluates and registers with the task file init wrote."""
+    code, output = retrain_init(tmp_path, "trial", "--task", "custom")
+    sample, run = printed_commands(output)
+
+    assert code == 0 and sample[0] == sys.executable
+    assert run == [RETRAIN_SCRIPT, "run", "--model-name", "trial", "--data", "RAW"]
+    _run_as_printed(sample, tmp_path)
+    done = _run_as_printed(run, tmp_path)
+    assert any(line.startswith("run ") and ": Completed" in line for line in done.stdout.splitlines())
+    assert (tmp_path / ".retrain" / "runs").is_dir()  # the run's state went where the user is, by default
+
+
+@pytest.mark.parametrize("kind", ["tabular", "image"])
+def test_a_built_in_kind_prints_sample_data_that_runs_and_the_same_run_line(tmp_path, kind):
+    """The run line is the custom kind's, whose whole pipeline the test above runs as printed; here each
+    built-in kind's sample-data line runs as printed and writes what the run line's RAW names."""
+    code, output = retrain_init(tmp_path, "trial", "--task", kind)
+    sample, run = printed_commands(output)
+
+    assert code == 0 and sample[:2] == [RETRAIN_SCRIPT, "sample-data"]
+    assert run == [RETRAIN_SCRIPT, "run", "--model-name", "trial", "--data", "RAW"]
+    _run_as_printed(sample, tmp_path)
+    assert any((tmp_path / "RAW").iterdir())
+
+
+def test_a_model_written_elsewhere_is_run_by_its_file(tmp_path):
+    code, output = retrain_init(tmp_path, "b", "--task", "tabular", "--dir", str(tmp_path / "elsewhere"))
+    assert code == 0
+    assert printed_commands(output)[-1][1:] == ["run", "--config", "elsewhere/b.toml", "--data", "RAW"]
 
 
 def test_the_folder_comes_from_the_setting_or_the_option(tmp_path):
@@ -155,32 +213,6 @@ def test_the_custom_task_keeps_the_whole_contract(custom):
     assert answers.shape == (150,)
     assert task.drift_features(custom["raw"], prepared=False).values.shape == (600, 4)
     assert task.drift_features(prepared, prepared=True).names == ("x0", "x1", "x2", "x3")
-
-
-def test_the_custom_task_prepares_and_trains_one_epoch_with_retrain(custom):
-    root, ref = custom["root"], f"{custom['task_file']}:HouseTask"
-    environ = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "RETRAIN_HOME": str(root / "state")}
-
-    def retrain(*argv: str) -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "retrain_cli", *argv],
-            cwd=REPO_ROOT,
-            env=environ,
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    retrain("prepare", "--task", ref, "--raw", str(custom["raw"]), "--out", str(root / "prepared"))
-    retrain(
-        "train", "--task", ref, "--task-options", '{"hidden_width": 8}', "--data", str(root / "prepared"),
-        "--out", str(root / "model"), "--checkpoints", str(root / "checkpoints"), "--epochs", "1",
-        "--progress", "none", "--mlflow-tracking-uri", "off",
-    )  # fmt: skip
-
-    metadata = json.loads((root / "model" / "metadata.json").read_text())
-    assert metadata["config"]["task"] == ref and metadata["config"]["task_options"] == {"hidden_width": 8}
-    assert (root / "model" / "model.pt").is_file()
 
 
 @pytest.mark.parametrize("target", ["nan", "inf", "-Infinity"])

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from components.outcome import REGISTRATION_FILE, describe_outcome, gate_details
+from components.outcome import REGISTRATION_FILE, describe_outcome, gate_details, score_lines
 
 # What torchrun prints after a worker's own error line: the step's reason is the worker's line, not these.
 TORCHRUN_REPORT = [
@@ -24,6 +24,15 @@ TORCHRUN_REPORT = [
     ("status", "details", "line"),
     [
         ("Completed", {"registered_version": "3", "decision": "registered"}, "Completed, registered as v3"),
+        (
+            "Completed",
+            {
+                "registered_version": "2",
+                "decision": "registered",
+                "reasons": ["mse 0.1 beats champion v1's 0.2"],
+            },
+            "Completed, registered as v2: mse 0.1 beats champion v1's 0.2",
+        ),
         (
             "Completed",
             {
@@ -63,6 +72,7 @@ TORCHRUN_REPORT = [
     ],
     ids=[
         "registered",
+        "registered-why",
         "refused",
         "step-error-line",
         "runner-headline",
@@ -84,3 +94,23 @@ def test_a_run_without_a_readable_decision_reports_none(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="components.outcome"):
         assert gate_details({"registration": str(tmp_path)}) == {}
     assert f"{tmp_path / REGISTRATION_FILE} is unreadable" in caplog.text
+
+
+def test_the_scores_table_puts_the_primary_metric_first_and_marks_what_a_side_lacks():
+    record = {
+        "metrics": {"accuracy": 0.95, "macro_f1": 0.9412, "recall_0": float("nan")},
+        "champion_compared": {"version": "4", "metrics": {"accuracy": 0.9, "macro_f1": 0.93, "old": 1.0}},
+        "decision": {"primary_metric": "macro_f1"},
+    }
+    assert score_lines(record) == [
+        "metric    candidate  champion v4",
+        "macro_f1     0.9412       0.9300  (primary)",
+        "accuracy     0.9500       0.9000",
+        "recall_0        nan            -",
+        "old               -       1.0000",
+    ]
+    first = {"metrics": {"mse": 0.5}, "champion_compared": {"version": None, "metrics": None}}
+    assert score_lines(first) == ["metric  candidate  no champion", "mse        0.5000            -"]
+    broken = {"metrics": {"mse": 0.5}, "champion_compared": {"version": "2", "metrics": None}}
+    assert score_lines(broken)[0] == "metric  candidate  champion v2 (unloadable)"
+    assert score_lines(None) == score_lines({"metrics": "?"}) == []

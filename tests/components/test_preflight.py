@@ -91,6 +91,18 @@ def test_a_passed_check_is_remembered_for_the_same_task_file_options_and_policy(
         preflight.check(flowers(tmp_path, parameters={"floors": "accuracy=0.6"}))
 
 
+def test_an_early_stopping_metric_the_task_does_not_report_is_refused_in_one_line(tmp_path):
+    preflight = SubprocessPreflight()
+    stopping = {"validate_every_epochs": "1", "early_stopping_metric": "validation_recall_3"}
+    assert preflight.check(flowers(tmp_path, parameters=stopping)).name == "flowers"  # a family member
+    with pytest.raises(SubmissionError) as raised:  # the check remembered: the metric is checked anew
+        preflight.check(flowers(tmp_path, parameters={**stopping, "early_stopping_metric": "validation_f2"}))
+    assert str(raised.value) == (
+        "preflight: parameter early_stopping_metric is 'validation_f2': task 'flowers' does not report it; "
+        "expected one of validation_accuracy, validation_loss, validation_macro_f1, validation_recall_*"
+    )
+
+
 # -- before anything is pinned or run ------------------------------------------------------------------
 
 

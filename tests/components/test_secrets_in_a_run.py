@@ -126,19 +126,27 @@ def leaky_run(
     outputs = Outputs()
     outputs.add(
         "run with a data URL",
-        retrain(home, "run", "--data", f"https://{USER}:{DATA_PASSWORD}@example.com/raw?token={TOKEN}"),
+        retrain(
+            home,
+            "run",
+            "--task",
+            "tabular",
+            "--data",
+            f"https://{USER}:{DATA_PASSWORD}@example.com/raw?token={TOKEN}",
+        ),
     )
     outputs.add(
         "submit with a data URL",
         retrain(
-            home, "submit", "--dry-run", "--model-name", "digits",
+            home, "submit", "--dry-run", "--model-name", "digits", "--task", "tabular",
             "--data", f"http://{USER}:{DATA_PASSWORD}@127.0.0.1:{port}/devstoreaccount1/landing/?token={TOKEN}",
         ),
     )  # fmt: skip
     outputs.add(
         "run",
         retrain(
-            home, "run", "--data", str(raw), "--epochs", "1", "--task-option", "hidden_width=8",
+            home, "run", "--task", "tabular", "--data", str(raw), "--epochs", "1",
+            "--task-option", "hidden_width=8",
             "--param", "checkpoint_every_seconds=off",
             "--param", f"mlflow_tracking_uri=http://{USER}:{TRACKING_PASSWORD}@127.0.0.1:{port}",
         ),

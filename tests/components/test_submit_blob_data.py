@@ -27,7 +27,8 @@ def test_an_emulator_url_is_refused_in_one_line_before_the_preflight(tmp_path):
     }
     url = "http://127.0.0.1:9/devstoreaccount1/landing/"
     result = subprocess.run(
-        [sys.executable, "-m", "retrain_cli", "submit", "--dry-run", "--model-name", "digits", "--data", url],
+        [sys.executable, "-m", "retrain_cli", "submit", "--dry-run", "--model-name", "digits",
+         "--task", "tabular", "--data", url],
         cwd=REPO_ROOT, env=environ, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert (result.returncode, result.stdout) == (2, "")

@@ -26,6 +26,12 @@ REFUSED = [
     ("learning_rate", "0.0", "0.0", 0.0, "a number > 0"),
     ("mtbe_hours", "0", "0", 0.0, "a number of hours > 0"),
     ("checkpoint_every_seconds", '"banana"', "banana", "banana", "a number of seconds > 0, 'auto'"),
+    ("early_stopping_patience", "0", "0", 0, "a whole number of validations >= 1"),
+    ("early_stopping_metric", '"loss"', "loss", "loss", "validation_<one of the task's metrics>"),
+    ("validate_every_epochs", "-1", "-1", -1, "a whole number of epochs >= 1, or 0 or 'off'"),
+    ("grad_clip_norm", "0.0", "0", 0.0, "a number > 0"),
+    ("accumulate_grad_batches", "0", "0", 0, "a whole number >= 1"),
+    ("precision", '"fp16"', "fp16", "fp16", "one of 32, bf16-mixed, 16-mixed"),
 ]
 IDS = [name for name, *_ in REFUSED]
 
@@ -84,6 +90,15 @@ def test_the_trainer_refuses_it_by_the_same_rule(tmp_path, name, toml, text, val
         ("checkpoint_every_seconds", ["auto", "OFF", "none", "300", 300, 0.5, None]),
         ("checkpoint_every_steps", ["off", "10", 10, None]),
         ("epochs", ["3", 3]),
+        ("validate_every_epochs", ["0", 0, "off", "2", 2, None]),
+        ("validate_every_steps", ["0", "OFF", "25", 25, None]),
+        ("early_stopping_metric", ["validation_loss", "validation_recall_3", "off", None]),
+        ("early_stopping_patience", ["1", 5]),
+        ("early_stopping_min_delta", ["0", 0.01, 0]),
+        ("candidate", ["best", "last", "auto"]),
+        ("grad_clip_norm", ["1.0", 0.5, 2, "off", None]),
+        ("accumulate_grad_batches", ["4", 1]),
+        ("precision", ["32", 32, "bf16-mixed", "16-mixed"]),
     ],
 )
 def test_what_the_trainer_accepts_passes_every_room(name, good):
@@ -99,6 +114,14 @@ def test_what_the_trainer_accepts_passes_every_room(name, good):
         ("checkpoint_every_seconds", ["banana", 0, "-5", "inf", True]),
         ("epochs", [0, 2.0, "2.5", True]),
         ("keep_checkpoints", [1, "1"]),
+        ("validate_every_epochs", [-1, "1.5", True]),
+        ("early_stopping_metric", ["loss", "", "validation_", 3]),
+        ("early_stopping_patience", [0, "2.5", True]),
+        ("early_stopping_min_delta", [-0.1, "nan", True]),
+        ("candidate", ["worst", 1]),
+        ("grad_clip_norm", [0, "-1", "inf", True]),
+        ("accumulate_grad_batches", [0, 2.0, True]),
+        ("precision", ["16", "bf16", 16, True]),
     ],
 )
 def test_what_the_trainer_refuses_fits_no_rule(name, bad):
@@ -111,8 +134,26 @@ def test_retrain_run_refuses_it_in_one_line_before_pinning_any_data(tmp_path, ca
     monkeypatch.setenv("RETRAIN_HOME", str(tmp_path / "home"))
     raw = tmp_path / "raw"
     raw.mkdir()
-    code = retrain_cli.main(["run", "--data", str(raw), "--param", "learning_rate=0.0"])
+    code = retrain_cli.main(["run", "--data", str(raw), "--task", "tabular", "--param", "learning_rate=0.0"])
     err = capsys.readouterr().err
     assert code == 2
     assert err.strip() == "retrain: error: parameter learning_rate is '0.0'; expected a number > 0"
     assert not (tmp_path / "home" / "data").exists()
+
+
+def test_the_step_options_are_pipeline_keys_of_the_same_names_and_reach_the_train_step(tmp_path):
+    path = tmp_path / "iris.toml"
+    path.write_text(
+        '[pipeline]\ngrad_clip_norm = 1.0\naccumulate_grad_batches = 4\nprecision = "bf16-mixed"\n'
+    )
+    parameters = load_model_config(path, PIPELINE).parameters()
+    assert {
+        name: parameters[name] for name in ("grad_clip_norm", "accumulate_grad_batches", "precision")
+    } == {
+        "grad_clip_norm": 1.0,
+        "accumulate_grad_batches": 4,
+        "precision": "bf16-mixed",
+    }
+    check_parameter_texts(PIPELINE, {"accumulate_grad_batches": "4", "precision": "16-mixed"})
+    train = PIPELINE.steps["train"].component
+    assert {"grad_clip_norm", "accumulate_grad_batches", "precision"} <= set(train.inputs)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.training.overfitting import overfitting_arguments, prepare_overfitting_data
 from helpers.training.small_run import NO_TRACKING, train_arguments
 from helpers.training.training_process import kill_process_tree
 
@@ -110,3 +111,33 @@ def trained_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the registry tests' untracked models are trained once per session
     (tests/helpers/training/registry_harness.py)."""
     return tmp_path_factory.mktemp("trained-models")
+
+
+@pytest.fixture(scope="session")
+def overfitting_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data version the small tabular model overfits (tests/helpers/training/overfitting.py)."""
+    return prepare_overfitting_data(tmp_path_factory.mktemp("overfitting"))
+
+
+@pytest.fixture
+def start_overfitting(overfitting_data: Path, tmp_path: Path) -> Iterator[Callable[..., TrainingProcess]]:
+    """Start the overfitting run on `nproc` processes (default 2) into `tmp_path/<name>/` (its out/ and
+    checkpoints/); the same name is the same run, restarted; `tracking`: its MLflow flags (default: none).
+    Whatever is still running at the end is killed, whole."""
+    started: list[TrainingProcess] = []
+
+    def start(name: str, tracking: Sequence[str] = NO_TRACKING, nproc: int = 2) -> TrainingProcess:
+        root = tmp_path / name
+        root.mkdir(exist_ok=True)
+        arguments = overfitting_arguments(
+            overfitting_data, root / "out", root / "checkpoints", nproc=nproc, tracking=tracking
+        )
+        log_file = (root / f"attempt-{len(started) + 1}.log").open("w")
+        process = TrainingProcess(arguments, stderr=log_file)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.process.poll() is None:
+            kill_process_tree(process)

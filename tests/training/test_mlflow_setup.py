@@ -6,6 +6,8 @@ MLflow migrates a fresh SQLite file on first use without any lock; two processes
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -13,7 +15,15 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from training.mlflow_setup import LOCK_SUFFIX, sqlite_database
+from training.mlflow_setup import (
+    CACHE_VARIABLE,
+    LOCK_SUFFIX,
+    cache_folder,
+    experiment_id,
+    mlflow_client,
+    schema_template,
+    sqlite_database,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,3 +76,58 @@ def test_only_a_sqlite_file_is_set_up_here(tmp_path, monkeypatch):
     assert sqlite_database("sqlite:///m.db?timeout=30") == tmp_path / "m.db"
     for other in ("sqlite://", "sqlite:///:memory:", "http://mlflow:5000", "azureml://x", "databricks"):
         assert sqlite_database(other) is None
+
+
+def _tables_and_schema(database: Path) -> tuple[list[str], list[tuple]]:
+    with sqlite3.connect(database) as connection:
+        tables = sorted(
+            row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        )
+        version = connection.execute("SELECT version_num FROM alembic_version").fetchall()
+    connection.close()
+    return tables, version
+
+
+def _default_experiment_location(uri: str) -> str:
+    return MlflowClient(uri).get_experiment("0").artifact_location
+
+
+def test_a_fresh_store_starts_as_the_schema_template_and_ends_as_a_migrated_one(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    migrated = tmp_path / "migrated" / "mlflow.db"
+    migrated.parent.mkdir()
+    MlflowClient(f"sqlite:///{migrated}", registry_uri=f"sqlite:///{migrated}").search_registered_models()
+
+    copied = tmp_path / "state" / "mlflow.db"
+    copied.parent.mkdir()
+    template = schema_template(os.environ)
+    assert template is not None and template.parent == tmp_path / "cache"
+    client = mlflow_client(f"sqlite:///{copied}", registry_uri=f"sqlite:///{copied}")
+    assert copied.read_bytes() != b"" and _tables_and_schema(copied) == _tables_and_schema(migrated)
+    # The Default experiment is made where this store's user made it, not where the template was built.
+    location = _default_experiment_location(f"sqlite:///{copied}")
+    assert location == _default_experiment_location(f"sqlite:///{migrated}") == str(tmp_path / "mlruns" / "0")
+    # And the store works: runs, metrics and the registry.
+    run = client.create_run(experiment_id(client, "houses", str(tmp_path / "artifacts")))
+    client.log_metric(run.info.run_id, "loss", 0.5, step=1)
+    client.create_registered_model("houses")
+    assert [model.name for model in client.search_registered_models()] == ["houses"]
+    assert [experiment.name for experiment in client.search_experiments()] == ["houses", "Default"]
+
+
+def test_a_cache_that_cannot_be_written_costs_only_the_migration(tmp_path, monkeypatch):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv(CACHE_VARIABLE, str(blocked / "retrain"))
+    assert schema_template(os.environ) is None
+    database = tmp_path / "mlflow.db"
+    client = mlflow_client(f"sqlite:///{database}", registry_uri=f"sqlite:///{database}")
+    client.create_registered_model("houses")
+    assert [model.name for model in client.search_registered_models()] == ["houses"]
+
+
+def test_the_cache_folder_follows_its_settings(tmp_path):
+    assert cache_folder({CACHE_VARIABLE: str(tmp_path / "c")}) == tmp_path / "c"
+    assert cache_folder({"XDG_CACHE_HOME": str(tmp_path / "x")}) == tmp_path / "x" / "retrain"
+    assert cache_folder({}) == Path.home() / ".cache" / "retrain"

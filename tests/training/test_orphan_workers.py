@@ -34,7 +34,8 @@ def run_members(process: TrainingProcess) -> tuple[psutil.Process, list[psutil.P
     """torchrun, the launcher's child, and its two workers, each in a session of its own."""
     (agent,) = psutil.Process(process.pid).children()
     workers = agent.children()
-    assert "training.engine.torchrun_agent" in agent.cmdline() and len(workers) == 2
+    # A forked agent's command line is its title, one string (training/warm/forked.py).
+    assert "training.engine.torchrun_agent" in " ".join(agent.cmdline()) and len(workers) == 2
     assert all(os.getsid(worker.pid) == worker.pid != os.getsid(process.pid) for worker in workers)
     return agent, workers
 

@@ -57,3 +57,24 @@ def test_the_done_line_shows_the_tasks_headline_scores_without_per_class_members
     assert describe(event) == "done: 5 steps, validation accuracy 0.5000, loss 0.2500"
     regression = {"event": "done", "steps": 5, "validation": {"mse": 0.125}}
     assert describe(regression) == "done: 5 steps, validation mse 0.1250"
+
+
+def test_validation_lines_say_the_best_step_and_the_early_stop():
+    validation = {
+        "event": "validation", "step": 80, "metrics": {"validation_loss": 1.5}, "metric": "validation_loss",
+        "best_step": 40, "since_best": 1, "patience": 2, "stop": False,
+    }  # fmt: skip
+    assert describe(validation) == (
+        "validation at step 80: validation_loss 1.5000; best validation_loss at step 40, "
+        "1 validation(s) since"
+    )
+    assert describe({**validation, "step": 120, "since_best": 2, "stop": True}).endswith(
+        "best validation_loss at step 40; early stopping: 2 validation(s) without improvement"
+    )
+    done = {
+        "event": "done", "steps": 120, "validation": {"loss": 1.25}, "stop_reason": "early_stopping",
+        "candidate": "best", "candidate_step": 40,
+    }  # fmt: skip
+    assert describe(done) == (
+        "done: 120 steps (early stopping), validation loss 1.2500; model: the best validated step, 40"
+    )

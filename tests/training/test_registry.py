@@ -19,7 +19,7 @@ import mlflow.pyfunc
 import pandas as pd
 import pytest
 import yaml
-from helpers.training.model_server import invoke, mlflow_models_serve
+from helpers.training.model_server import free_port, invoke, mlflow_models_serve, retrain_serve
 from helpers.training.registry_harness import MODELS, Harness, build_harness, evaluation_document
 from mlflow.exceptions import MlflowException
 
@@ -165,6 +165,47 @@ def test_the_champion_served_by_mlflow_models_serve_answers_a_raw_csv_body_as_ev
     monkeypatch.setenv("MLFLOW_TRACKING_URI", harness.tracking_uri)
     with pytest.raises(MlflowException, match="Incompatible input types for column pixel_5"):
         mlflow.pyfunc.load_model("models:/served@champion").predict(decimal)
+
+
+def test_retrain_serve_serves_the_champion_from_the_local_state_folder(harness: Harness, tmp_path: Path):
+    # The harness's store is a state folder's (mlflow.db and mlartifacts/ in one folder): RETRAIN_HOME
+    # alone must lead `retrain serve` to it, with no MLflow variable set and another working folder.
+    record = harness.evaluate_and_register("strong", "retrain-served")
+    assert record["registered_version"] == "1"
+    table = pd.read_csv(harness.data.parent / "raw" / "batch-0001.csv").head(20)
+    expected = predict(load_trained_model(harness.models["strong"]).rebuilt, table).tolist()
+    environ = {name: value for name, value in os.environ.items() if not name.startswith("MLFLOW_")}
+    environ |= {"RETRAIN_HOME": str(harness.root), "PYTHONPATH": str(REPO_ROOT)}
+
+    with retrain_serve("retrain-served", environ, tmp_path, tmp_path / "serve.log") as url:
+        body = json.dumps({"dataframe_split": json.loads(table.to_json(orient="split"))}).encode()
+        status, text = invoke(url, body, "application/json")
+
+    assert status == 200, text[:2000]
+    assert json.loads(text)["predictions"] == expected
+    said = (tmp_path / "serve.log").read_text().splitlines()[0]
+    assert said.startswith("serving retrain-served v1 (retrain-served@champion) at http://127.0.0.1:"), said
+    assert not (tmp_path / "mlruns").exists()  # nothing looked in MLflow's default store
+
+
+def test_retrain_serve_without_a_champion_says_what_it_looked_for(harness: Harness, capsys):
+    from retrain_cli import main as retrain_main
+
+    harness.evaluate_and_register("weak", "never-champion")  # refused by the floors: a model, no champion
+    uri = harness.tracking_uri
+    for name in ("never-champion", "never-registered"):
+        code = retrain_main(["serve", name, "--mlflow-tracking-uri", uri, "--port", str(free_port())])
+        error = capsys.readouterr().err.strip()
+        assert code != 0
+        assert error == (
+            f"retrain: error: retrain serve {name}: no version of model {name!r} holds the 'champion' alias "
+            f"in the MLflow registry at {uri}; `retrain models --model-name {name}` lists its versions, "
+            f"`retrain run --model-name {name}` trains one"
+        )
+    assert retrain_main(["serve", "never-champion", "--mlflow-tracking-uri", uri, "--port", "70000"]) != 0
+    assert (
+        capsys.readouterr().err.strip() == "retrain: error: --port 70000: expected a TCP port from 1 to 65535"
+    )
 
 
 def _content_type(form: str) -> str:

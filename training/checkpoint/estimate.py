@@ -36,11 +36,12 @@ FIXED_OVERHEAD_BYTES = 64 * 1024
 ESTIMATE_BASIS = "estimated from the model and its optimizer"
 
 
-def estimate_checkpoint_bytes(model: nn.Module, optimizer: str = "AdamW") -> int:
+def estimate_checkpoint_bytes(model: nn.Module, optimizer: str = "AdamW", best_copy: bool = False) -> int:
     """The size of a checkpoint of `model` trained with `optimizer` (a class name), before one exists.
 
-    Parameters and buffers once, plus the optimizer's state tensors for every trainable parameter, plus
-    overhead. Works on a model built on the meta device, which holds no memory.
+    Parameters and buffers once (twice with `best_copy`: a validating run's checkpoints also hold its best
+    validated weights), plus the optimizer's state tensors for every trainable parameter, plus overhead.
+    Works on a model built on the meta device, which holds no memory.
     """
     states = STATE_TENSORS_PER_PARAMETER.get(optimizer, 2)
     parameters = list(model.parameters())
@@ -49,6 +50,8 @@ def estimate_checkpoint_bytes(model: nn.Module, optimizer: str = "AdamW") -> int
     tensor_bytes = sum(tensor.numel() * tensor.element_size() for tensor in [*parameters, *buffers])
     state_bytes = states * sum(parameter.numel() * parameter.element_size() for parameter in trainable)
     tensors = len(parameters) + len(buffers) + states * len(trainable)
+    if best_copy:
+        tensor_bytes, tensors = 2 * tensor_bytes, tensors + len(parameters) + len(buffers)
     return tensor_bytes + state_bytes + tensors * PER_TENSOR_OVERHEAD_BYTES + FIXED_OVERHEAD_BYTES
 
 
@@ -74,4 +77,5 @@ def refuse_unfit_checkpoint_location(config: TrainConfig, environ: Mapping[str, 
         check_room(store, record.size, f"the size of {record.name}", config.keep_checkpoints)
         return
     model = _model_for_estimate(task, task.load(config.data).info)
-    check_room(store, estimate_checkpoint_bytes(model), ESTIMATE_BASIS, config.keep_checkpoints)
+    size = estimate_checkpoint_bytes(model, best_copy=config.validates)
+    check_room(store, size, ESTIMATE_BASIS, config.keep_checkpoints)

@@ -131,7 +131,9 @@ class CheckpointManager:
                 size, basis = newest.record.size, f"the size of {newest.record.name}"
             else:
                 optimizer = type(self._objects.optimizer).__name__
-                size, basis = estimate_checkpoint_bytes(self._objects.model, optimizer), ESTIMATE_BASIS
+                best_copy = self._config.validates  # the best validated weights ride along
+                size = estimate_checkpoint_bytes(self._objects.model, optimizer, best_copy)
+                basis = ESTIMATE_BASIS
             check_room(self.checkpointer.store, size, basis, self.checkpointer.keep_last)
         except CheckpointError as error:
             return str(error)

@@ -3,12 +3,15 @@
 Two measures per feature, because each covers the other's blind spot:
 
 - The population stability index (PSI) says how much the distribution moved. Bins come from the
-  reference's quantiles (`bins` equal shares; repeated quantiles, as in discrete or constant features,
-  merge into one edge), plus one bin below the reference's minimum and one above its maximum, so values
-  the reference never took count as movement. PSI = sum over bins of (c - r) * ln(c / r), with r and c the
-  reference's and the current data's share of rows in the bin. An empty bin counts as holding a share of
-  `EPSILON` (1e-4) rather than 0, which keeps the logarithm finite: a bin that only one side fills adds
-  about share * ln(share / 1e-4), large but bounded. Shares are not renormalised after that floor.
+  reference's quantiles (`bins` equal shares; repeated quantiles merge into one edge), plus one bin below
+  the reference's minimum and one above its maximum, so values the reference never took count as
+  movement. A reference that takes at most `bins` distinct values (a count, a flag, a one-hot category
+  share) is binned by value instead: each value its own bin, with a bin for every gap between and beyond
+  them. Quantile bins would put 0 and 1 of a flag into one bin [0, 1], blind to any change of its share.
+  PSI = sum over bins of (c - r) * ln(c / r), with r and c the reference's and the current data's share
+  of rows in the bin. An empty bin counts as holding a share of `EPSILON` (1e-4) rather than 0, which
+  keeps the logarithm finite: a bin that only one side fills adds about share * ln(share / 1e-4), large
+  but bounded. Shares are not renormalised after that floor.
 - The two-sample Kolmogorov-Smirnov test says whether the move is more than sampling noise.
 
 A feature has drifted when both agree: its PSI is above the policy's threshold (material) and the KS
@@ -180,11 +183,30 @@ def bin_shares(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return np.maximum(counts / len(values), EPSILON)
 
 
+def level_indices(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Each value's bin among the sorted distinct `levels`: 0 below levels[0], 1 at it, 2 between it and
+    levels[1], 3 at levels[1], ..., 2 x len(levels) above the last."""
+    position = np.searchsorted(levels, values, side="left")
+    at_level = levels[np.minimum(position, len(levels) - 1)] == values
+    return 2 * position + at_level.astype(np.int64)
+
+
+def level_shares(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """The share of `values` in each bin of `levels`, an empty bin counting as `EPSILON`."""
+    counts = np.bincount(level_indices(values, levels), minlength=2 * len(levels) + 1)
+    return np.maximum(counts / len(values), EPSILON)
+
+
 def population_stability_index(reference: np.ndarray, current: np.ndarray, bins: int = DEFAULT_BINS) -> float:
-    """PSI of `current` against `reference` (one feature each), over the reference's quantile bins."""
+    """PSI of `current` against `reference` (one feature each), over the reference's quantile bins, or
+    its values when it takes at most `bins` distinct ones."""
     reference, current = _column(reference, "reference"), _column(current, "current")
-    edges = quantile_edges(reference, bins)
-    expected, actual = bin_shares(reference, edges), bin_shares(current, edges)
+    levels = np.unique(reference)
+    if len(levels) <= bins:
+        expected, actual = level_shares(reference, levels), level_shares(current, levels)
+    else:
+        edges = quantile_edges(reference, bins)
+        expected, actual = bin_shares(reference, edges), bin_shares(current, edges)
     return float(np.sum((actual - expected) * np.log(actual / expected)))
 
 

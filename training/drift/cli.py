@@ -88,7 +88,7 @@ def _task_and_reference(
 
 def _drift(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     from training.drift.check import compare
-    from training.drift.data import aligned, read_current
+    from training.drift.data import comparable, read_current
     from training.drift.publish import new_check_id
 
     stream = stream or sys.stdout
@@ -101,10 +101,11 @@ def _drift(args: argparse.Namespace, stream: TextIO | None = None) -> int:
         task, task_source, reference = _task_and_reference(config, tracking, Path(scratch))
         log.info("drift features of task %s (from %s)", task.name, task_source)
         current = read_current(task, config.current)
+    compared, current_values = comparable(reference.features, current.features)
     report = compare(
-        reference.features.values,
-        aligned(reference.features, current.features),
-        reference.features.names,
+        compared.values,
+        current_values,
+        compared.names,
         policy,
         reference_data_version=reference.data_version,
         current_data_version=current.data_version,

@@ -29,6 +29,7 @@ import numpy as np
 from core.errors import InputError
 from core.task_ref import parse_task_ref
 from core.versions import MANIFEST_SUFFIX, is_raw_version, raw_version
+from training.data.token_shares import check_same_groups, column_names, share_values, vocabulary_of
 from training.gate.lineage import (
     DATA_DIR,
     DATA_VERSION,
@@ -264,6 +265,36 @@ def read_current(task: Task, folder: Path) -> CurrentData:
         folder=folder,
         files=raw_files(task, folder),
         data_version=raw_data_version(folder),
+    )
+
+
+def comparable(reference: FeatureTable, current: FeatureTable) -> tuple[FeatureTable, np.ndarray]:
+    """The reference as numbers only, and the current values in its column order: each token group of
+    either side becomes share columns by the reference group's vocabulary, so a category the current data
+    brings first is counted in the reference's `NAME:other` column, and one it lacks is a column of zeros."""
+    check_same_groups(reference.groups, current.groups)
+    current_groups = {group.name: group for group in current.groups}
+    names, reference_parts, current_parts = (
+        list(reference.names),
+        [reference.values],
+        [aligned_numbers(reference, current)],
+    )
+    for group in reference.groups:
+        vocabulary = vocabulary_of(group)
+        names += column_names(group, vocabulary)
+        reference_parts.append(share_values(group, vocabulary))
+        current_parts.append(share_values(current_groups[group.name], vocabulary))
+    if len(set(names)) != len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise InputError(f"drift features: {twice[:5]} named twice once shares are columns; rename a feature")
+    numeric = FeatureTable(tuple(names), np.hstack(reference_parts))
+    return numeric, np.hstack(current_parts)
+
+
+def aligned_numbers(reference: FeatureTable, current: FeatureTable) -> np.ndarray:
+    """The current numeric values in the reference's numeric feature order."""
+    return aligned(
+        FeatureTable(reference.names, reference.values), FeatureTable(current.names, current.values)
     )
 
 

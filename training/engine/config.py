@@ -9,15 +9,26 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from core.errors import InputError
-from core.flags import flag, number_text
+from core.flags import default_of, flag, number_text
 from core.task_ref import options_text
 from core.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
-from core.train_rules import OFF_WORDS, TRAIN_RULES, read_interval
+from core.train_rules import (
+    CANDIDATE_AUTO,
+    CANDIDATE_BEST,
+    CANDIDATE_LAST,
+    CANDIDATES,
+    OFF_WORDS,
+    PRECISIONS,
+    TRAIN_RULES,
+    read_interval,
+    read_optional_count,
+    read_precision,
+)
 from core.trajectory import TRAJECTORY_FIELDS  # the options a checkpoint resumes only under
 from training.tasks.task_flags import task_flag, task_options_flag
 
@@ -60,6 +71,22 @@ def _optional_whole(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a int or 'off', got {text!r}") from None
 
 
+def _optional_count(text: str) -> int | None:
+    try:
+        return read_optional_count(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, or 0 or 'off', got {text!r}") from None
+
+
+def _number_or_off(text: str) -> float | None:
+    if text.lower() in OFF_WORDS:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'off', got {text!r}") from None
+
+
 def _seconds_auto_or_off(text: str) -> float | str | None:
     try:
         return read_interval(text)
@@ -78,14 +105,22 @@ def off_or_text(value: str | None) -> str | None:
     return None if value is None or value.lower() == "off" else value
 
 
-_TASK, _DATA, _TRAINING, _CHECKPOINTS, _REPORTING = (
+_TASK, _DATA, _TRAINING, _VALIDATION, _CHECKPOINTS, _REPORTING = (
     "task",
     "data and outputs",
     "training",
+    "validation and early stopping",
     "checkpoints",
     "reporting",
 )
-FLAG_GROUPS = (_TASK, _DATA, _TRAINING, _CHECKPOINTS, _REPORTING)  # their order in `retrain train --help`
+FLAG_GROUPS = (
+    _TASK,
+    _DATA,
+    _TRAINING,
+    _VALIDATION,
+    _CHECKPOINTS,
+    _REPORTING,
+)  # their order in `retrain train --help`
 
 
 @dataclass(frozen=True)
@@ -113,12 +148,117 @@ class TrainConfig:
         ),
     )
     learning_rate: float = field(
-        default=3e-3, metadata=flag(parse=float, format=number_text, group=_TRAINING)
+        default=3e-3,
+        metadata=flag(
+            parse=float,
+            format=number_text,
+            group=_TRAINING,
+            help="the default optimiser's (AdamW) peak learning rate; a task's own optimiser may follow it",
+        ),
     )
-    weight_decay: float = field(default=0.01, metadata=flag(parse=float, format=number_text, group=_TRAINING))
-    warmup_steps: int = field(default=20, metadata=flag(parse=int, group=_TRAINING))
+    weight_decay: float = field(
+        default=0.01,
+        metadata=flag(parse=float, format=number_text, group=_TRAINING, help="AdamW's weight decay"),
+    )
+    warmup_steps: int = field(
+        default=20,
+        metadata=flag(
+            parse=int, group=_TRAINING, help="steps of linear warm-up, then a cosine decay to a tenth"
+        ),
+    )
+    grad_clip_norm: float | None = field(
+        default=None,
+        metadata=flag(
+            parse=_number_or_off,
+            format=number_text,
+            none="off",
+            metavar="X",
+            group=_TRAINING,
+            help="clip the gradients' total norm to X before each optimizer step ('off')",
+        ),
+    )
+    accumulate_grad_batches: int = field(
+        default=1,
+        metadata=flag(
+            parse=int,
+            metavar="K",
+            group=_TRAINING,
+            help="reach the global batch in K micro-batches per process (less memory, same step)",
+        ),
+    )
+    precision: str = field(
+        default="32",
+        metadata=flag(
+            choices=PRECISIONS,
+            group=_TRAINING,
+            help="32; bf16-mixed (bfloat16 autocast, CPU or CUDA); 16-mixed (float16 autocast with a "
+            "gradient scaler, CUDA only)",
+        ),
+    )
     task: str = field(default=DEFAULT_TASK, metadata=task_flag(_TASK))
     task_options: dict[str, Any] = field(default_factory=dict, metadata=task_options_flag(_TASK))
+    validate_every_epochs: int | None = field(
+        default=None,
+        metadata=flag(
+            parse=_optional_count,
+            none="off",
+            metavar="N",
+            group=_VALIDATION,
+            help="score the validation split every N epochs, and at the last step ('off', 0: never)",
+        ),
+    )
+    validate_every_steps: int | None = field(
+        default=None,
+        metadata=flag(
+            parse=_optional_count,
+            none="off",
+            metavar="N",
+            group=_VALIDATION,
+            help="score the validation split every N steps, and at the last step ('off', 0: never); with "
+            "--validate-every-epochs too, at the steps either names",
+        ),
+    )
+    early_stopping_metric: str | None = field(
+        default=None,
+        metadata=flag(
+            read=off_or_text,
+            none="off",
+            metavar="NAME",
+            group=_VALIDATION,
+            help="stop when validation_<a task metric> (e.g. validation_loss) has not improved, in the "
+            "task's direction for it, for --early-stopping-patience validations; it also picks the best "
+            "candidate ('off': no early stopping, the best is by the task's default primary metric)",
+        ),
+    )
+    early_stopping_patience: int = field(
+        default=3,
+        metadata=flag(
+            parse=int,
+            metavar="N",
+            group=_VALIDATION,
+            help="validations without improvement before stopping (default %(default)s)",
+        ),
+    )
+    early_stopping_min_delta: float = field(
+        default=0.0,
+        metadata=flag(
+            parse=float,
+            format=number_text,
+            metavar="X",
+            group=_VALIDATION,
+            help="how much better than the best a validation must be to count as an improvement "
+            "(default %(default)s)",
+        ),
+    )
+    candidate: str = field(
+        default=CANDIDATE_AUTO,
+        metadata=flag(
+            choices=CANDIDATES,
+            group=_VALIDATION,
+            help="the weights written to --out: the best validated step's, or the last step's; auto "
+            "(default): best when validation is on, else last",
+        ),
+    )
     checkpoint_every_steps: int | None = field(
         default=None,
         metadata=flag(
@@ -184,6 +324,7 @@ class TrainConfig:
         for name, rule in TRAIN_RULES.items():
             value = getattr(self, name)
             _require(rule.fits(value), f"{rule.flag} {_shown(value)}: expected {rule.expected}")
+        object.__setattr__(self, "precision", read_precision(self.precision))  # a TOML 32 is the name "32"
         _require(
             self.progress in PROGRESS_MODES,
             f"--progress {self.progress!r}: expected one of {', '.join(PROGRESS_MODES)}",
@@ -194,12 +335,42 @@ class TrainConfig:
             "package.module:Attr",
         )
         object.__setattr__(self, "task_options", _json_object(self.task_options))
+        if self.early_stopping_metric is not None:
+            object.__setattr__(self, "early_stopping_metric", self.early_stopping_metric.strip())
+        self._check_validation()
         _require(bool(self.checkpoints), "--checkpoints: expected a folder or a Blob Storage URL")
         _require(
             "?" not in self.checkpoints,
             "--checkpoints: credentials in the URL (a SAS query string) are not accepted; use managed "
             "identity, or RETRAIN_STORAGE_CONNECTION_STRING for the emulator",
         )
+
+    def _check_validation(self) -> None:
+        for name in ("validate_every_epochs", "validate_every_steps"):
+            if getattr(self, name) == 0:  # 0 is off, as 'off' is: one value for it in checkpoints
+                object.__setattr__(self, name, None)
+        _require(
+            self.early_stopping_metric is None or self.validates,
+            f"--early-stopping-metric {self.early_stopping_metric}: needs validation; add "
+            "--validate-every-epochs N or --validate-every-steps N",
+        )
+        _require(
+            self.candidate != CANDIDATE_BEST or self.validates,
+            "--candidate best: needs validation to pick the best step; add --validate-every-epochs N or "
+            "--validate-every-steps N, or use --candidate last",
+        )
+
+    @property
+    def validates(self) -> bool:
+        """Whether the run scores its validation split while it trains."""
+        return self.validate_every_epochs is not None or self.validate_every_steps is not None
+
+    @property
+    def candidate_kind(self) -> str:
+        """`best` or `last`: `auto` resolved."""
+        if self.candidate != CANDIDATE_AUTO:
+            return self.candidate
+        return CANDIDATE_BEST if self.validates else CANDIDATE_LAST
 
     def trajectory(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in TRAJECTORY_FIELDS}
@@ -231,9 +402,11 @@ def _shown_option(name: str, value: object) -> str:
 
 def trajectory_mismatches(saved: dict[str, Any], current: TrainConfig) -> list[str]:
     """Human-readable differences between a checkpoint's trajectory options and the current ones."""
+    # A checkpoint from before an option existed was made with the option's default.
+    defaults = {each.name: default_of(each) for each in fields(TrainConfig)}
     return [
         f"--{name.replace('_', '-')} {_shown_option(name, getattr(current, name))} "
-        f"(checkpoint: {_shown_option(name, saved.get(name))})"
+        f"(checkpoint: {_shown_option(name, saved.get(name, defaults[name]))})"
         for name in TRAJECTORY_FIELDS
-        if saved.get(name) != getattr(current, name)
+        if saved.get(name, defaults[name]) != getattr(current, name)
     ]

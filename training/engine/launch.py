@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
@@ -42,7 +43,7 @@ from core.flags import config_to_argv
 from core.secrets import tracking_credentials_apart
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
 from training.checkpoint.stores import newest_record, open_checkpoint_lease, open_checkpoint_store
-from training.engine.batch_split import per_rank_batch_size
+from training.engine.batch_split import micro_batch_size
 from training.engine.config import TrainConfig
 from training.engine.divergence import DIVERGED_EXIT_CODE, TrainingDiverged
 from training.engine.failure_report import WorkerFailed, read_report
@@ -80,10 +81,14 @@ def _newest_record(config: TrainConfig, environ: Mapping[str, str]) -> Checkpoin
 
 
 def load_checked_task(config: TrainConfig) -> Any:
-    """The task `config` names, loaded and checked against the contract (this imports torch)."""
+    """The task `config` names, loaded and checked against the contract (this imports torch), and against
+    the early-stopping metric: one the task does not declare is refused before any process starts."""
+    from training.engine.validation import rule_for
     from training.tasks.loader import load_task
 
-    return load_task(config.task, config.task_options)
+    task = load_task(config.task, config.task_options)
+    rule_for(config, task)
+    return task
 
 
 def refuse_incompatible_resume(config: TrainConfig, environ: Mapping[str, str], task: Any) -> None:
@@ -100,12 +105,33 @@ def preempted_in_launch(config: TrainConfig, launch_id: str, environ: Mapping[st
     return record is not None and record.reason == REASON_PREEMPTED and record.launch_id == launch_id
 
 
-def _run_torchrun(command: list[str], environ: Mapping[str, str]) -> tuple[int, bool]:
+def _start_torchrun(command: list[str], environ: Mapping[str, str], config: TrainConfig) -> Any:
+    """torchrun's agent, forked from this process once it has imported what the workers need (they are
+    forked from the agent in turn: training/warm/), instead of three fresh interpreters importing torch
+    each. This process has loaded the task already; the workers import it afresh. Exec'd as it is when
+    this process runs threads of its own, which a fork would not carry."""
+    if threading.active_count() > 1:
+        return subprocess.Popen(command, env=dict(environ))
+    from training.tasks.loader import user_task_modules
+    from training.warm.forked import ForkedProcess, module_command
+    from training.warm.preload import preload, worker_modules
+
+    agent = module_command(command)
+    assert agent is not None, command  # torchrun_command's: `python -m training.engine.torchrun_agent`
+    preload(worker_modules(tracking=bool(config.mlflow_tracking_uri)))
+    module, arguments, _ = agent
+    forget = user_task_modules(config.task)
+    return ForkedProcess(
+        module, arguments, env=environ, cwd=os.getcwd(), new_session=False, forget_modules=forget
+    )
+
+
+def _run_torchrun(command: list[str], environ: Mapping[str, str], config: TrainConfig) -> tuple[int, bool]:
     """torchrun's exit code, and whether an eviction notice (SIGTERM/SIGINT) was forwarded to it."""
     # A subreaper while torchrun runs: workers orphaned by torchrun's death come back here, to be ended.
     subreaper = set_child_subreaper(True)
     others = children(os.getpid())  # whatever else this process started is not torchrun's to end
-    process = subprocess.Popen(command, env={**environ, PARENT_PID_VARIABLE: str(os.getpid())})
+    process = _start_torchrun(command, {**environ, PARENT_PID_VARIABLE: str(os.getpid())}, config)
 
     forwarded: list[int] = []
 
@@ -132,7 +158,8 @@ def _run_torchrun(command: list[str], environ: Mapping[str, str]) -> tuple[int, 
 def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     if nproc < 1:
         raise InputError(f"--nproc {nproc}: expected a positive number of processes")
-    per_rank_batch_size(config.global_batch_size, nproc)  # refuse before starting any process
+    # Refused before starting any process:
+    micro_batch_size(config.global_batch_size, nproc, config.accumulate_grad_batches)
     task = load_checked_task(config)
     launch_id = uuid.uuid4().hex[:12]
     if nproc == 1:
@@ -155,7 +182,8 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     environment = {"OMP_NUM_THREADS": "1", **environ, **credentials, LAUNCH_ID_VARIABLE: launch_id}
     with tempfile.TemporaryDirectory(prefix="retrain-launch-") as reports:
         error_file = Path(reports) / "torchrun-error.json"  # this launch's alone: no older report speaks
-        code, noticed = _run_torchrun(command, {**environment, ELASTIC_ERROR_FILE_VARIABLE: str(error_file)})
+        environment[ELASTIC_ERROR_FILE_VARIABLE] = str(error_file)
+        code, noticed = _run_torchrun(command, environment, config)
         report = read_report(error_file) if code != 0 else None
     if report is not None and report.code == DIVERGED_EXIT_CODE:
         raise TrainingDiverged(report.message)

@@ -4,7 +4,7 @@ Rank 0 emits events; a renderer shows them as an in-place bar (a terminal), as p
 log), or as JSON lines on stdout (for a supervising process, such as the demo or the tests, to follow).
 Events are plain JSON-ready dicts with an "event" key: `start`, `step`, `checkpoint`,
 `checkpoint_interval` (the interval `--checkpoint-every-seconds auto` chose), `preempted`, `diverged`,
-`resumed`, `done`.
+`resumed`, `validation` (a validation while training, and whether it stops the run), `done`.
 """
 
 from __future__ import annotations
@@ -64,8 +64,28 @@ def describe(event: Event) -> str:
         )
         return f"diverged: {what}; nothing saved after it; exiting with code {event['exit_code']}"
     if kind == "done":
-        return f"done: {event['steps']} steps, validation {_scores_text(event.get('validation') or {})}"
+        ending = " (early stopping)" if event.get("stop_reason") == "early_stopping" else ""
+        model = (
+            f"; model: the best validated step, {event['candidate_step']}"
+            if event.get("candidate") == "best"
+            else ""
+        )
+        scored = _scores_text(event.get("validation") or {})
+        return f"done: {event['steps']} steps{ending}, validation {scored}{model}"
+    if kind == "validation":
+        return _validation_text(event)
     return json.dumps(event)
+
+
+def _validation_text(event: Event) -> str:
+    since = event["since_best"]
+    text = (
+        f"validation at step {event['step']}: {_scores_text(event['metrics'])}; best {event['metric']} at "
+        f"step {event['best_step']}"
+    )
+    if event["stop"]:
+        return f"{text}; early stopping: {since} validation(s) without improvement"
+    return f"{text}, {since} validation(s) since" if since else text
 
 
 def _scores_text(metrics: dict[str, float]) -> str:

@@ -1,28 +1,32 @@
 """The trainable objects, and the state a checkpoint captures and a resume restores.
 
 The model comes from the task (`Task.build_model(info)`), built right after seeding torch's generator, so
-every rank and every attempt starts from the same weights. A checkpoint holds the model, optimizer and LR
-scheduler states, the step, the data cursor (epoch and
-position), the RNG scheme (counter-based, so derivable from seed, step and rank), the config, the data
-version, the attempt history and the MLflow run id. Rank 0 writes it: data-parallel ranks hold identical
-model and optimizer states, and everything per-rank is derivable.
+every rank and every attempt starts from the same weights; the optimizer and its schedule are the task's or
+the default (training/engine/optimization.py). A checkpoint holds the model, optimizer and LR scheduler
+states, the gradient scaler's (`--precision 16-mixed`), the step, the data cursor (epoch and position), the
+RNG scheme (counter-based, so derivable from seed, step and rank), the config, the data version, the
+attempt history, the MLflow run id, and validation's state with the best validated weights
+(training/engine/validation.py). Rank 0 writes it: data-parallel ranks hold identical model and optimizer
+states, and everything per-rank is derivable.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.lr_scheduler import LRScheduler
 
 from core.errors import InputError
 from training.checkpoint.checkpointer import LoadedCheckpoint
 from training.engine.config import TrainConfig
+from training.engine.early_stopping import ValidationState
+from training.engine.optimization import Optimization, build_optimization
+from training.engine.precision import Precision, require_supported
 from training.engine.sampling import DataCursor
 from training.tasks.base import Task, built_model
 
@@ -34,8 +38,16 @@ RNG_SCHEME = "counter:sha256(seed,step,rank)"
 @dataclass
 class TrainingObjects:
     model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: LambdaLR
+    optimization: Optimization
+    precision: Precision
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.optimization.optimizer
+
+    @property
+    def scheduler(self) -> LRScheduler | None:
+        return self.optimization.scheduler
 
 
 @dataclass
@@ -47,6 +59,10 @@ class RunState:
     elapsed_seconds: float = 0.0
     attempts: list[dict[str, Any]] = field(default_factory=list)
     mlflow_run_id: str | None = None
+    # Validation while training (training/engine/validation.py): its decisions so far, and on rank 0 the
+    # best validated weights (CPU tensors, replaced whole, never changed in place).
+    validation: ValidationState = field(default_factory=ValidationState)
+    best_weights: dict[str, torch.Tensor] | None = None
 
     @property
     def attempt(self) -> int:
@@ -82,37 +98,25 @@ class RunState:
         self.attempts[-1].update(ended=how, ended_at_step=self.step)
 
 
-def warmup_cosine(warmup_steps: int, total_steps: int):
-    """LR multiplier: linear warm-up, then cosine decay to 10% over the remaining steps."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
-
-
 def build_training_objects(
-    config: TrainConfig, task: Task, info: Mapping[str, Any], total_steps: int
+    config: TrainConfig, task: Task, info: Mapping[str, Any], total_steps: int, device: torch.device
 ) -> TrainingObjects:
+    require_supported(config.precision, device)  # refused before anything is built
+    precision = Precision(config.precision, device)
     torch.manual_seed(config.seed)  # identical initial weights on every rank and every attempt
     model = built_model(task, info)
     if not any(parameter.requires_grad for parameter in model.parameters()):
         raise InputError(f"--task {config.task!r}: build_model returned a model with no trainable parameters")
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
-    )
-    scheduler = LambdaLR(optimizer, warmup_cosine(config.warmup_steps, total_steps))
-    return TrainingObjects(model, optimizer, scheduler)
+    model.to(device)  # before the optimizer is built over its parameters
+    return TrainingObjects(model, build_optimization(task, model, config, total_steps), precision)
 
 
 def checkpoint_state(objects: TrainingObjects, run: RunState, config: TrainConfig, data_version: str) -> dict:
     return {
         "model": objects.model.state_dict(),
         "optimizer": objects.optimizer.state_dict(),
-        "scheduler": objects.scheduler.state_dict(),
+        "scheduler": objects.scheduler.state_dict() if objects.scheduler is not None else None,
+        "grad_scaler": objects.precision.state_dict(),
         "progress": {
             "step": run.step,
             "epoch": run.cursor.epoch,
@@ -124,6 +128,8 @@ def checkpoint_state(objects: TrainingObjects, run: RunState, config: TrainConfi
         "data_version": data_version,
         "attempts": [dict(entry) for entry in run.attempts],
         "mlflow_run_id": run.mlflow_run_id,
+        # In the checkpoint itself, not a record of its own: eviction of old checkpoints cannot lose it.
+        "validation": {**run.validation.to_dict(), "best_weights": run.best_weights},
     }
 
 
@@ -131,7 +137,9 @@ def restore(objects: TrainingObjects, loaded: LoadedCheckpoint, data_version: st
     state = loaded.state
     objects.model.load_state_dict(state["model"])
     objects.optimizer.load_state_dict(state["optimizer"])
-    objects.scheduler.load_state_dict(state["scheduler"])
+    if objects.scheduler is not None:
+        objects.scheduler.load_state_dict(state["scheduler"])
+    objects.precision.load_state_dict(state.get("grad_scaler"))  # absent in checkpoints older than it
     progress = state["progress"]
     cursor = DataCursor(epoch=progress["epoch"], position=progress["position"])
     if state["data_version"] != data_version:
@@ -150,6 +158,10 @@ def restore(objects: TrainingObjects, loaded: LoadedCheckpoint, data_version: st
         attempts=[dict(entry) for entry in state["attempts"]],
         mlflow_run_id=state["mlflow_run_id"],
     )
+    validation = state.get("validation")  # absent from checkpoints made before validation existed
+    if validation is not None:
+        run.validation = ValidationState.from_dict(validation)
+        run.best_weights = validation.get("best_weights")
     if run.attempts and run.attempts[-1]["ended"] is None:
         # The attempt that wrote this checkpoint never said goodbye: killed (SIGKILL, node loss) or crashed.
         run.attempts[-1]["ended"] = "interrupted"

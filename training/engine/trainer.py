@@ -6,10 +6,14 @@ a vote on whether anyone received an eviction notice), so that all of them stop 
 checkpoints asynchronously at the configured interval (or, with `--checkpoint-every-seconds auto`, at one
 chosen from what its first saves cost), immediately when evicted, and at the end: the trainer's checkpoint
 manager (training/checkpoint/manager.py) decides when, and saves. A step whose agreed loss is not finite
-stops every rank at that step, with nothing saved after it (training/engine/divergence.py).
+stops every rank at that step, with nothing saved after it (training/engine/divergence.py). With validation
+on, the validation split is scored at the due steps, the best validated weights are kept, and early stopping
+ends every rank at the same step (training/engine/validation.py).
 
-The task (training/tasks/base.py) supplies the data, the model, the loss of a batch and the final scores;
-the loop, DDP, sampling, RNG and checkpoints are the same for every task.
+The task (training/tasks/base.py) supplies the data, the model, the loss of a batch and the final scores,
+and may supply its optimizer and schedule (training/engine/optimization.py); the loop, DDP, sampling, RNG
+and checkpoints are the same for every task. How one step is computed (micro-batches, precision, gradient
+clipping) is training/engine/train_step.py's.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import training
 from training.checkpoint.checkpointer import Checkpointer, LoadedCheckpoint
 from training.checkpoint.manager import CheckpointManager
 from training.checkpoint.records import REASON_INTERVAL
+from training.engine.batch_split import micro_batch_size
 from training.engine.batches import BatchSource, on_device
 from training.engine.config import TrainConfig
 from training.engine.consensus import StepConsensus, StepVerdict
@@ -42,7 +47,9 @@ from training.engine.sampling import BatchPlan, epoch_permutation, rank_batch_in
 from training.engine.throughput import ThroughputMeter
 from training.engine.tracking import Tracker
 from training.engine.train_state import RunState, build_training_objects
-from training.tasks.base import Task, TaskData, batch_loss
+from training.engine.train_step import TrainStep
+from training.engine.validation import Validator
+from training.tasks.base import Task, TaskData, loss_takes_info
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +94,19 @@ class Trainer:
         # weights on every rank; a resume loads its checkpoint into them).
         self._train_batches = BatchSource(data.split("train"), context.device, config.task)
         self._plan = BatchPlan(len(self._train_batches), config.global_batch_size)
-        self._plan.per_rank_batch_size(context.world_size)  # refuse a batch the ranks cannot share
+        # Refuse a batch the ranks, or each rank's micro-batches, cannot share.
+        micro_batch_size(config.global_batch_size, context.world_size, config.accumulate_grad_batches)
         self._total_steps = self._plan.steps_per_epoch * config.epochs
-        self._objects = build_training_objects(config, task, data.info, self._total_steps)
-        self._objects.model.to(context.device)
+        self._objects = build_training_objects(config, task, data.info, self._total_steps, context.device)
+        self._step = TrainStep(
+            task,
+            self._train_batches,
+            self._objects.optimization,
+            self._objects.precision,
+            accumulate_grad_batches=config.accumulate_grad_batches,
+            grad_clip_norm=config.grad_clip_norm,
+            loss_info=data.info if loss_takes_info(task) else None,
+        )
         self._network: nn.Module = self._objects.model  # wrapped for DDP once the checkpoint is loaded
         self._checkpoints = CheckpointManager(
             checkpointer,
@@ -103,6 +119,17 @@ class Trainer:
             tracker=tracker,
             emit=self._emit,
             clock=clock,
+        )
+        self._validator = Validator(
+            config,
+            context,
+            task,
+            data,
+            self._objects.model,
+            tracker,
+            self._emit,
+            steps_per_epoch=self._plan.steps_per_epoch,
+            total_steps=self._total_steps,
         )
         # The run's progress: fresh here, restored by `run()` when there is a checkpoint to resume.
         self._run = RunState()
@@ -174,9 +201,10 @@ class Trainer:
 
     def _train(self) -> str:
         consensus = StepConsensus(self.context)
-        while self._run.step < self._total_steps:
+        while self._run.step < self._total_steps and not self._run.validation.stopped:
             local_loss = self._train_step()
             self._meter.update(self.config.global_batch_size)
+            self._validator.after_step(self._run)  # before anything may save this step's state
             verdict = consensus.exchange(
                 self._run.step, local_loss, self.notice.received, self._step_details()
             )
@@ -188,7 +216,12 @@ class Trainer:
                     return DIVERGED
                 if verdict.stop_requested:
                     return self._last_step(consensus.drain(), PREEMPTED)
-            if self._checkpoints.interval_save_due(self._run.step) and self._safe_to_save(consensus.settle()):
+            last = self._run.validation.stopped  # early stopping: the final save takes this step
+            if (
+                not last
+                and self._checkpoints.interval_save_due(self._run.step)
+                and self._safe_to_save(consensus.settle())
+            ):
                 self._checkpoints.save(REASON_INTERVAL, self._progress())
             self._checkpoints.poll(self._run)
         return self._last_step(consensus.drain(), COMPLETED)
@@ -229,7 +262,7 @@ class Trainer:
         return not checks or bool(torch.stack(checks).all())  # one device sync for the whole model
 
     def _train_step(self) -> float:
-        run, objects = self._run, self._objects
+        run = self._run
         indices = rank_batch_indices(
             self._epoch_permutation(run.cursor.epoch),
             run.cursor,
@@ -239,17 +272,11 @@ class Trainer:
         )
         # Seeded first: a split that augments as it reads draws from the generator this step reseeds.
         torch.manual_seed(step_seed(self.config.seed, run.step, self.context.rank))
-        batch = self._train_batches.batch(indices)
-        self._network.train()
-        loss = batch_loss(self.task, self._network, batch)
-        objects.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self._checkpoints.wait_until_staged()  # the previous checkpoint's snapshot may still read the weights
-        objects.optimizer.step()
-        objects.scheduler.step()
+        # Before the update, the previous checkpoint's snapshot may still be reading the weights.
+        loss = self._step.run(self._network, indices, before_update=self._checkpoints.wait_until_staged)
         run.step += 1
         run.cursor = run.cursor.advance(self._plan)
-        return loss.item()
+        return loss
 
     def _epoch_permutation(self, epoch: int) -> torch.Tensor:
         if epoch != self._permutation_epoch:
@@ -296,7 +323,7 @@ class Trainer:
         return TrainOutcome(COMPLETED, self._run.step)
 
     def _write_outputs(self) -> None:
-        model = self._objects.model
+        model, outcome = self._validator.candidate(self._objects.model, self._run)
         metrics = scores(self.task, model, on_device(self.data.split("validation"), self.context.device))
         final_metrics: dict[str, float | None] = {
             f"validation_{name}": value for name, value in metrics.items()
@@ -309,23 +336,43 @@ class Trainer:
         warnings = self._checkpoints.warnings(self._run)
         for warning in warnings:
             log.warning("%s", warning)
-        write_metadata(out, {**self._metadata(final_metrics), "warnings": warnings})
+        metadata = {**self._metadata(model, final_metrics), **outcome, "warnings": warnings}
+        write_metadata(out, metadata)
         tracked = {name: value for name, value in final_metrics.items() if value is not None}
+        if self.config.validates:  # each validation is logged at its step; the candidate's is one of them
+            tracked = {name: value for name, value in tracked.items() if not name.startswith("validation_")}
         self.tracker.log_metrics(tracked, step=self._run.step)
+        tags = {
+            "retrain.stop_reason": outcome["stop_reason"],
+            "retrain.candidate_step": str(outcome["candidate_step"]),
+        }
+        if outcome["validation"] is not None:
+            tags["retrain.best_step"] = str(outcome["validation"]["best_step"])
+        self.tracker.set_tags(tags)
         self.tracker.finish("FINISHED")
-        self._emit("done", steps=self._run.step, validation=metrics, out=str(out))
+        self._emit(
+            "done",
+            steps=self._run.step,
+            validation=metrics,
+            out=str(out),
+            stop_reason=outcome["stop_reason"],
+            candidate=outcome["candidate"],
+            candidate_step=outcome["candidate_step"],
+        )
 
-    def _metadata(self, final_metrics: dict[str, float | None]) -> dict[str, Any]:
+    def _metadata(self, model: nn.Module, final_metrics: dict[str, float | None]) -> dict[str, Any]:
+        """`model`: the candidate written, whose weights `weights_sha256` fingerprints."""
         run, config = self._run, self.config
         return {
             "format": "retrain-training/1",
-            "weights_sha256": weights_sha256(self._objects.model),
+            "weights_sha256": weights_sha256(model),
             "data_version": self.data.data_version,
             "steps": run.step,
             "epochs": run.step / self._plan.steps_per_epoch,
             "seed": config.seed,
             "world_size": self.context.world_size,
             "global_batch_size": config.global_batch_size,
+            "optimization": self._optimization_record(),
             "wall_time_seconds": self._elapsed_seconds(),
             "resumes": run.resumes,
             "evictions_survived": run.evictions_survived,
@@ -346,6 +393,16 @@ class Trainer:
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
 
+    def _optimization_record(self) -> dict[str, Any]:
+        """What trained the weights: the optimizer and schedule (and whose), and how a step was computed."""
+        return {
+            **self._objects.optimization.describe(),
+            "precision": self.config.precision,
+            "accumulate_grad_batches": self.config.accumulate_grad_batches,
+            "grad_clip_norm": self.config.grad_clip_norm,
+            "skipped_steps": self._objects.precision.skipped_steps,  # float16 overflows, this attempt
+        }
+
     def _elapsed_seconds(self) -> float:
         """The run's training time: its earlier attempts' and this one's so far."""
         return self._elapsed_before + self._clock() - self._attempt_started
@@ -361,7 +418,7 @@ class Trainer:
         return {
             "epoch": self._run.cursor.epoch,
             "position": self._run.cursor.position,
-            "learning_rate": self._objects.scheduler.get_last_lr()[0],
+            "learning_rate": self._objects.optimization.learning_rate(),
             "samples_per_second": self._meter.samples_per_second(),
         }
 
@@ -388,6 +445,7 @@ class Trainer:
     def _tracked_params(self) -> dict[str, Any]:
         return {
             **self.config.to_dict(),
+            **self._objects.optimization.describe(),
             "total_steps": self._total_steps,
             "parameters": sum(p.numel() for p in self._objects.model.parameters()),
         }

@@ -32,6 +32,7 @@ def check_model(
     max_regression: str | None = None,
     first_model_floors: str | None = None,
     where: str = "the gate policy",
+    confidence: float | None = None,
 ) -> dict[str, Any]:
     """Load the task and check the given parts of the policy against its metrics; what was found."""
     from training.gate.policy import policy_of
@@ -45,6 +46,7 @@ def check_model(
         floors=floors,
         max_regression=max_regression,
         first_model_floors=first_model_floors,
+        confidence=confidence,
         where=f"{where} (task {task_ref!r})",
     )
     return {
@@ -73,6 +75,7 @@ def _check_model_command(args: argparse.Namespace, out: TextIO | None = None) ->
         args.max_regression,
         args.first_model_floors,
         args.where,
+        args.confidence,
     )
     print(json.dumps(found, sort_keys=True), file=out or sys.stdout)
     return 0
@@ -98,5 +101,6 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     policy.add_argument("--max-regression", metavar="METRIC=NUMBER,...")
     policy.add_argument("--first-model-floors", metavar="METRIC=NUMBER,...")
     policy.add_argument("--bootstrap-unloadable-champion", metavar="true|false")
+    policy.add_argument("--confidence", type=float, metavar="NUMBER")
     check.add_argument("--where", default="the gate policy", help="how error messages name the policy")
     check.set_defaults(handler=_check_model_command)

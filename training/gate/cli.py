@@ -1,4 +1,5 @@
-"""The gate's commands: `evaluate` and `register` (pipeline steps), and `models`, `lineage`, `rollback`.
+"""The gate's commands: `evaluate` and `register` (pipeline steps), and `models`, `lineage`, `rollback`,
+`serve`.
 
 Handlers read the state folder and the environment from `args.state_root` and `args.environ`, which the
 root command line puts there; they print only here, to the stream they are given.
@@ -17,7 +18,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from core.flags import add_flags, config_from_namespace
 from training.gate.options import (
+    DEFAULT_HOST,
     DEFAULT_MODEL_NAME,
+    DEFAULT_PORT,
+    DEFAULT_WORKERS,
     LOCKS_FOLDER,
     MODEL_NAME_HELP,
     TASK_OPTION_HELP,
@@ -60,13 +64,16 @@ def _task(config: EvaluateConfig | RegisterConfig) -> tuple[str | None, dict[str
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from training.gate.evaluate import write_evaluation
+    from training.gate.evaluate import GateInputs, write_evaluation
 
     config = config_from_namespace(EvaluateConfig, args, task_options=task_options_from_args(args))
     task_ref, task_options = _task(config)
     registry = _registry(args)
+    gate = GateInputs(
+        config.primary_metric, config.confidence, config.bootstrap_resamples, config.bootstrap_seed
+    )
     write_evaluation(
-        config.model, config.data, config.model_name, registry, config.out, task_ref, task_options
+        config.model, config.data, config.model_name, registry, config.out, task_ref, task_options, gate
     )
     return 0
 
@@ -135,6 +142,23 @@ def _rollback(args: argparse.Namespace, stream: TextIO | None = None) -> int:
         file=stream,
     )
     return 0
+
+
+def _serve(args: argparse.Namespace, stream: TextIO | None = None) -> int:
+    from training.gate.registry import resolve_store
+    from training.gate.serve import become_server, serve_command
+
+    stream = stream or sys.stdout
+    store = resolve_store(args.mlflow_tracking_uri, args.environ, args.state_root)
+    command = serve_command(store, args.name, args.host, args.port, args.workers, args.environ)
+    print(
+        f"serving {args.name} v{command.version} ({args.name}@champion) at {command.url}: "
+        f"POST {command.url}/invocations; GET {command.url}/ping; Ctrl-C stops it",
+        file=stream,
+        flush=True,
+    )
+    become_server(command)
+    return 0  # not reached: the server replaced this process
 
 
 # -- printing -------------------------------------------------------------------------------------------
@@ -271,3 +295,19 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     _add_registry_options(rollback_command)
     add_flags(rollback_command, RegisterConfig, only=("lock", "lock_wait"))  # the lock register takes
     rollback_command.set_defaults(handler=_rollback)
+
+    serve = commands.add_parser(
+        "serve", help="serve the champion through MLflow's scoring server (mlflow models serve)"
+    )
+    serve.add_argument("name", help=MODEL_NAME_HELP)
+    serve.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"address to listen on (default {DEFAULT_HOST}: this machine only)",
+    )
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
+    serve.add_argument(
+        "--workers", type=int, default=DEFAULT_WORKERS, help=f"server processes (default {DEFAULT_WORKERS})"
+    )
+    serve.add_argument("--mlflow-tracking-uri", help=TRACKING_HELP)
+    serve.set_defaults(handler=_serve)

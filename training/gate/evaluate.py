@@ -5,6 +5,11 @@ version and split, with which metrics, for the candidate and for the version hol
 (or why there is none to compare with: no champion yet, or one that cannot be loaded). Both are scored by
 the same function on the same rows, so their numbers are comparable by construction. No policy applies
 here; the gate decides at registration.
+
+With the gate's confidence, both are also scored on the same resamples of the split (bootstrap.py): the
+primary metric's values per resample, the number of resamples and their seed go into the evaluation as
+`bootstrap`, from which the register step takes the interval at its confidence. Without one, the
+evaluation is what it always was.
 """
 
 from __future__ import annotations
@@ -24,7 +29,18 @@ from core.files import write_atomically
 from core.names import check_model_name
 from core.task_ref import options_text, parse_task_ref
 from training.engine.outputs import METADATA_FILE, MODEL_FILE, read_model_payload, scores, weights_sha256
-from training.gate.policy import LOADED, NO_CHAMPION, UNLOADABLE, Champion, Scored
+from training.gate.bootstrap import Resampling, paired_document, resampled_scores
+from training.gate.options import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
+from training.gate.policy import (
+    LOADED,
+    NO_CHAMPION,
+    UNLOADABLE,
+    Champion,
+    PairedScores,
+    Scored,
+    improvement_interval,
+    policy_of,
+)
 from training.gate.registry import (
     CHAMPION,
     ModelLoadError,
@@ -46,6 +62,8 @@ EVALUATION_FILE = "evaluation.json"
 EVALUATION_FORMAT = "retrain-evaluation/2"
 EVALUATED_SPLIT = "test"
 RUN_METRIC_PREFIX = "test_"
+EVALUATE_POLICY = "the gate policy of retrain evaluate"
+BOOTSTRAP = "bootstrap"  # evaluation.json's paired bootstrap, present only with a confidence
 
 
 @dataclass(frozen=True)
@@ -148,21 +166,44 @@ def load_matching_data(candidate: TrainedModel, data_dir: Path) -> TaskData:
 
 
 def score_version(
-    registry: ModelRegistry, holder: VersionInfo, task: Task, split: Any, data_version: str
-) -> Champion:
+    registry: ModelRegistry,
+    holder: VersionInfo,
+    task: Task,
+    split: Any,
+    data_version: str,
+    resampling: Resampling | None = None,
+) -> tuple[Champion, tuple[float, ...] | None]:
     """A registered version scored on `split` by `task` (the candidate's, so both are scored by the same
-    code); unloadable, with the reason, when it cannot be loaded or scored."""
+    code), and with `resampling` its metric on each resample too; unloadable, with the reason, when it
+    cannot be loaded or scored."""
     try:
         champion = registry.load_model(holder)
         metrics = scores(task, champion.model, split)
+        resampled = resampled_scores(task, champion.model, split, resampling) if resampling else None
     except (ModelLoadError, InputError) as error:
         log.warning("champion %s is unloadable: %s", holder.uri, error)
-        return Champion.unloadable(holder.version, str(error))
+        return Champion.unloadable(holder.version, str(error)), None
     except Exception as error:  # a champion whose architecture no longer fits the data: not comparable
         reason = f"{holder.uri} cannot be scored on this data: {type(error).__name__}: {str(error)[:200]}"
         log.warning("champion %s is unloadable: %s", holder.uri, reason)
-        return Champion.unloadable(holder.version, " ".join(reason.split()))
-    return Champion.loaded(holder.version, Scored(metrics, data_version, str(holder.weights_sha256)))
+        return Champion.unloadable(holder.version, " ".join(reason.split())), None
+    scored = Scored(metrics, data_version, str(holder.weights_sha256))
+    return Champion.loaded(holder.version, scored), resampled
+
+
+def gate_resampling(
+    task: Task,
+    primary_metric: str | None,
+    confidence: float | None,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> Resampling | None:
+    """What to resample for a gate with `confidence` (None without one): the gate's primary metric, as the
+    register step resolves it (the task's default unless given), checked against the task's metrics."""
+    if confidence is None:
+        return None
+    policy = policy_of(task, primary_metric=primary_metric, confidence=confidence, where=EVALUATE_POLICY)
+    return Resampling(policy.primary_metric, resamples, seed)
 
 
 def champion_document(champion: Champion) -> dict[str, Any]:
@@ -203,6 +244,16 @@ def task_document(candidate: TrainedModel) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class GateInputs:
+    """The gate's parts the evaluation needs: with `confidence`, what to resample and how often."""
+
+    primary_metric: str | None = None
+    confidence: float | None = None
+    resamples: int = BOOTSTRAP_RESAMPLES
+    seed: int = BOOTSTRAP_SEED
+
+
 def evaluate(
     model_dir: Path,
     data_dir: Path,
@@ -210,19 +261,24 @@ def evaluate(
     registry: ModelRegistry,
     task_ref: str | None = None,
     task_options: Mapping[str, Any] | None = None,
+    gate: GateInputs | None = None,
 ) -> dict[str, Any]:
     check_model_name(model_name, "--model-name")
+    gate = gate or GateInputs()
     candidate = load_trained_model(model_dir, task_ref, task_options)
+    resampling = gate_resampling(
+        candidate.task, gate.primary_metric, gate.confidence, gate.resamples, gate.seed
+    )
     data = load_matching_data(candidate, data_dir)
     split = data.split(EVALUATED_SPLIT)
     metrics = scores(candidate.task, candidate.model, split)
     holder = registry.alias_holder(model_name, CHAMPION)
-    champion = (
-        Champion.none()
+    champion, champion_resampled = (
+        (Champion.none(), None)
         if holder is None
-        else score_version(registry, holder, candidate.task, split, data.data_version)
+        else score_version(registry, holder, candidate.task, split, data.data_version, resampling)
     )
-    return {
+    evaluation = {
         "format": EVALUATION_FORMAT,
         "model_name": model_name,
         "data_version": data.data_version,
@@ -238,6 +294,16 @@ def evaluate(
         },
         "champion": champion_document(champion),
     }
+    if resampling is not None:
+        # Paired only with a loaded champion: with none, the first-model floors decide, and no resample
+        # is scored (the register step scores them should a champion appear meanwhile).
+        paired = None
+        if champion_resampled is not None:
+            mine = resampled_scores(candidate.task, candidate.model, split, resampling)
+            paired = PairedScores(resampling.metric, resampling.seed, mine, champion_resampled)
+            _log_interval(candidate.task, paired, metrics, champion, gate)
+        evaluation[BOOTSTRAP] = paired_document(resampling, paired)
+    return evaluation
 
 
 def write_evaluation(
@@ -248,9 +314,10 @@ def write_evaluation(
     out: Path,
     task_ref: str | None = None,
     task_options: Mapping[str, Any] | None = None,
+    gate: GateInputs | None = None,
 ) -> dict[str, Any]:
     """Evaluate, write evaluation.json, and log the candidate's test metrics and the file to its run."""
-    evaluation = evaluate(model_dir, data_dir, model_name, registry, task_ref, task_options)
+    evaluation = evaluate(model_dir, data_dir, model_name, registry, task_ref, task_options, gate)
     path = Path(out) / EVALUATION_FILE
     text = json.dumps(evaluation, indent=2, sort_keys=True) + "\n"
     write_atomically(path, lambda handle: handle.write(text.encode()))
@@ -267,6 +334,27 @@ def write_evaluation(
         _describe_champion(champion, metric),
     )
     return evaluation
+
+
+def _log_interval(
+    task: Task, paired: PairedScores, metrics: Mapping[str, float], champion: Champion, gate: GateInputs
+) -> None:
+    """What the register step will see at this confidence, for the evaluation's log (it decides itself)."""
+    if champion.scored is None or gate.confidence is None:
+        return
+    metric = paired.metric
+    mine, theirs = metrics.get(metric, math.nan), champion.scored.metrics.get(metric, math.nan)
+    better = task.metrics.higher_is_better(metric)
+    improvement = mine - theirs if better else theirs - mine
+    interval = improvement_interval(paired, better, gate.confidence, improvement)
+    log.info(
+        "paired bootstrap of %s against champion v%s: improvement %+.4f, %s %s",
+        metric,
+        champion.version,
+        interval.improvement,
+        interval.bound_text,
+        interval.basis_text,
+    )
 
 
 def _number(value: Any) -> str:

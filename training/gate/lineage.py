@@ -61,6 +61,8 @@ GATE_ACCEPTED = "retrain.gate.accepted"
 GATE_REASONS = "retrain.gate.reasons"
 GATE_POLICY = "retrain.gate.policy"
 GATE_CHAMPION = "retrain.gate.champion_version"
+# With a confidence: the primary metric's improvement, its bootstrap lower bound, the resamples and seed.
+GATE_INTERVAL = "retrain.gate.interval"
 REGISTERED_VERSION = "retrain.registered_version"
 # The champion a version replaced when it took the alias: where `previous` goes after a rollback.
 REPLACED_VERSION = "retrain.replaced_version"
@@ -280,25 +282,32 @@ def metrics_from_tags(tags: Mapping[str, str]) -> dict[str, float]:
 
 
 def decision_tags(decision: Mapping[str, Any], policy: Mapping[str, str]) -> dict[str, str]:
-    """The gate's decision (Decision.to_dict()) and the policy it applied (GatePolicy.describe())."""
-    return {
+    """The gate's decision (Decision.to_dict()) and the policy it applied (GatePolicy.describe()); the
+    interval it was held to, when it had one (a confidence, against a champion)."""
+    tags = {
         GATE_ACCEPTED: str(bool(decision["accepted"])).lower(),
         GATE_REASONS: json.dumps(list(decision["reasons"])),
         GATE_CHAMPION: decision["champion_version"] or NONE,
         GATE_POLICY: json.dumps(dict(policy), sort_keys=True),
     }
+    if decision.get("interval") is not None:
+        tags[GATE_INTERVAL] = json.dumps(decision["interval"], sort_keys=True)
+    return tags
 
 
 def describe_tags(tags: Mapping[str, str]) -> dict[str, Any]:
     """A version's tags read back as the lineage chain, for `retrain models` and `retrain lineage`."""
     reasons = _json_tag(tags, GATE_REASONS)
+    gate = {
+        "accepted": tags.get(GATE_ACCEPTED) == "true",
+        "reasons": reasons if isinstance(reasons, list) else [str(reasons)] if reasons else [],
+        "champion_version": tags.get(GATE_CHAMPION),
+        "policy": _json_tag(tags, GATE_POLICY),
+    }
+    if GATE_INTERVAL in tags:
+        gate["interval"] = _json_tag(tags, GATE_INTERVAL)
     return {
-        "gate": {
-            "accepted": tags.get(GATE_ACCEPTED) == "true",
-            "reasons": reasons if isinstance(reasons, list) else [str(reasons)] if reasons else [],
-            "champion_version": tags.get(GATE_CHAMPION),
-            "policy": _json_tag(tags, GATE_POLICY),
-        },
+        "gate": gate,
         "pipeline_job": tags.get(PIPELINE_JOB),
         "trigger": {
             "text": tags.get(TRIGGER),

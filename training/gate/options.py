@@ -14,6 +14,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.flags import boolean_text, flag, number_text, read_boolean
+from core.gate_rules import CONFIDENCE, GATE_RULES
 from training.tasks.task_flags import task_options_flag
 
 DEFAULT_MODEL_NAME = "digits"
@@ -24,6 +25,13 @@ TRACKING_HELP = (
     "MLflow tracking and registry store (default: $MLFLOW_TRACKING_URI, else SQLite in the state folder)"
 )
 MODEL_NAME_HELP = "the registered model's name"
+# `retrain serve` (training/gate/serve.py): loopback, so a scoring server is opened to a network only on
+# purpose; MLflow's own default port; one server process.
+DEFAULT_HOST, DEFAULT_PORT, DEFAULT_WORKERS = "127.0.0.1", 5000, 1
+# The paired bootstrap behind the gate's confidence (training/gate/bootstrap.py): enough resamples that the
+# 5% tail of a 95% bound holds 50 of them, few enough that scoring a small test set stays cheap.
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
 
 
 def _improvement(text: str) -> float | None:
@@ -35,6 +43,43 @@ def _improvement(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"expected a number or 'default', got {text!r}") from None
 
 
+def _confidence_text(text: str) -> float | None:
+    if text.strip().lower() in ("default", "none", "off"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {GATE_RULES[CONFIDENCE].expected}, or 'none', got {text!r}"
+        ) from None
+
+
+def _confidence(value: float | None) -> float | None:
+    """A confidence as the gate takes it, refused in one line by the rule every room checks by."""
+    rule = GATE_RULES[CONFIDENCE]
+    if value is not None and not rule.fits(value):
+        raise InputError(f"--confidence {value}: expected {rule.expected}")
+    return value
+
+
+def _whole_at_least(low: int, option: str):
+    def read(value: int) -> int:
+        if value < low:
+            raise InputError(f"{option} {value}: expected a whole number >= {low}")
+        return value
+
+    return read
+
+
+_PRIMARY_METRIC = flag(metavar="METRIC", help=f"one of the task's metrics ({_GATE_DEFAULT})")
+_CONFIDENCE = flag(
+    parse=_confidence_text,
+    read=_confidence,
+    format=number_text,
+    metavar="NUMBER",
+    help="promote only when a paired bootstrap of the test split puts the primary metric's improvement "
+    "above --min-improvement with this confidence, such as 0.95 (default: none, the margin alone)",
+)
 _TASK = flag(
     metavar="REF",
     help="the model's task: tabular, image, file.py:Attr or pkg.mod:Attr "
@@ -49,9 +94,7 @@ class GatePolicyOptions:
     """The gate policy's parts given on the command line; None: the task's default
     (training.gate.policy.policy_for_task)."""
 
-    primary_metric: str | None = field(
-        default=None, metadata=flag(metavar="METRIC", help=f"one of the task's metrics ({_GATE_DEFAULT})")
-    )
+    primary_metric: str | None = field(default=None, metadata=_PRIMARY_METRIC)
     min_improvement: float | None = field(
         default=None,
         metadata=flag(
@@ -89,6 +132,7 @@ class GatePolicyOptions:
             help="let a candidate meeting the first-model floors replace a champion that cannot be loaded",
         ),
     )
+    confidence: float | None = field(default=None, metadata=_CONFIDENCE)
 
     def given(self) -> dict[str, Any]:
         """The parts as training.gate.policy.policy_of's keyword arguments."""
@@ -102,7 +146,8 @@ def _check_task(task: str | None, options: dict[str, Any]) -> None:
 
 @dataclass(frozen=True, kw_only=True)  # keyword-only: the fields (and flags) in the order of --help
 class EvaluateConfig:
-    """`retrain evaluate`: score a candidate and the champion on the same test split."""
+    """`retrain evaluate`: score a candidate and the champion on the same test split; with the gate's
+    confidence, on the same resamples of it too (the paired bootstrap the register step reads)."""
 
     model: Path = field(metadata=flag(parse=Path, help="a training's output folder"))
     data: Path = field(metadata=flag(parse=Path, help="the prepared data version it trained on"))
@@ -111,6 +156,27 @@ class EvaluateConfig:
     task_options: dict[str, Any] = field(default_factory=dict, metadata=_TASK_OPTIONS)
     model_name: str = field(metadata=flag(help=MODEL_NAME_HELP))
     mlflow_tracking_uri: str | None = field(default=None, metadata=flag(help=TRACKING_HELP))
+    # The gate's parts that say what to resample; the register step takes the same values.
+    primary_metric: str | None = field(default=None, metadata=_PRIMARY_METRIC)
+    confidence: float | None = field(default=None, metadata=_CONFIDENCE)
+    bootstrap_resamples: int = field(
+        default=BOOTSTRAP_RESAMPLES,
+        metadata=flag(
+            parse=int,
+            read=_whole_at_least(1, "--bootstrap-resamples"),
+            metavar="N",
+            help="paired resamples of the test split, with --confidence",
+        ),
+    )
+    bootstrap_seed: int = field(
+        default=BOOTSTRAP_SEED,
+        metadata=flag(
+            parse=int,
+            read=_whole_at_least(0, "--bootstrap-seed"),
+            metavar="SEED",
+            help="the seed the resamples are drawn from, recorded with them",
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check_task(self.task, self.task_options)

@@ -3,17 +3,23 @@
 It fails closed. A missing or non-finite metric, scores computed on different data versions, or a champion
 that cannot be loaded are rejections with a reason, never a pass by default. The only way past an
 unloadable champion is a configured bootstrap, which then holds the candidate to the first-model floors.
+
+With a `confidence`, the margin is held with that confidence rather than by the point estimate alone: the
+evaluation scored both models on the same resamples of the test split (training/gate/bootstrap.py), and
+the candidate passes only when the one-sided lower bound of the improvement's bootstrap distribution is
+above `min_improvement`. The resamples and their seed are recorded, so the same evidence decides the same.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from core.errors import InputError
+from core.gate_rules import CONFIDENCE, GATE_RULES
 from core.metrics import DEFAULT, FAMILY, MetricSet, check_policy_metrics, parse_bounds
 
 if TYPE_CHECKING:
@@ -46,6 +52,10 @@ class GatePolicy:
     - `first_model_floors` is what the first model must meet when there is no champion;
     - `bootstrap_unloadable_champion` lets a candidate replace a champion that cannot be loaded, held to
       the first-model floors. Off by default: an unreadable champion blocks registration until fixed.
+    - `confidence` (0 < c < 1), when set, holds the margin with that confidence: the lower bound of the
+      improvement's paired bootstrap distribution must be above `min_improvement`. None (the default):
+      the margin applies to the improvement measured on the whole test split, as it is. It never applies
+      to a first model, which has no champion to be compared with.
 
     The defaults here are a classifier's (accuracy, macro-F1, per-class recall): the built-in tabular and
     image tasks'. `policy_for_task` keeps only those a task reports, so a regression task gets its own
@@ -60,6 +70,7 @@ class GatePolicy:
         default_factory=lambda: {"accuracy": 0.9, "macro_f1": 0.9}
     )
     bootstrap_unloadable_champion: bool = False
+    confidence: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.primary_metric, str) or not self.primary_metric.strip():
@@ -75,6 +86,9 @@ class GatePolicy:
         negative = sorted(name for name, value in self.max_regression.items() if value < 0)
         if negative:
             raise InputError(f"--max-regression {negative}: expected allowances >= 0 (how much worse may be)")
+        rule = GATE_RULES[CONFIDENCE]
+        if self.confidence is not None and not rule.fits(self.confidence):
+            raise InputError(f"--confidence {self.confidence!r}: expected {rule.expected}")
         for name in ("floors", "max_regression", "first_model_floors"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
@@ -87,6 +101,7 @@ class GatePolicy:
         max_regression: str,
         first_model_floors: str,
         bootstrap_unloadable_champion: bool = False,
+        confidence: float | None = None,
     ) -> GatePolicy:
         return cls(
             primary_metric=primary_metric,
@@ -95,10 +110,13 @@ class GatePolicy:
             max_regression=parse_bounds(max_regression, "--max-regression"),
             first_model_floors=parse_bounds(first_model_floors, "--first-model-floors"),
             bootstrap_unloadable_champion=bootstrap_unloadable_champion,
+            confidence=confidence,
         )
 
     def describe(self) -> dict[str, str]:
-        return {
+        """The policy as text, for records and tags; `confidence` only when set, so a policy without one
+        is described as it always was."""
+        described = {
             "primary_metric": self.primary_metric,
             "min_improvement": f"{self.min_improvement:g}",
             "floors": _format_bounds(self.floors),
@@ -106,6 +124,9 @@ class GatePolicy:
             "first_model_floors": _format_bounds(self.first_model_floors),
             "bootstrap_unloadable_champion": str(self.bootstrap_unloadable_champion).lower(),
         }
+        if self.confidence is not None:
+            described[CONFIDENCE] = f"{self.confidence:g}"
+        return described
 
 
 @dataclass(frozen=True)
@@ -118,6 +139,88 @@ class Scored:
 
 
 NO_CHAMPION, LOADED, UNLOADABLE = "none", "loaded", "unloadable"
+
+
+@dataclass(frozen=True)
+class PairedScores:
+    """One metric of the candidate and of the champion on the same resamples of the test split: resample
+    `i` is the same rows for both (training/gate/bootstrap.py draws them from `seed`)."""
+
+    metric: str
+    seed: int
+    candidate: tuple[float, ...]
+    champion: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "candidate", tuple(float(value) for value in self.candidate))
+        object.__setattr__(self, "champion", tuple(float(value) for value in self.champion))
+        if not self.candidate or len(self.candidate) != len(self.champion):
+            raise ValueError(
+                f"paired scores of {self.metric}: {len(self.candidate)} candidate and {len(self.champion)} "
+                "champion values; expected as many of each, at least one"
+            )
+
+    @property
+    def resamples(self) -> int:
+        return len(self.candidate)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The primary metric's improvement over the champion (in its better direction; on the whole split)
+    and the one-sided lower bound of its paired bootstrap distribution at `confidence`. `non_finite`:
+    resamples on which a model had no finite score; any makes the bound NaN, which passes nothing."""
+
+    metric: str
+    confidence: float
+    resamples: int
+    seed: int
+    improvement: float
+    lower_bound: float
+    non_finite: int = 0
+
+    @property
+    def bound_text(self) -> str:
+        return f"{self.confidence * 100:g}% interval lower bound {self.lower_bound:+.4f}"
+
+    @property
+    def basis_text(self) -> str:
+        unusable = f"; {self.non_finite} without a finite {self.metric}" if self.non_finite else ""
+        return f"({self.resamples} paired resamples, seed {self.seed}{unusable})"
+
+
+def lower_bound(improvements: Sequence[float], confidence: float) -> float:
+    """The one-sided lower bound at `confidence` of a bootstrap distribution: its (1 - confidence)
+    quantile, interpolated linearly between order statistics (numpy's default quantile). NaN if any value
+    is not finite: a bound that cannot be trusted passes nothing."""
+    if not improvements:
+        raise ValueError("no resampled improvements to bound")
+    if not all(math.isfinite(value) for value in improvements):
+        return math.nan
+    ordered = sorted(improvements)
+    position = (1.0 - confidence) * (len(ordered) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+def improvement_interval(
+    paired: PairedScores, higher_is_better: bool, confidence: float, improvement: float
+) -> Interval:
+    """The paired bootstrap's interval: each resample's improvement is the candidate's score minus the
+    champion's on the same rows (the other way round for a lower-is-better metric), and the bound is the
+    (1 - confidence) quantile of those improvements. `improvement` is the one on the whole split."""
+    pairs = zip(paired.candidate, paired.champion, strict=True)
+    improvements = [mine - theirs if higher_is_better else theirs - mine for mine, theirs in pairs]
+    return Interval(
+        metric=paired.metric,
+        confidence=confidence,
+        resamples=paired.resamples,
+        seed=paired.seed,
+        improvement=improvement,
+        lower_bound=lower_bound(improvements, confidence),
+        non_finite=sum(not math.isfinite(value) for value in improvements),
+    )
 
 
 @dataclass(frozen=True)
@@ -148,9 +251,15 @@ class Decision:
     candidate_value: float | None
     champion_value: float | None
     champion_version: str | None
+    interval: Interval | None = None  # with a confidence, against a loaded champion
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "reasons": list(self.reasons)}
+        """The decision as a record; `interval` only when there is one, so a decision taken without a
+        confidence is recorded as it always was."""
+        record = {**asdict(self), "reasons": list(self.reasons)}
+        if self.interval is None:
+            del record["interval"]
+        return record
 
     @property
     def summary(self) -> str:
@@ -223,68 +332,126 @@ def _regressions(
     return reasons
 
 
+def _margin_reasons(
+    metrics: MetricSet,
+    candidate: Scored,
+    theirs: Scored,
+    version: str | None,
+    policy: GatePolicy,
+    paired: PairedScores | None,
+) -> tuple[list[str], Interval | None]:
+    """Why the primary metric misses the margin, if it does, and the interval it was held to: without a
+    confidence, by the improvement on the whole split alone; with one, by the lower bound of the paired
+    bootstrap's improvements (and the whole split's improvement too, so a confidence only ever adds)."""
+    metric, margin = policy.primary_metric, policy.min_improvement
+    # How much worse the champion is than the candidate; for a tie +0.0, where negating would print -0.0.
+    improvement = _worse_by(metrics, metric, theirs.metrics[metric], candidate.metrics[metric])
+    if policy.confidence is None:
+        if improvement <= 0 or improvement < margin:
+            return [
+                f"{metric} {candidate.metrics[metric]:.4f} does not beat champion v{version}'s "
+                f"{theirs.metrics[metric]:.4f} by the margin {margin:g} (improvement {improvement:+.4f})"
+            ], None
+        return [], None
+    if paired is None or paired.metric != metric:
+        return [
+            f"{metric}: no paired bootstrap of it against champion v{version}, so the margin {margin:g} "
+            f"cannot be held with confidence {policy.confidence:g}; evaluate with --confidence"
+        ], None
+    interval = improvement_interval(paired, metrics.higher_is_better(metric), policy.confidence, improvement)
+    if not interval.lower_bound > margin:  # a NaN bound is not above it either
+        return [
+            f"{metric} improvement {improvement:+.4f} over champion v{version}, {interval.bound_text} "
+            f"<= min_improvement {margin:g} {interval.basis_text}"
+        ], interval
+    if improvement <= 0 or improvement < margin:
+        return [
+            f"{metric} improvement {improvement:+.4f} over champion v{version} is below min_improvement "
+            f"{margin:g}, though its {interval.bound_text} {interval.basis_text}"
+        ], interval
+    return [], interval
+
+
 def _against_champion(
-    metrics: MetricSet, candidate: Scored, theirs: Scored, version: str | None, policy: GatePolicy
-) -> list[str]:
+    metrics: MetricSet,
+    candidate: Scored,
+    theirs: Scored,
+    version: str | None,
+    policy: GatePolicy,
+    paired: PairedScores | None,
+) -> tuple[list[str], Interval | None]:
     if theirs.data_version != candidate.data_version:
         return [
             f"champion v{version} was scored on {theirs.data_version}, the candidate on "
             f"{candidate.data_version}; scores on different data are not comparable"
-        ]
+        ], None
     unusable = _unusable(theirs.metrics, {policy.primary_metric}, f"champion v{version}")
     if unusable:
-        return unusable
-    metric = policy.primary_metric
-    # How much worse the champion is than the candidate; for a tie +0.0, where negating would print -0.0.
-    improvement = _worse_by(metrics, metric, theirs.metrics[metric], candidate.metrics[metric])
-    reasons = []
-    if improvement <= 0 or improvement < policy.min_improvement:
-        reasons.append(
-            f"{metric} {candidate.metrics[metric]:.4f} does not beat champion v{version}'s "
-            f"{theirs.metrics[metric]:.4f} by the margin {policy.min_improvement:g} "
-            f"(improvement {improvement:+.4f})"
-        )
-    return reasons + _regressions(metrics, candidate.metrics, theirs.metrics, policy)
+        return unusable, None
+    reasons, interval = _margin_reasons(metrics, candidate, theirs, version, policy, paired)
+    return reasons + _regressions(metrics, candidate.metrics, theirs.metrics, policy), interval
 
 
-def _rejections(metrics: MetricSet, candidate: Scored, champion: Champion, policy: GatePolicy) -> list[str]:
+def _rejections(
+    metrics: MetricSet, candidate: Scored, champion: Champion, policy: GatePolicy, paired: PairedScores | None
+) -> tuple[list[str], Interval | None]:
     required = _required_metrics(policy, champion.state == LOADED)
     unusable = _unusable(candidate.metrics, required, "candidate")
     if unusable:
-        return unusable
+        return unusable, None
     reasons = _bound_violations(metrics, candidate.metrics, policy.floors, "floor")
     if champion.state == LOADED and champion.scored is not None:
-        return reasons + _against_champion(metrics, candidate, champion.scored, champion.version, policy)
+        against, interval = _against_champion(
+            metrics, candidate, champion.scored, champion.version, policy, paired
+        )
+        return reasons + against, interval
     if champion.state == UNLOADABLE and not policy.bootstrap_unloadable_champion:
         return [
             *reasons,
             f"champion v{champion.version} cannot be loaded ({champion.error}); fix it, or allow a bootstrap",
-        ]
+        ], None
+    # No champion to compare with (or a bootstrap over an unloadable one): the first-model floors, and no
+    # confidence, which is about an improvement over a champion.
     return reasons + _bound_violations(
         metrics, candidate.metrics, policy.first_model_floors, "first-model floor"
-    )
+    ), None
 
 
-def _acceptance_reasons(candidate: Scored, champion: Champion, policy: GatePolicy) -> list[str]:
+def _acceptance_reasons(
+    candidate: Scored, champion: Champion, policy: GatePolicy, interval: Interval | None
+) -> list[str]:
     metric = policy.primary_metric
     if champion.state == LOADED and champion.scored is not None:
-        return [
+        beats = (
             f"{metric} {candidate.metrics[metric]:.4f} beats champion v{champion.version}'s "
-            f"{champion.scored.metrics[metric]:.4f} by at least {policy.min_improvement:g} "
-            f"on {candidate.data_version}"
-        ]
+            f"{champion.scored.metrics[metric]:.4f}"
+        )
+        if interval is not None:
+            return [
+                f"{beats} on {candidate.data_version}: improvement {interval.improvement:+.4f}, "
+                f"{interval.bound_text} > min_improvement {policy.min_improvement:g} {interval.basis_text}"
+            ]
+        return [f"{beats} by at least {policy.min_improvement:g} on {candidate.data_version}"]
     if champion.state == UNLOADABLE:
         return [f"bootstrap over unloadable champion v{champion.version}; first-model floors met"]
     return ["no champion yet; first-model floors met"]
 
 
-def decide(candidate: Scored, champion: Champion, policy: GatePolicy, metrics: MetricSet) -> Decision:
+def decide(
+    candidate: Scored,
+    champion: Champion,
+    policy: GatePolicy,
+    metrics: MetricSet,
+    paired: PairedScores | None = None,
+) -> Decision:
     """The gate's decision. `metrics` (the task's) says which way each metric is better; the policy must
-    name only metrics it declares (`validate_policy_metrics`, which `policy_for_task` applies)."""
-    reasons = _rejections(metrics, candidate, champion, policy)
+    name only metrics it declares (`validate_policy_metrics`, which `policy_for_task` applies). `paired`:
+    the primary metric of both models on the same resamples, which a policy with a confidence needs
+    against a loaded champion (without it, such a candidate is refused)."""
+    reasons, interval = _rejections(metrics, candidate, champion, policy, paired)
     accepted = not reasons
     if accepted:
-        reasons = _acceptance_reasons(candidate, champion, policy)
+        reasons = _acceptance_reasons(candidate, champion, policy, interval)
     metric = policy.primary_metric
     theirs = champion.scored.metrics if champion.scored is not None else {}
     return Decision(
@@ -294,6 +461,7 @@ def decide(candidate: Scored, champion: Champion, policy: GatePolicy, metrics: M
         candidate_value=candidate.metrics.get(metric),
         champion_value=theirs.get(metric),
         champion_version=champion.version,
+        interval=interval,
     )
 
 
@@ -346,6 +514,7 @@ def policy_for_task(
     max_regression: Bounds = None,
     first_model_floors: Bounds = None,
     bootstrap_unloadable_champion: bool = False,
+    confidence: float | None = None,
     where: str = "the gate policy",
 ) -> GatePolicy:
     """The gate policy for a task: each value given (None or 'default': the task's default), checked
@@ -359,6 +528,7 @@ def policy_for_task(
         max_regression=_bounds(max_regression, defaults.max_regression, "--max-regression"),
         first_model_floors=_bounds(first_model_floors, defaults.first_model_floors, "--first-model-floors"),
         bootstrap_unloadable_champion=bootstrap_unloadable_champion,
+        confidence=None if confidence is None else float(confidence),
     )
     validate_policy_metrics(policy, metrics, where)
     return policy

@@ -3,10 +3,12 @@
 The evaluation is bound to the candidate first (same weights sha256, same data version). Then, under the
 registry lock, the step re-reads the champion: if it is not the version the evaluation scored, it loads that
 one and scores it on the candidate's test split, so the gate never compares scores from different data or
-against a stale champion. A candidate the gate accepts becomes a new registered version with its lineage
-as tags; the old champion takes the alias `previous`, the new version `champion`. A rejected candidate
-changes nothing in the registry. Either way the decision is tagged on the candidate's training run (when it
-has one in this store) and written to registration.json.
+against a stale champion. With a confidence, the gate holds the margin to the paired bootstrap the
+evaluation recorded (the same resamples for both models); a champion that moved since is scored on the same
+resamples (the recorded count and seed) before deciding. A candidate the gate accepts becomes a new
+registered version with its lineage as tags; the old champion takes the alias `previous`, the new version
+`champion`. A rejected candidate changes nothing in the registry. Either way the decision is tagged on the
+candidate's training run (when it has one in this store) and written to registration.json.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from core.errors import InputError
 from core.files import write_atomically
 from core.names import check_model_name
 from training.engine.outputs import METADATA_FILE, MODEL_FILE
+from training.gate.bootstrap import (
+    Resampling,
+    paired_from_document,
+    resampled_scores,
+    resampling_from_document,
+)
 from training.gate.evaluate import (
+    BOOTSTRAP,
     EVALUATED_SPLIT,
     EVALUATION_FILE,
     EVALUATION_FORMAT,
@@ -47,7 +56,15 @@ from training.gate.lineage import (
     metric_tags,
 )
 from training.gate.lock import RegistryLock
-from training.gate.policy import Champion, Decision, GatePolicy, Scored, decide, policy_of
+from training.gate.policy import (
+    Champion,
+    Decision,
+    GatePolicy,
+    PairedScores,
+    Scored,
+    decide,
+    policy_of,
+)
 from training.gate.registry import (
     CHAMPION,
     PREVIOUS,
@@ -78,6 +95,10 @@ class Candidate:
     model_dir: Path
     evaluation_path: Path
     policy: GatePolicy
+    # With the policy's confidence: what the evaluation resampled, and the paired scores it recorded (None
+    # when it had no champion to pair with).
+    resampling: Resampling | None = None
+    paired: PairedScores | None = None
 
     @property
     def scored(self) -> Scored:
@@ -141,6 +162,31 @@ def _check_evaluation(
         )
 
 
+def _recorded_bootstrap(
+    evaluation: dict[str, Any], policy: GatePolicy, where: Path
+) -> tuple[Resampling, PairedScores | None]:
+    """The paired bootstrap the evaluation recorded, for a policy with a confidence: refused in one line
+    when there is none, or it resampled another metric than the policy's primary one."""
+    document = evaluation.get(BOOTSTRAP)
+    if document is None:
+        raise InputError(
+            f"{where}: no paired bootstrap, which --confidence {policy.confidence:g} needs; evaluate with "
+            "--confidence (and the same --primary-metric) first"
+        )
+    try:
+        resampling, paired = resampling_from_document(document), paired_from_document(document)
+    except KeyError as error:
+        raise InputError(f"{where}: incomplete bootstrap (no {error}); re-run evaluate") from None
+    except (TypeError, AttributeError, ValueError, InputError) as error:
+        raise InputError(f"{where}: malformed bootstrap ({error}); re-run evaluate") from None
+    if resampling.metric != policy.primary_metric:
+        raise InputError(
+            f"{where}: the bootstrap resampled {resampling.metric}, but the gate's primary metric is "
+            f"{policy.primary_metric}; evaluate with --primary-metric {policy.primary_metric}"
+        )
+    return resampling, paired
+
+
 def load_candidate(request: RegisterRequest) -> Candidate:
     trained = load_trained_model(request.model_dir, request.task_ref, request.task_options)
     # First: a policy naming a metric the task does not report is refused before anything else is read.
@@ -148,19 +194,28 @@ def load_candidate(request: RegisterRequest) -> Candidate:
     evaluation_path = Path(request.evaluation_dir) / EVALUATION_FILE
     evaluation = read_json(evaluation_path, "the evaluation.json the evaluate step writes")
     _check_evaluation(evaluation, trained, request.model_name, evaluation_path)
+    resampling, paired = (
+        _recorded_bootstrap(evaluation, policy, evaluation_path)
+        if policy.confidence is not None
+        else (None, None)
+    )
     data = load_matching_data(trained, request.data_dir)
-    return Candidate(trained, evaluation, data, Path(request.model_dir), evaluation_path, policy)
+    return Candidate(
+        trained, evaluation, data, Path(request.model_dir), evaluation_path, policy, resampling, paired
+    )
 
 
 def _current_champion(
     registry: ModelRegistry, candidate: Candidate, holder: VersionInfo | None
-) -> tuple[Champion, str]:
-    """The champion to decide against, and where its scores came from."""
+) -> tuple[Champion, str, PairedScores | None]:
+    """The champion to decide against, where its scores came from, and with a confidence the paired
+    scores against it."""
     evaluated = candidate.evaluation["champion"]
     if (holder.version if holder else None) == evaluated["version"]:
-        return champion_from_document(evaluated, candidate.evaluation["data_version"]), FROM_EVALUATION
+        champion = champion_from_document(evaluated, candidate.evaluation["data_version"])
+        return champion, FROM_EVALUATION, candidate.paired
     if holder is None:  # the champion the evaluation scored is gone (a rollback removed it)
-        return Champion.none(), REREAD
+        return Champion.none(), REREAD, None
     log.info(
         "the champion moved from v%s to v%s since the evaluation; scoring v%s on the candidate's split",
         evaluated["version"],
@@ -168,8 +223,17 @@ def _current_champion(
         holder.version,
     )
     split = candidate.data.split(EVALUATED_SPLIT)
-    champion = score_version(registry, holder, candidate.trained.task, split, candidate.data.data_version)
-    return champion, REREAD
+    task, resampling = candidate.trained.task, candidate.resampling
+    champion, theirs = score_version(registry, holder, task, split, candidate.data.data_version, resampling)
+    if resampling is None or theirs is None:
+        return champion, REREAD, None
+    # The candidate's values on the same resamples: recorded, unless the evaluation had no champion.
+    mine = (
+        candidate.paired.candidate
+        if candidate.paired is not None
+        else resampled_scores(task, candidate.trained.model, split, resampling)
+    )
+    return champion, REREAD, PairedScores(resampling.metric, resampling.seed, mine, theirs)
 
 
 def _new_version(
@@ -219,8 +283,9 @@ def register_candidate(
     )
     with lock:
         holder = registry.alias_holder(request.model_name, CHAMPION)
-        champion, basis = _current_champion(registry, candidate, holder)
-        decision = decide(candidate.scored, champion, candidate.policy, candidate.trained.task.metrics)
+        champion, basis, paired = _current_champion(registry, candidate, holder)
+        metrics = candidate.trained.task.metrics
+        decision = decide(candidate.scored, champion, candidate.policy, metrics, paired)
         registered = (
             _promote(request, registry, candidate, lineage, decision, holder) if decision.accepted else None
         )

@@ -1,4 +1,4 @@
-"""The MLflow model registry, as the gate and `retrain models|lineage|rollback` use it.
+"""The MLflow model registry, as the gate and `retrain models|lineage|rollback|serve` use it.
 
 Aliases carry the state: `champion` is the version in service and `previous` the one it replaced. Each
 version carries its lineage as `retrain.*` tags (see training/gate/lineage.py) and its weights' sha256, which

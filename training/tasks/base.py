@@ -26,7 +26,26 @@ The rules a task keeps, so that the engine's guarantees hold for it:
   straight from a raw CSV, a uint8 N×H×W×3 image array) and returns an answer they can use (class names);
   `input_example` is such an input, which MLflow stores beside the model.
 - **Drift features for every task.** `drift_features` turns a folder of raw files, or a prepared data version
-  (the champion's training data), into one table of named numeric features the drift check compares.
+  (the champion's training data), into one table of named numeric features the drift check compares;
+  categorical columns and texts enter it as shares (training/tasks/features.py).
+
+What a task may bring besides (optional; a task without it keeps the engine's default):
+
+- **Its own optimisation.** `configure_optimization(model, settings)` returns `(optimizer, scheduler)`: a
+  `torch.optim.Optimizer` over (some of) `model`'s parameters, and a `torch.optim.lr_scheduler.LRScheduler`
+  of that optimizer or None (a constant learning rate). The engine calls it once per attempt, with the model
+  on its device and before a checkpoint is loaded into them, so it must build the same objects every time
+  (no randomness, no state of its own). The engine steps the scheduler once per optimizer step, that is once
+  per global step (after all `--accumulate-grad-batches` micro-batches), and checkpoints and restores both
+  objects' `state_dict()`s, which must hold only tensors and plain values. `settings` (`OptimizationSettings`)
+  says how many optimizer steps the run takes and what `--learning-rate`, `--weight-decay` and
+  `--warmup-steps` are: a task may follow them or not. Without the hook the engine uses AdamW
+  (`--learning-rate`, `--weight-decay`) with a linear warm-up over `--warmup-steps` steps, then a cosine
+  decay to a tenth of the learning rate at the last step. A scheduler that needs a metric to step
+  (ReduceLROnPlateau) is refused: nothing gives it one each step.
+- **The data's facts in the loss.** `loss(model, batch, info)`: a `loss` whose signature has a parameter
+  named `info` is given the data version's `info` (class counts for a weighted loss, say) as `info=`; one
+  with two parameters is called as `loss(model, batch)`.
 
 A task is loaded from `--task NAME` (a built-in: `tabular`, `image`), `--task path/to/file.py:Attr` or
 `--task package.module:Attr` (training/tasks/loader.py). `Attr` is a `Task` instance, or a class or factory
@@ -35,6 +54,7 @@ called with the task's options (the `[task.options]` table of the model's config
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,23 +73,39 @@ from core.metrics import Direction as Direction
 from core.metrics import Metric as Metric
 from core.metrics import MetricSet
 from training.data.splits import SPLIT_NAMES, SplitFractions
+from training.data.token_shares import TokenGroup
 
 
 @dataclass(frozen=True)
 class FeatureTable:
-    """Named numeric features, one row per item: what a drift check compares."""
+    """Named numeric features, one row per item: what a drift check compares. `groups` holds non-numeric
+    inputs (a categorical column, a text) as each row's tokens; the drift check turns them into share
+    columns by the reference's vocabulary (training/data/token_shares.py), the same columns on both sides.
+    training/tasks/features.py builds both kinds in a line each."""
 
     names: tuple[str, ...]
     values: np.ndarray  # float64 [rows, len(names)]
+    groups: tuple[TokenGroup, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "names", tuple(self.names))
+        object.__setattr__(self, "groups", tuple(self.groups))
         values = np.asarray(self.values, dtype=np.float64)
         if values.ndim != 2 or values.shape[1] != len(self.names):
             raise InputError(
                 f"drift features: expected a [rows, {len(self.names)}] array for {len(self.names)} names, "
                 f"got shape {values.shape}"
             )
+        for group in self.groups:
+            if len(group.rows) != values.shape[0]:
+                raise InputError(
+                    f"drift features {group.name}: {len(group.rows)} rows of tokens beside {values.shape[0]} "
+                    "rows of numbers; expected one per item"
+                )
+        named = [*self.names, *(group.name for group in self.groups)]
+        if len(set(named)) != len(named):
+            twice = sorted({name for name in named if named.count(name) > 1})
+            raise InputError(f"drift features: {twice[:5]} named twice; expected each feature once")
         object.__setattr__(self, "values", values)
 
     def __len__(self) -> int:
@@ -188,6 +224,19 @@ REQUIRED_METHODS = (
     "drift_features",
 )
 REQUIRED_ATTRIBUTES = ("name", "raw_suffixes", "metrics", "default_primary_metric")
+# Methods a task may have (see the contract above); the engine does without them.
+OPTIONAL_METHODS = ("configure_optimization",)
+
+
+@dataclass(frozen=True)
+class OptimizationSettings:
+    """What `configure_optimization` is told: the run's optimizer steps (all epochs, not per attempt), and
+    the trainer's optimiser options, which a task's own optimisation may follow or not."""
+
+    total_steps: int
+    learning_rate: float
+    weight_decay: float
+    warmup_steps: int
 
 
 def missing_parts(task: object) -> list[str]:
@@ -228,10 +277,22 @@ def built_model(task: Task, info: Mapping[str, Any]) -> nn.Module:
     return model
 
 
-def batch_loss(task: Task, model: nn.Module, batch: Any) -> torch.Tensor:
-    """`task.loss(model, batch)`, refused in one line unless it is the batch's loss as one trainable number.
-    Cheap enough for every step: it reads only the tensor's metadata, never its value (no device sync)."""
-    loss = task.loss(model, batch)
+def loss_takes_info(task: Task) -> bool:
+    """Whether `task.loss` takes the data's `info` (a parameter named `info`): asked once, at the trainer's
+    start, so that every step calls it the one way."""
+    try:
+        return "info" in inspect.signature(task.loss).parameters
+    except (TypeError, ValueError):  # a callable without a signature Python can read: the two-argument form
+        return False
+
+
+def batch_loss(
+    task: Task, model: nn.Module, batch: Any, info: Mapping[str, Any] | None = None
+) -> torch.Tensor:
+    """`task.loss(model, batch)` (with `info=info` when given: a loss that takes it, `loss_takes_info`),
+    refused in one line unless it is the batch's loss as one trainable number. Cheap enough for every step:
+    it reads only the tensor's metadata, never its value (no device sync)."""
+    loss = task.loss(model, batch) if info is None else task.loss(model, batch, info=info)  # type: ignore[call-arg]
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
         must = "the batch's loss as one number: a 0-dim float tensor, e.g. the .mean() of per-sample losses"
         raise _broken(task, "loss", _described(loss), must)
@@ -239,3 +300,46 @@ def batch_loss(task: Task, model: nn.Module, batch: Any) -> torch.Tensor:
         got = f"{_described(loss)} without gradients"
         raise _broken(task, "loss", got, "a loss computed from the model's output, not detached from it")
     return loss
+
+
+def configured_optimization(
+    task: Task, model: nn.Module, settings: OptimizationSettings
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None] | None:
+    """The task's `configure_optimization(model, settings)`, refused in one line unless it is an optimizer
+    over `model`'s parameters and a step-wise scheduler of it (or None); None when the task has no hook."""
+    hook = getattr(task, "configure_optimization", None)
+    if hook is None:
+        return None
+    method, must = "configure_optimization", "(optimizer, scheduler or None)"
+    result = hook(model, settings)
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        raise _broken(task, method, _described(result), f"a pair {must}")
+    optimizer, scheduler = result
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise _broken(
+            task,
+            method,
+            f"{_described(optimizer)} as its optimizer",
+            f"{must}, a torch.optim.Optimizer first",
+        )
+    owned = {id(parameter) for parameter in model.parameters()}
+    given = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+    if not given or any(id(parameter) not in owned for parameter in given):
+        got = (
+            "an optimizer with no parameters" if not given else "an optimizer over parameters not the model's"
+        )
+        raise _broken(
+            task, method, got, f"{must}, the optimizer over the parameters of the model it was given"
+        )
+    if scheduler is not None:
+        plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        if plateau or not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+            got = "a ReduceLROnPlateau, which steps on a metric" if plateau else _described(scheduler)
+            raise _broken(
+                task, method, f"{got} as its scheduler", f"{must}, a step-wise torch LRScheduler second"
+            )
+        if scheduler.optimizer is not optimizer:
+            raise _broken(
+                task, method, "a scheduler of another optimizer", f"{must}, the scheduler of that optimizer"
+            )
+    return optimizer, scheduler

@@ -44,11 +44,27 @@ def task_code_sha256(ref: TaskRef) -> str | None:
     return module_sources_sha256(ref.module, sys.path)
 
 
+def _file_module_name(path: Path) -> str:
+    return "retrain_user_task_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+
+
+def user_task_modules(text: str, cwd: Path | None = None) -> list[str]:
+    """The modules of the user's task `text` names that this process has imported (none for a built-in):
+    what a process forked from this one must import afresh, as a fresh interpreter would."""
+    ref = parse_task_ref(text, cwd or Path.cwd())
+    if ref.path is not None:
+        return [name for name in (_file_module_name(ref.path),) if name in sys.modules]
+    if ref.is_builtin or ref.module is None:
+        return []
+    package = str(ref.module).split(".", 1)[0]
+    return [name for name in sys.modules if name == package or name.startswith(f"{package}.")]
+
+
 def _import_module(ref: TaskRef) -> Any:
     if ref.path is not None:
         if not ref.path.is_file():
             raise InputError(f"--task {ref.text!r}: no file {ref.path}; expected {TASK_FORMS}")
-        name = "retrain_user_task_" + hashlib.sha256(str(ref.path).encode()).hexdigest()[:12]
+        name = _file_module_name(ref.path)
         if name in sys.modules:
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(name, ref.path)

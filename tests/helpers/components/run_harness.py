@@ -17,9 +17,9 @@ from components.request import COMPLETED
 QUICK = ["--param", "checkpoint_every_seconds=off", "--param", "mlflow_tracking_uri=off"]
 
 
-def retrain_run(state: Path, models: Path, *argv: str) -> tuple[RunRecord, dict]:
+def retrain_run(state: Path, models: Path, *argv: str) -> tuple[RunRecord, dict, str]:
     """`retrain run ...` as the root CLI runs it, with `models` as the configuration folder; the newest
-    run's record and its registration.json."""
+    run's record, its registration.json and what the command printed."""
     parser = argparse.ArgumentParser(prog="retrain")
     cli_local.register_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["run", *argv])
@@ -31,4 +31,5 @@ def retrain_run(state: Path, models: Path, *argv: str) -> tuple[RunRecord, dict]
         print(out.getvalue())  # shown by pytest when a test fails
     record = RunStore(state / "runs").list(limit=1)[0]
     assert record.status == COMPLETED
-    return record, json.loads((Path(record.outputs["registration"]) / "registration.json").read_text())
+    registration = json.loads((Path(record.outputs["registration"]) / "registration.json").read_text())
+    return record, registration, out.getvalue()

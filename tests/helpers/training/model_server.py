@@ -1,5 +1,6 @@
-"""`mlflow models serve` as a user runs it: the real command in a process group of its own, ready once it
-answers `GET /ping`, and stopped (the whole group: the CLI and the uvicorn it starts) when the test ends."""
+"""`mlflow models serve` and `retrain serve` as a user runs them: the real command in a process group of
+its own, ready once it answers `GET /ping`, and stopped (the whole group: the CLI and the uvicorn it
+starts) when the test ends."""
 
 from __future__ import annotations
 
@@ -38,10 +39,30 @@ def mlflow_models_serve(model_uri: str, tracking_uri: str, log: Path) -> Iterato
     # The CLI runs `uvicorn` by name: this environment's scripts must come first on PATH.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PATH": path}
+    with serving(command, env, port, log, "mlflow models serve") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def retrain_serve(model_name: str, environ: dict[str, str], cwd: Path, log: Path) -> Iterator[str]:
+    """The base URL of `retrain serve model_name` run with `environ` in `cwd`, once it answers /ping."""
+    port = free_port()
+    command = [sys.executable, "-m", "retrain_cli", "serve", model_name, "--port", str(port)]
+    with serving(command, environ, port, log, "retrain serve", cwd=cwd) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(
+    command: list[str], env: dict[str, str], port: int, log: Path, what: str, cwd: Path | None = None
+) -> Iterator[str]:
+    """`command` in a process group of its own until the server it starts on `port` answers /ping; the
+    whole group (the CLI and the uvicorn it starts) is killed when the block ends."""
     with log.open("wb") as output:
         process = subprocess.Popen(
             command,
             env=env,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -49,13 +70,13 @@ def mlflow_models_serve(model_uri: str, tracking_uri: str, log: Path) -> Iterato
         )
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_until_ready(process, url, log)
+        _wait_until_ready(process, url, log, what)
         yield url
     finally:
         _stop_group(process)
 
 
-def _wait_until_ready(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
+def _wait_until_ready(process: subprocess.Popen[bytes], url: str, log: Path, what: str) -> None:
     for _ in range(PING_TRIES):
         try:
             with urllib.request.urlopen(f"{url}/ping", timeout=5) as answer:
@@ -66,11 +87,11 @@ def _wait_until_ready(process: subprocess.Popen[bytes], url: str, log: Path) -> 
         with contextlib.suppress(subprocess.TimeoutExpired):
             code = process.wait(timeout=PING_INTERVAL_S)
             pytest.fail(
-                f"mlflow models serve exited with code {code} before it was ready:\n{_tail(log)}",
+                f"{what} exited with code {code} before it was ready:\n{_tail(log)}",
                 pytrace=False,
             )
     pytest.fail(
-        f"mlflow models serve did not answer {url}/ping after {PING_TRIES} tries:\n{_tail(log)}",
+        f"{what} did not answer {url}/ping after {PING_TRIES} tries:\n{_tail(log)}",
         pytrace=False,
     )
 

@@ -24,6 +24,10 @@ MODELS = {
     "strong": ["--epochs", "3"],
     "best": ["--epochs", "5", "--task-option", "hidden_width=128"],
 }
+# Trained like a model of MODELS with another seed: as good as it, up to chance (the gate's confidence
+# tests). Kept out of MODELS, whose models build_harness checks to rank with clear gaps.
+RESEEDED = {"strong-reseeded": [*MODELS["strong"], "--seed", "8"]}
+RECIPES = {**MODELS, **RESEEDED}
 RAW_VERSION = "rd-0123456789abcdef"
 
 
@@ -50,17 +54,18 @@ class Harness:
         tracking = tracking if tracked else ["--no-mlflow"]
         checkpoints = self.root / "ck" / name
         locations = ["--data", str(self.data), "--out", str(out), "--checkpoints", str(checkpoints)]
-        assert main(["train", *locations, *SMALL_RUN, *MODELS[name], *FAST, *tracking]) == 0
+        assert main(["train", *locations, *SMALL_RUN, *RECIPES[name], *FAST, *tracking]) == 0
         self.models[name] = out
 
     def folder(self, kind: str) -> Path:
         self._outputs += 1
         return self.root / "outputs" / f"{kind}-{self._outputs}"
 
-    def evaluate(self, model: str, model_name: str) -> Path:
+    def evaluate(self, model: str, model_name: str, *extra: str) -> Path:
         out = self.folder("evaluation")
         argv = ["evaluate", "--model", str(self.models[model]), "--data", str(self.data), "--out", str(out)]
-        assert main([*argv, "--model-name", model_name, "--mlflow-tracking-uri", self.tracking_uri]) == 0
+        store = ["--model-name", model_name, "--mlflow-tracking-uri", self.tracking_uri]
+        assert main([*argv, *store, *extra]) == 0
         return out
 
     def register_argv(
@@ -99,7 +104,7 @@ def train_untracked(trained: Path, data: Path, name: str) -> Path:
     out = trained / name
     if not (out / "metadata.json").exists():
         locations = ["--data", str(data), "--out", str(out), "--checkpoints", str(trained / "ck" / name)]
-        assert main(["train", *locations, *SMALL_RUN, *MODELS[name], *FAST, "--no-mlflow"]) == 0
+        assert main(["train", *locations, *SMALL_RUN, *RECIPES[name], *FAST, "--no-mlflow"]) == 0
     return out
 
 

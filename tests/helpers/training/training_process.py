@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import psutil
 
+from helpers.training.run_outputs import newest_record
+from helpers.training.small_run import NO_TRACKING, train_arguments
 from training.engine.supervise import TrainingProcess
 
 
@@ -30,3 +33,24 @@ def kill_process_tree(process: TrainingProcess) -> None:
         member.send_signal(signal.SIGKILL)
     psutil.wait_procs(everyone)
     process.process.wait()
+
+
+def train_to_end(data: Path, root: Path, extra: Sequence[str] = (), nproc: int = 2) -> TrainingProcess:
+    """The small run with `extra` options, uninterrupted, into `root`/out (its checkpoints in
+    `root`/checkpoints); finished with code 0, or its stderr shown."""
+    arguments = train_arguments(data, root / "out", root / "checkpoints", nproc)
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "stderr.log").open("w") as log:
+        process = TrainingProcess([*arguments, *NO_TRACKING, *extra], stderr=log)
+        code = process.finish()
+    assert code == 0, (root / "stderr.log").read_text()[-3000:]
+    return process
+
+
+def kill_mid_interval(process: TrainingProcess, checkpoints: str) -> int:
+    """Once `process` has checkpointed, SIGKILL it a few steps later (mid-interval, mid-epoch, maybe
+    mid-accumulation), as losing the node would; returns the step of the newest durable checkpoint."""
+    seen = process.wait_for(lambda event: event["event"] == "checkpoint")
+    process.wait_for(is_step(seen["step"] + 5))
+    kill_process_tree(process)
+    return newest_record(checkpoints).step

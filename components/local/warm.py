@@ -1,0 +1,232 @@
+"""Start steps warm: forked by one starter per run that has already imported torch and MLflow.
+
+The starter (training/warm/server.py, named here by module: components never imports training) is
+started on the run's first step, or before, when the runner knows the steps' folder and environment
+(`warm_up`), so that its imports overlap the runner's own work. A step whose command is
+`python -m MODULE ...` with this interpreter, in the starter's folder and with the same interpreter
+settings (the PYTHON* variables), is then forked by it; anything else, or every step once the starter has
+failed, starts as a fresh process (SubprocessLauncher), which is what a warm start must be
+indistinguishable from. A step started either way is its own process in its own session, with its own pid
+and log: the runner's signals, restarts and reports are the same for both.
+
+The starter leaves when the runner closes it (the run ended) or dies (its stdin closes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from components.local.launch import ProcessLauncher, StepProcess, SubprocessLauncher
+
+log = logging.getLogger(__name__)
+
+STARTER_MODULE = "training.warm.server"
+_TIMED_OUT: dict[str, Any] = {}  # what `_receive` returns when its time ran out
+
+
+def _read(path: Path) -> str:
+    return path.read_bytes().decode(errors="replace") if path.exists() else ""
+
+
+def _interpreter_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """What decides how an interpreter starts and where it imports from: a step differing here is cold."""
+    return {name: value for name, value in env.items() if name.startswith("PYTHON")}
+
+
+class _WarmProcess:
+    """A step forked by the starter: its pid, its end as the starter reports it, signals to its group."""
+
+    def __init__(self, pid: int, launcher: WarmLauncher) -> None:
+        self._pid = pid
+        self._launcher = launcher
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def wait(self) -> int:
+        code = self._launcher.exit_code(self._pid)
+        assert code is not None  # no timeout: it has ended
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        try:
+            os.killpg(self._pid, signum)  # it leads its own session, as a step started fresh does
+        except ProcessLookupError:
+            try:
+                os.kill(self._pid, signum)  # still becoming the step: not yet its session's leader
+            except ProcessLookupError:
+                log.debug("step %d ended before signal %d arrived", self._pid, signum)
+
+
+class WarmLauncher:
+    """A ProcessLauncher that forks `python -m` steps from a starter, and starts anything else fresh."""
+
+    def __init__(self, python: str, fallback: ProcessLauncher | None = None) -> None:
+        self._python = python
+        self._fallback = fallback or SubprocessLauncher()
+        self._starter: subprocess.Popen[bytes] | None = None
+        self._cwd: Path | None = None
+        self._settings: dict[str, str] = {}
+        self._failed = False
+        self._next_id = 0
+        self._ended: dict[int, int] = {}
+        self._pending = b""  # the starter's output read but not yet split into messages
+
+    def warm_up(self, cwd: Path, env: Mapping[str, str]) -> None:
+        """Start the starter now, for steps run in `cwd` with `env`'s interpreter settings."""
+        if self._starter is not None or self._failed:
+            return
+        try:
+            # Its stderr is the runner's: it speaks only of a problem (a module it could not preload).
+            self._starter = subprocess.Popen(
+                [self._python, "-m", STARTER_MODULE],
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,  # a Ctrl-C is the runner's to forward, to the step alone
+            )
+        except OSError as error:
+            self._give_up(f"could not start the starter ({error})")
+            return
+        self._cwd, self._settings = Path(cwd).resolve(), _interpreter_settings(env)
+
+    def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], log_file: Path) -> StepProcess:
+        process = self._start_warm(argv, cwd, env, log_file, log_file)
+        return process if process is not None else self._fallback.start(argv, cwd, env, log_file)
+
+    def run(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        """`subprocess.run(argv, capture_output=True, text=True, timeout=timeout)`, started warm if it can
+        be; TimeoutExpired after killing its process group when it runs out of time."""
+        with tempfile.TemporaryDirectory(prefix="retrain-warm-") as folder:
+            stdout, stderr = Path(folder, "stdout"), Path(folder, "stderr")
+            process = self._start_warm(argv, cwd, env, stdout, stderr)
+            if process is None:
+                return subprocess.run(
+                    list(argv),
+                    cwd=cwd,
+                    env=dict(env),
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    check=False,
+                )
+            code = self.exit_code(process.pid, timeout)
+            if code is None:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+                raise subprocess.TimeoutExpired(list(argv), timeout)
+            return subprocess.CompletedProcess(list(argv), code, _read(stdout), _read(stderr))
+
+    def _start_warm(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], stdout: Path, stderr: Path
+    ) -> _WarmProcess | None:
+        """The command forked by the starter; None when it must start fresh (not `python -m`, another
+        folder or interpreter settings, or no starter)."""
+        module = self._module_command(argv)
+        if module is None or self._failed:
+            return None
+        self.warm_up(cwd, env)
+        if (
+            self._starter is None
+            or Path(cwd).resolve() != self._cwd
+            or _interpreter_settings(env) != self._settings
+        ):
+            return None
+        self._next_id += 1
+        request = {"id": self._next_id, "module": module[0], "args": module[1], "cwd": str(cwd),
+                   "env": dict(env), "stdout": str(stdout), "stderr": str(stderr)}  # fmt: skip
+        answer = self._ask(request)
+        if answer is None or "pid" not in answer:
+            self._give_up(
+                f"it did not start {module[0]}: {answer.get('error') if answer else 'it has ended'}"
+            )
+            return None
+        return _WarmProcess(int(answer["pid"]), self)
+
+    def exit_code(self, pid: int, timeout: float | None = None) -> int | None:
+        """Wait for the starter to report `pid`'s end; None if `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid not in self._ended:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            message = self._receive(left)
+            if message is _TIMED_OUT:
+                return None
+            if message is None:  # the starter is gone, and with it what it knew: end the step too
+                self._give_up("it ended while a step ran")
+                _WarmProcess(pid, self).send_signal(signal.SIGKILL)
+                return -signal.SIGKILL
+        return self._ended.pop(pid)
+
+    def close(self) -> None:
+        """End the starter: the run is over, and every step it started has ended. Killed, not asked: it
+        may still be importing (a run whose steps were all cached), and it holds nothing to save."""
+        starter, self._starter = self._starter, None
+        self._ended.clear()
+        if starter is None:
+            return
+        starter.kill()
+        starter.wait()
+        for stream in (starter.stdin, starter.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):  # a request still buffered for a starter that had died
+                    stream.close()
+
+    def _module_command(self, argv: Sequence[str]) -> tuple[str, list[str]] | None:
+        if len(argv) < 3 or argv[0] != self._python or argv[1] != "-m" or argv[2].startswith("-"):
+            return None
+        return argv[2], list(argv[3:])
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        starter = self._starter
+        if starter is None or starter.stdin is None:
+            return None
+        try:
+            starter.stdin.write(json.dumps(request).encode() + b"\n")
+            starter.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        while True:
+            message = self._receive()
+            if message is None or message.get("id") == request["id"]:
+                return message
+
+    def _receive(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The starter's next message (an exit report is also kept); None once it has ended, `_TIMED_OUT`
+        when `timeout` seconds pass first."""
+        starter = self._starter
+        if starter is None or starter.stdout is None:
+            return None
+        descriptor = starter.stdout.fileno()
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([descriptor], [], [], timeout)
+            if not ready:
+                return _TIMED_OUT
+            chunk = os.read(descriptor, 65536)
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        message = json.loads(line)
+        if "exit" in message:
+            self._ended[int(message["pid"])] = int(message["exit"])
+        return message
+
+    def _give_up(self, why: str) -> None:
+        if not self._failed:
+            log.warning("warm start: %s; steps start as fresh processes", why)
+        self._failed = True

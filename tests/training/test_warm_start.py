@@ -1,0 +1,164 @@
+"""A step forked warm (training/warm/) is the step a fresh `python -m` would have been: the same view of
+its start, the same exit codes and output, its own session and random state; and its starter ends with its
+runner. Driven through the local runner's own client (components/local/warm.py) and, for the fresh side,
+the launcher a warm start falls back to."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from components.local.launch import SubprocessLauncher
+from components.local.warm import WarmLauncher
+from components.specs import REPO_ROOT
+
+TESTS = REPO_ROOT / "tests"
+PROBE = "helpers.training.warm_probe"
+
+
+@pytest.fixture(scope="module")
+def environ() -> dict[str, str]:
+    environ = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WARM_PROBE_MARKER": "the step's own"}
+    environ.pop("OMP_NUM_THREADS", None)
+    return environ
+
+
+@pytest.fixture(scope="module")
+def warm(environ):
+    launcher = WarmLauncher(sys.executable)
+    launcher.warm_up(TESTS, environ)
+    yield launcher
+    launcher.close()
+
+
+def _run(launcher, case: str, folder: Path, environ: dict[str, str]) -> tuple[int, dict, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    seen, log = folder / "seen.json", folder / "log.txt"
+    process = launcher.start([sys.executable, "-m", PROBE, case, str(seen)], TESTS, environ, log)
+    code = process.wait()
+    return code, json.loads(seen.read_text()), log.read_text()
+
+
+def test_a_warm_step_sees_its_start_as_a_fresh_one_does(warm, environ, tmp_path):
+    fresh_code, fresh, fresh_log = _run(SubprocessLauncher(), "ok", tmp_path / "fresh", environ)
+    warm_code, forked, warm_log = _run(warm, "ok", tmp_path / "warm", environ)
+    _, again, _ = _run(warm, "ok", tmp_path / "again", environ)
+
+    assert fresh_code == warm_code == 0
+    assert sorted(warm_log.splitlines()) == sorted(fresh_log.splitlines()) == ["to stderr", "to stdout"]
+    same = ("argv0_is_file", "cwd", "path0", "main", "own_session", "marker", "descriptors", "threads",
+            "sigint", "sigterm", "sigpipe", "titled")  # fmt: skip
+    assert {key: forked[key] for key in same} == {key: fresh[key] for key in same}
+    assert forked["argv"] == ["ok", str(tmp_path / "warm" / "seen.json")]
+    assert forked["own_session"] and forked["main"] == "__main__" and forked["descriptors"] == []
+    assert forked["titled"]  # `ps` shows the step's command, not its starter's
+    assert forked["marker"] == "the step's own" and forked["path0"] == str(TESTS)
+    # Each forked step draws its own random numbers, as each fresh interpreter does.
+    for generator in ("random", "numpy", "torch_seed", "torch_first"):
+        assert forked[generator] != again[generator] != fresh[generator], generator
+
+
+def test_a_warm_step_takes_its_thread_count_from_its_own_environment(warm, environ, tmp_path):
+    _, seen, _ = _run(warm, "ok", tmp_path, {**environ, "OMP_NUM_THREADS": "1"})
+    assert seen["threads"] == 1
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "said"),
+    [
+        ("exit-3", 3, "to stderr"),
+        ("exit-message", 1, "a message, as sys.exit says it"),
+        ("raise", 1, "ValueError: raised"),
+        ("interrupt", -signal.SIGINT, "to stderr"),
+    ],
+)
+def test_a_warm_step_ends_as_an_interpreter_does(warm, environ, tmp_path, case, code, said):
+    got, _, log = _run(warm, case, tmp_path, environ)
+    assert got == code
+    assert said in log.splitlines()[-1] or said in log
+
+
+def test_a_warm_step_runs_its_exit_handlers_and_waits_for_its_threads(warm, environ, tmp_path):
+    code, _, _ = _run(warm, "at-exit", tmp_path, environ)
+    assert code == 0
+    assert (tmp_path / "seen.atexit").read_text() == "ran"
+    assert (tmp_path / "seen.thread").read_text() == "joined"
+
+
+def test_a_signal_to_a_warm_step_reaches_its_process_group(warm, environ, tmp_path):
+    seen = tmp_path / "seen.json"
+    process = warm.start(
+        [sys.executable, "-m", PROBE, "wait-for-signal", str(seen)], TESTS, environ, tmp_path / "log.txt"
+    )
+    # Its probe file is written before it waits: once it is there, the signal finds it waiting.
+    descriptor = os.pidfd_open(process.pid)
+    try:
+        while not seen.exists():
+            assert not _ended(descriptor), (tmp_path / "log.txt").read_text()
+    finally:
+        os.close(descriptor)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait() == -signal.SIGTERM
+
+
+def _ended(pidfd: int) -> bool:
+    import select
+
+    return bool(select.select([pidfd], [], [], 0.05)[0])
+
+
+def test_a_captured_run_gives_what_subprocess_run_gives(warm, environ, tmp_path):
+    argv = [sys.executable, "-m", PROBE, "exit-3", str(tmp_path / "seen.json")]
+    done = warm.run(argv, TESTS, environ, timeout=120)
+    fresh = subprocess.run(argv, cwd=TESTS, env=environ, capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "to stdout\n", "to stderr\n")
+
+
+def test_what_a_warm_start_cannot_fork_starts_fresh(warm, environ, tmp_path):
+    # Another folder, other interpreter settings, or not `python -m`: started as it is.
+    log = tmp_path / "log.txt"
+    assert warm.start(["/bin/sh", "-c", "exit 7"], TESTS, environ, log).wait() == 7
+    elsewhere = warm.start([sys.executable, "-c", "import os; print(os.getcwd())"], tmp_path, environ, log)
+    assert elsewhere.wait() == 0 and log.read_text().splitlines()[-1] == str(tmp_path)
+
+
+def test_the_starter_leaves_when_its_runner_closes_it_or_dies(environ, tmp_path):
+    launcher = WarmLauncher(sys.executable)
+    launcher.warm_up(TESTS, environ)
+    starter = launcher._starter
+    assert starter is not None and starter.poll() is None
+    launcher.close()
+    assert starter.poll() is not None
+
+    # A runner that dies closes the starter's stdin: the starter leaves by itself.
+    runner = subprocess.Popen(
+        [sys.executable, "-c", RUNNER_THAT_DIES], cwd=TESTS, env=environ, stdout=subprocess.PIPE, text=True
+    )
+    assert runner.stdout is not None
+    starter_pid = int(runner.stdout.readline())
+    descriptor = os.pidfd_open(starter_pid)
+    runner.kill()
+    runner.wait()
+    try:
+        import select
+
+        assert select.select([descriptor], [], [], 120)[0], "the starter outlived its runner"
+    finally:
+        os.close(descriptor)
+
+
+RUNNER_THAT_DIES = """
+import sys, os
+from components.local.warm import WarmLauncher
+launcher = WarmLauncher(sys.executable)
+launcher.warm_up(os.getcwd(), os.environ)
+print(launcher._starter.pid, flush=True)
+sys.stdin.read() if False else __import__("signal").pause()
+"""
