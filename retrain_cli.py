@@ -11,22 +11,31 @@ and the environment on its arguments, so no library code reads os.environ.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from components import cli_azure, cli_local
 from core.errors import RetrainError
 from core.secrets import mask_logged_secrets, mask_secrets
-from demo import cli as demo_cli
-from function_app.local import cli as front_door_cli
-from training import cli as training_cli
 from training.local_state import state_root
+
+if TYPE_CHECKING:
+    from components.local.warm import StarterProcess
+
+# The rooms' commands are imported in build_parser, after `retrain run` has started its warm starter.
+RUN_COMMAND = "run"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from components import cli_azure, cli_local
+    from demo import cli as demo_cli
+    from function_app.local import cli as front_door_cli
+    from training import cli as training_cli
+
     parser = argparse.ArgumentParser(prog="retrain", description=training_cli.__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -38,25 +47,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    training_cli.quiet_library_output(os.environ)
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    mask_logged_secrets()
-    # azure-ai-ml announces its own experimental schema classes while loading any job; nothing to act on.
-    logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
-    # One INFO line per storage request would bury the decisions the commands print.
-    logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
-    args.environ = dict(os.environ)
-    args.state_root = state_root(args.environ, Path.cwd())
+@contextlib.contextmanager
+def warm_start_ahead(argv: Sequence[str], environ: Mapping[str, str]) -> Iterator[StarterProcess | None]:
+    """For `retrain run`, its warm starter (components/local/warm.py), started before this process
+    imports the rooms (0.5 s): the run's steps wait mostly on the starter's own imports of torch and
+    MLflow, so these overlap them. Ended when the block ends, if the run has not ended it already. None
+    for any other command, with warm starts off (or a setting the run itself will refuse), or when it
+    cannot be started: the runner then starts its own, or none."""
+    command = next((word for word in argv if not word.startswith("-")), None)
+    starter = None
+    if command == RUN_COMMAND:
+        from components.local.options import warm_start_setting
+        from components.local.warm import StarterProcess
+        from components.specs import REPO_ROOT  # the default pipeline's steps' code folder
+
+        with contextlib.suppress(RetrainError, OSError):
+            if warm_start_setting(environ):
+                starter = StarterProcess.start(sys.executable, REPO_ROOT, environ)
     try:
-        return args.handler(args)
-    except RetrainError as error:  # PipelineError and the front door's errors included
-        print(f"retrain: error: {mask_secrets(str(error))}", file=sys.stderr)
-        return error.exit_code
+        yield starter
+    finally:
+        if starter is not None:
+            starter.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with warm_start_ahead(argv, os.environ) as starter:
+        from training import cli as training_cli
+
+        training_cli.quiet_library_output(os.environ)
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        mask_logged_secrets()
+        # azure-ai-ml announces its own experimental schema classes while loading any job; nothing to act on.
+        logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
+        # One INFO line per storage request would bury the decisions the commands print.
+        logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
+        args.environ = dict(os.environ)
+        args.state_root = state_root(args.environ, Path.cwd())
+        args.warm_starter = starter  # `retrain run`'s, for its runner to use and end
+        try:
+            return args.handler(args)
+        except RetrainError as error:  # PipelineError and the front door's errors included
+            print(f"retrain: error: {mask_secrets(str(error))}", file=sys.stderr)
+            return error.exit_code
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from components.invocation import command_line, python_argv, retrain_argv, shown
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.local.measured import measured_training
 from components.local.options import warm_start_setting
+from components.local.warm import WarmLauncher
 from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
 from components.model_init import KINDS, init_model
 from components.outcome import decision_details, describe_outcome, read_registration, score_lines
@@ -177,7 +178,11 @@ def run_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     cost = CostSettings.from_environ(args.environ)  # a bad setting stops before the data is pinned
     options = RunnerOptions(state_root=args.state_root, warm_start=warm_start_setting(args.environ))
-    runner = LocalRunner(options, args.environ, out)
+    # The starter `retrain` started before its imports (retrain_cli.warm_start_ahead), when it did.
+    ahead = getattr(args, "warm_starter", None)
+    warm = ahead is not None and options.warm_start
+    launcher = WarmLauncher(options.python, starter=ahead) if warm else None
+    runner = LocalRunner(options, args.environ, out, launcher=launcher)
     pipeline = load_pipeline_spec()
     # One warm starter for the preflight and every step: its imports overlap the checks and the pinning.
     with runner.warm(pipeline):

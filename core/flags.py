@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import typing
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, TypeVar
@@ -67,9 +68,16 @@ def default_of(field: dataclasses.Field[Any]) -> Any:
     return field.default
 
 
+@functools.cache
+def _type_hints(config_class: type) -> dict[str, Any]:
+    """The class's field types, resolved once: resolving evaluates every annotation's text, and a command's
+    parser asks for each field's (0.1 s a process for `training.cli`'s, uncached)."""
+    return typing.get_type_hints(config_class)
+
+
 def nested_class(config_class: type, field: dataclasses.Field[Any]) -> type | None:
     """The flag-carrying dataclass a field holds, if it holds one."""
-    kind = typing.get_type_hints(config_class).get(field.name)
+    kind = _type_hints(config_class).get(field.name)
     return kind if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
 
 
@@ -84,7 +92,7 @@ def flag_fields(config_class: type) -> Iterator[tuple[type, dataclasses.Field[An
 
 
 def _is_bool(config_class: type, field: dataclasses.Field[Any]) -> bool:
-    return typing.get_type_hints(config_class).get(field.name) in (bool, bool | None)
+    return _type_hints(config_class).get(field.name) in (bool, bool | None)
 
 
 def add_flags(

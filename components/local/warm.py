@@ -2,7 +2,9 @@
 
 The starter (training/warm/server.py, named here by module: components never imports training) is
 started on the run's first step, or before, when the runner knows the steps' folder and environment
-(`warm_up`), so that its imports overlap the runner's own work. A step whose command is
+(`warm_up`), so that its imports overlap the runner's own work; `retrain run` starts it earlier still,
+before its own imports (StarterProcess.start, handed to the launcher), since the run's steps wait on
+little else than the starter's imports. A step whose command is
 `python -m MODULE ...` with this interpreter, in the starter's folder and with the same interpreter
 settings (the PYTHON* variables), is then forked by it; anything else, or every step once the starter has
 failed, starts as a fresh process (SubprocessLauncher), which is what a warm start must be
@@ -44,6 +46,43 @@ def _interpreter_settings(env: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if name.startswith("PYTHON")}
 
 
+class StarterProcess:
+    """A running starter, and the steps it can fork: those run in `cwd` with its interpreter settings."""
+
+    def __init__(self, process: subprocess.Popen[bytes], cwd: Path, env: Mapping[str, str]) -> None:
+        self.process = process
+        self.cwd = Path(cwd).resolve()
+        self.settings = _interpreter_settings(env)
+
+    @classmethod
+    def start(cls, python: str, cwd: Path, env: Mapping[str, str]) -> StarterProcess:
+        """Start one for steps run in `cwd` with `env`; OSError if it cannot be started."""
+        # Its stderr is the runner's: it speaks only of a problem (a module it could not preload).
+        process = subprocess.Popen(
+            [python, "-m", STARTER_MODULE],
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C is the runner's to forward, to the step alone
+        )
+        return cls(process, cwd, env)
+
+    def serves(self, cwd: Path, env: Mapping[str, str]) -> bool:
+        return Path(cwd).resolve() == self.cwd and _interpreter_settings(env) == self.settings
+
+    def close(self) -> None:
+        """Killed, not asked: it may still be importing (a run whose steps were all cached), and it holds
+        nothing to save. Closing it again does nothing."""
+        if self.process.returncode is None:
+            self.process.kill()
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):  # a request still buffered for a starter that had died
+                    stream.close()
+
+
 class _WarmProcess:
     """A step forked by the starter: its pid, its end as the starter reports it, signals to its group."""
 
@@ -73,12 +112,13 @@ class _WarmProcess:
 class WarmLauncher:
     """A ProcessLauncher that forks `python -m` steps from a starter, and starts anything else fresh."""
 
-    def __init__(self, python: str, fallback: ProcessLauncher | None = None) -> None:
+    def __init__(
+        self, python: str, fallback: ProcessLauncher | None = None, starter: StarterProcess | None = None
+    ) -> None:
+        """`starter`: one started ahead (StarterProcess.start), now this launcher's to use and close."""
         self._python = python
         self._fallback = fallback or SubprocessLauncher()
-        self._starter: subprocess.Popen[bytes] | None = None
-        self._cwd: Path | None = None
-        self._settings: dict[str, str] = {}
+        self._starter = starter
         self._failed = False
         self._next_id = 0
         self._ended: dict[int, int] = {}
@@ -86,22 +126,16 @@ class WarmLauncher:
 
     def warm_up(self, cwd: Path, env: Mapping[str, str]) -> None:
         """Start the starter now, for steps run in `cwd` with `env`'s interpreter settings."""
-        if self._starter is not None or self._failed:
+        if self._failed:
             return
+        if self._starter is not None:
+            if self._next_id or self._starter.serves(cwd, env):
+                return
+            self.close()  # one started ahead for another folder or interpreter, and not used yet
         try:
-            # Its stderr is the runner's: it speaks only of a problem (a module it could not preload).
-            self._starter = subprocess.Popen(
-                [self._python, "-m", STARTER_MODULE],
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                start_new_session=True,  # a Ctrl-C is the runner's to forward, to the step alone
-            )
+            self._starter = StarterProcess.start(self._python, cwd, env)
         except OSError as error:
             self._give_up(f"could not start the starter ({error})")
-            return
-        self._cwd, self._settings = Path(cwd).resolve(), _interpreter_settings(env)
 
     def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], log_file: Path) -> StepProcess:
         process = self._start_warm(argv, cwd, env, log_file, log_file)
@@ -141,11 +175,7 @@ class WarmLauncher:
         if module is None or self._failed:
             return None
         self.warm_up(cwd, env)
-        if (
-            self._starter is None
-            or Path(cwd).resolve() != self._cwd
-            or _interpreter_settings(env) != self._settings
-        ):
+        if self._starter is None or not self._starter.serves(cwd, env):
             return None
         self._next_id += 1
         request = {"id": self._next_id, "module": module[0], "args": module[1], "cwd": str(cwd),
@@ -173,18 +203,12 @@ class WarmLauncher:
         return self._ended.pop(pid)
 
     def close(self) -> None:
-        """End the starter: the run is over, and every step it started has ended. Killed, not asked: it
-        may still be importing (a run whose steps were all cached), and it holds nothing to save."""
+        """End the starter: the run is over, and every step it started has ended."""
         starter, self._starter = self._starter, None
         self._ended.clear()
-        if starter is None:
-            return
-        starter.kill()
-        starter.wait()
-        for stream in (starter.stdin, starter.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):  # a request still buffered for a starter that had died
-                    stream.close()
+        self._next_id, self._pending = 0, b""
+        if starter is not None:
+            starter.close()
 
     def _module_command(self, argv: Sequence[str]) -> tuple[str, list[str]] | None:
         if len(argv) < 3 or argv[0] != self._python or argv[1] != "-m" or argv[2].startswith("-"):
@@ -192,7 +216,7 @@ class WarmLauncher:
         return argv[2], list(argv[3:])
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        starter = self._starter
+        starter = self._starter.process if self._starter is not None else None
         if starter is None or starter.stdin is None:
             return None
         try:
@@ -208,7 +232,7 @@ class WarmLauncher:
     def _receive(self, timeout: float | None = None) -> dict[str, Any] | None:
         """The starter's next message (an exit report is also kept); None once it has ended, `_TIMED_OUT`
         when `timeout` seconds pass first."""
-        starter = self._starter
+        starter = self._starter.process if self._starter is not None else None
         if starter is None or starter.stdout is None:
             return None
         descriptor = starter.stdout.fileno()

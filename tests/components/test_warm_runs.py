@@ -10,6 +10,7 @@ import io
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +20,10 @@ from helpers.components.terminal_runs import SMALL_RUN, run_id_once_train_runs, 
 
 from components.local import LocalRunner, RunnerOptions
 from components.local.runs import STEP_PID_FILE
+from components.local.warm import WarmLauncher
 from components.request import COMPLETED
+from components.specs import REPO_ROOT
+from retrain_cli import warm_start_ahead
 
 TREE_TIMEOUT_S = 120.0
 
@@ -82,3 +86,24 @@ def _train_tree(runner, pid_file: Path) -> list[psutil.Process]:
             if len(workers) == 2 and starter:
                 return [*starter, agent, *workers]
         time.sleep(0.05)
+
+
+def test_retrain_run_starts_its_starter_before_its_imports_and_its_runner_adopts_that_one():
+    environ = dict(os.environ)
+    with warm_start_ahead(["-v", "run", "--data", "RAW"], environ) as ahead:
+        assert ahead is not None and ahead.serves(REPO_ROOT, environ)
+        launcher = WarmLauncher(sys.executable, starter=ahead)
+        launcher.warm_up(REPO_ROOT, environ)
+        assert launcher._starter is ahead  # adopted: no second starter
+        # Steps of other interpreter settings: the one started ahead, still unused, makes way for theirs.
+        other = {**environ, "PYTHONSTARTERTEST": "other"}  # any PYTHON* variable counts
+        launcher.warm_up(REPO_ROOT, other)
+        assert ahead.process.poll() is not None
+        assert launcher._starter is not None and launcher._starter.serves(REPO_ROOT, other)
+        launcher.close()
+    with warm_start_ahead(["run"], environ) as unused:
+        assert unused is not None
+    assert unused.process.poll() is not None  # a run that never used it ends it all the same
+    for argv, setting in ((["runs"], "on"), (["run"], "off"), (["run"], "sometimes")):
+        with warm_start_ahead(argv, {**environ, "RETRAIN_WARM_START": setting}) as none:
+            assert none is None, (argv, setting)  # an unknown setting is the run's to refuse, in its words

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -108,8 +109,6 @@ def test_a_signal_to_a_warm_step_reaches_its_process_group(warm, environ, tmp_pa
 
 
 def _ended(pidfd: int) -> bool:
-    import select
-
     return bool(select.select([pidfd], [], [], 0.05)[0])
 
 
@@ -132,8 +131,9 @@ def test_what_a_warm_start_cannot_fork_starts_fresh(warm, environ, tmp_path):
 def test_the_starter_leaves_when_its_runner_closes_it_or_dies(environ, tmp_path):
     launcher = WarmLauncher(sys.executable)
     launcher.warm_up(TESTS, environ)
-    starter = launcher._starter
-    assert starter is not None and starter.poll() is None
+    assert launcher._starter is not None
+    starter = launcher._starter.process
+    assert starter.poll() is None
     launcher.close()
     assert starter.poll() is not None
 
@@ -147,8 +147,6 @@ def test_the_starter_leaves_when_its_runner_closes_it_or_dies(environ, tmp_path)
     runner.kill()
     runner.wait()
     try:
-        import select
-
         assert select.select([descriptor], [], [], 120)[0], "the starter outlived its runner"
     finally:
         os.close(descriptor)
@@ -159,6 +157,54 @@ import sys, os
 from components.local.warm import WarmLauncher
 launcher = WarmLauncher(sys.executable)
 launcher.warm_up(os.getcwd(), os.environ)
-print(launcher._starter.pid, flush=True)
+print(launcher._starter.process.pid, flush=True)
 sys.stdin.read() if False else __import__("signal").pause()
 """
+
+
+HELD = "helpers.training.held_imports"
+STARTER_WITH_MODULES = (
+    "import sys; from training.warm.server import Starter; sys.exit(Starter(tuple(sys.argv[1:])).serve())"
+)
+
+
+def test_a_step_that_ends_while_the_starter_imports_is_reported_before_the_import_ends(environ, tmp_path):
+    # The starter preloads `first`, forks a step of it, then imports `second`, which waits for the test to
+    # have seen that step's end: a report held back until the import ended would never come.
+    gates = {name: tmp_path / name for name in ("first", "second")}
+    for gate in gates.values():
+        os.mkfifo(gate)
+    env = {**environ, **{f"HELD_IMPORT_{name.upper()}": str(gate) for name, gate in gates.items()}}
+    modules = [f"{HELD}.first", f"{HELD}.second"]
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER_WITH_MODULES, *modules],
+        cwd=TESTS, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    # Read and write, a FIFO opens without waiting for its reader; the line waits there for the import.
+    released = [os.open(gate, os.O_RDWR) for gate in gates.values()]
+    try:
+        assert "ready" in _message(starter)
+        log = str(tmp_path / "log.txt")
+        request = {"id": 1, "module": modules[0], "args": [], "cwd": str(TESTS), "env": env,
+                   "stdout": log, "stderr": log}  # fmt: skip
+        assert starter.stdin is not None
+        starter.stdin.write(json.dumps(request).encode() + b"\n")
+        starter.stdin.flush()
+        os.write(released[0], b"go\n")  # `first` is imported after the request is there: it starts next
+        started = _message(starter)
+        assert started["id"] == 1, started
+        assert _message(starter) == {"pid": started["pid"], "exit": 5}  # while `second` is held
+        os.write(released[1], b"go\n")
+    finally:
+        starter.kill()
+        starter.wait()
+        for descriptor in released:
+            os.close(descriptor)
+
+
+def _message(starter: subprocess.Popen[bytes]) -> dict:
+    """The starter's next message; a failure, not a hang, if it never comes."""
+    assert starter.stdout is not None
+    ready, _, _ = select.select([starter.stdout], [], [], 120)
+    assert ready, "the starter said nothing in 120 s"
+    return json.loads(starter.stdout.readline())

@@ -43,7 +43,7 @@ from training.engine.divergence import DIVERGED_EXIT_CODE, Divergence, is_finite
 from training.engine.outputs import scores, weights_sha256, write_metadata, write_model
 from training.engine.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
 from training.engine.progress import ProgressRenderer
-from training.engine.sampling import BatchPlan, epoch_permutation, rank_batch_indices, step_seed
+from training.engine.sampling import BatchPlan, epoch_permutation, rank_batch_indices, seed_step
 from training.engine.throughput import ThroughputMeter
 from training.engine.tracking import Tracker
 from training.engine.train_state import RunState, build_training_objects
@@ -271,7 +271,7 @@ class Trainer:
             self.context.world_size,
         )
         # Seeded first: a split that augments as it reads draws from the generator this step reseeds.
-        torch.manual_seed(step_seed(self.config.seed, run.step, self.context.rank))
+        seed_step(self.config.seed, run.step, self.context.rank, self.context.device)
         # Before the update, the previous checkpoint's snapshot may still be reading the weights.
         loss = self._step.run(self._network, indices, before_update=self._checkpoints.wait_until_staged)
         run.step += 1

@@ -31,10 +31,21 @@ def worker_modules(tracking: bool) -> tuple[str, ...]:
     return (*TRACKING, *TRAINING) if tracking else TRAINING
 
 
+# Caches a step would otherwise fill itself, as MODULE:FUNCTION: logging a model makes MLflow map every
+# installed distribution to its modules (importlib_metadata.packages_distributions: about 1 s here) to
+# check the model's requirements against them. The starter fills it once; the register step inherits it.
+# The installed packages are the run's environment's, the same for the starter and its steps.
+FILLED_CACHES = ("mlflow.utils.requirements_utils:_init_packages_to_modules_map",)
+
+
 def load(name: str) -> None:
-    """Import `name`; one that fails is left to fail where it is needed, and reported there."""
+    """Import `name`, or for MODULE:FUNCTION import MODULE and call FUNCTION(); one that fails is left to
+    fail where it is needed, and reported there."""
+    module, _, function = name.partition(":")
     try:
-        importlib.import_module(name)
+        imported = importlib.import_module(module)
+        if function:
+            getattr(imported, function)()
     except Exception as error:
         print(
             f"warm start: not preloaded {name}: {type(error).__name__}: {error}", file=sys.stderr, flush=True
