@@ -1,13 +1,19 @@
 """The preflight: the task loads and the gate names only its metrics, checked before anything is pinned.
 
 The check is the real one (`python -m training.cli check-model` in a process, as the runner and `retrain
-submit` run it), on task files written here, and on the built-in tabular task.
+submit` run it), on task files written here, and on the built-in tabular task. The checks made here
+directly are forked warm, as `retrain run`'s runner starts them (components/local/warm.py), from one starter
+for the module: a fresh interpreter per check would import torch each time; those made through `retrain
+submit` and the remembered check's refusal start fresh.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,9 +21,19 @@ from helpers.components.task_file import TASK_FILE, write_task_file
 
 from components import cli_azure, cli_local
 from components.errors import SubmissionError
+from components.local.warm import WarmLauncher
 from components.model_config import MODELS_DIR_VARIABLE
 from components.preflight import SubprocessPreflight
 from components.run_settings import RunSettings
+from components.specs import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def warm() -> Iterator[WarmLauncher]:
+    launcher = WarmLauncher(sys.executable)
+    launcher.warm_up(REPO_ROOT, os.environ)
+    yield launcher
+    launcher.close()
 
 
 def flowers(tmp_path: Path, **given) -> RunSettings:
@@ -25,13 +41,13 @@ def flowers(tmp_path: Path, **given) -> RunSettings:
     return RunSettings(model_name="flowers", task=f"{task}:Flowers", **given)
 
 
-def test_a_task_that_loads_and_a_policy_it_can_meet_pass_and_the_task_s_facts_come_back(tmp_path):
+def test_a_task_that_loads_and_a_policy_it_can_meet_pass_and_the_task_s_facts_come_back(warm, tmp_path):
     run = flowers(
         tmp_path,
         task_options={"width": 3, "note": 'it\'s a "flower" {x}'},
         parameters={"primary_metric": "accuracy", "floors": "loss=1.5", "max_regression": "recall_*=0.1"},
     )
-    found = SubprocessPreflight().check(run)
+    found = SubprocessPreflight(runner=warm).check(run)
     assert (found.name, found.raw_suffixes, found.primary_metric) == ("flowers", (".csv", ".tsv"), "accuracy")
     assert found.metrics == {
         "accuracy": "higher",
@@ -50,11 +66,13 @@ def test_a_task_that_loads_and_a_policy_it_can_meet_pass_and_the_task_s_facts_co
         ({"first_model_floors": "r2=0.5"}, r"first_model_floors names metric 'r2'"),
     ],
 )
-def test_a_gate_metric_the_task_does_not_report_is_one_line_naming_it(tmp_path, parameters, message):
+def test_a_gate_metric_the_task_does_not_report_is_one_line_naming_it(warm, tmp_path, parameters, message):
     with pytest.raises(
         SubmissionError, match=rf"^preflight: models/flowers.toml \[gate\].*{message}"
     ) as raised:
-        SubprocessPreflight().check(flowers(tmp_path, parameters=parameters), "models/flowers.toml [gate]")
+        SubprocessPreflight(runner=warm).check(
+            flowers(tmp_path, parameters=parameters), "models/flowers.toml [gate]"
+        )
     assert "\n" not in str(raised.value)
     assert "expected one of accuracy (higher is better)" in str(raised.value)
 
@@ -69,20 +87,22 @@ def test_a_gate_metric_the_task_does_not_report_is_one_line_naming_it(tmp_path, 
         (TASK_FILE.replace("class Flowers", "class Roses"), r"has no attribute 'Flowers'"),
     ],
 )  # fmt: skip
-def test_a_task_that_does_not_load_is_one_line_naming_the_task_and_what_is_missing(tmp_path, text, message):
+def test_a_task_that_does_not_load_is_one_line_naming_the_task_and_what_is_missing(
+    warm, tmp_path, text, message
+):
     task = write_task_file(tmp_path, text=text)
     with pytest.raises(SubmissionError, match=rf"^preflight: --task '{task}:Flowers': .*{message}") as raised:
-        SubprocessPreflight().check(RunSettings(model_name="flowers", task=f"{task}:Flowers"))
+        SubprocessPreflight(runner=warm).check(RunSettings(model_name="flowers", task=f"{task}:Flowers"))
     assert "\n" not in str(raised.value)
 
 
-def test_an_option_the_task_does_not_take_is_refused(tmp_path):
+def test_an_option_the_task_does_not_take_is_refused(warm, tmp_path):
     with pytest.raises(SubmissionError, match=r"unknown option\(s\) \['colour'\]; this task takes"):
-        SubprocessPreflight().check(flowers(tmp_path, task_options={"colour": "red"}))
+        SubprocessPreflight(runner=warm).check(flowers(tmp_path, task_options={"colour": "red"}))
 
 
-def test_a_passed_check_is_remembered_for_the_same_task_file_options_and_policy(tmp_path):
-    preflight = SubprocessPreflight()
+def test_a_passed_check_is_remembered_for_the_same_task_file_options_and_policy(warm, tmp_path):
+    preflight = SubprocessPreflight(runner=warm)
     run = flowers(tmp_path, parameters={"floors": "accuracy=0.5"})
     first = preflight.check(run, "one place")
     preflight.python = str(tmp_path / "no-python")  # any new check would now fail to start
@@ -91,8 +111,8 @@ def test_a_passed_check_is_remembered_for_the_same_task_file_options_and_policy(
         preflight.check(flowers(tmp_path, parameters={"floors": "accuracy=0.6"}))
 
 
-def test_an_early_stopping_metric_the_task_does_not_report_is_refused_in_one_line(tmp_path):
-    preflight = SubprocessPreflight()
+def test_an_early_stopping_metric_the_task_does_not_report_is_refused_in_one_line(warm, tmp_path):
+    preflight = SubprocessPreflight(runner=warm)
     stopping = {"validate_every_epochs": "1", "early_stopping_metric": "validation_recall_3"}
     assert preflight.check(flowers(tmp_path, parameters=stopping)).name == "flowers"  # a family member
     with pytest.raises(SubmissionError) as raised:  # the check remembered: the metric is checked anew

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.csv as pa_csv
 import pytest
-from mlflow.tracking import MlflowClient
 
 from components.data_version import snapshot_folder
 from components.specs import COMPONENTS_DIR, load_component_spec
@@ -32,6 +31,7 @@ from training.drift.cli import REPORT_FILE
 from training.drift.data import aligned, raw_data_version, reference_from_lineage
 from training.drift.publish import TopicSettings, event_data, new_check_id
 from training.gate.lineage import Trigger, lineage_of
+from training.mlflow_setup import mlflow_client
 from training.tasks.base import FeatureTable
 from training.tasks.tabular.sample_data import digits_table, with_shift, write_sample_batches
 from training.tasks.tabular.schema import DIGITS_SCHEMA, read_manifest
@@ -329,7 +329,7 @@ def test_the_check_follows_the_champions_lineage_and_logs_to_mlflow(
         "0",
         None,
     ).tags()
-    client = MlflowClient(uri, registry_uri=uri)
+    client = mlflow_client(uri, registry_uri=uri)  # a fresh store from the schema template
     client.create_registered_model("digits")
     version = client.create_model_version("digits", (tmp_path / "model").as_uri(), tags=tags)
     client.set_registered_model_alias("digits", "champion", version.version)

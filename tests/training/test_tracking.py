@@ -10,9 +10,9 @@ import signal
 from helpers.training.run_outputs import read_metadata
 from helpers.training.small_run import STEPS_PER_EPOCH
 from helpers.training.training_process import is_step
-from mlflow.tracking import MlflowClient
 
 from training.engine.preemption import PREEMPTED_EXIT_CODE
+from training.mlflow_setup import mlflow_client
 
 TWO_EPOCHS = ("--epochs", "2")  # three attempts of the small run; two epochs are enough to show it
 
@@ -21,7 +21,7 @@ def test_in_azure_ml_each_job_run_is_tagged_with_its_own_preemption(start_traini
     """Azure ML gives each job an MLflow run (MLFLOW_RUN_ID): training continues the first, and every
     preempted job's own run carries the tag the pipeline submitter counts preemptions by."""
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)  # a fresh store from the schema template, as the steps open one
     experiment_id = client.create_experiment("jobs", artifact_location=(tmp_path / "artifacts").as_uri())
     job_runs = [client.create_run(experiment_id).info.run_id for _ in range(3)]
     tracking = ["--mlflow-tracking-uri", tracking_uri, "--mlflow-experiment", "jobs"]
