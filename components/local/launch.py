@@ -70,6 +70,13 @@ class TorchrunReports:
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
+def starts_as_module(command: str, distribution: Distribution | None) -> bool:
+    """Whether a step's command starts as `python -m MODULE`, the only kind a warm start forks: a
+    distributed step always does (torchrun's agent is such a module), another when its command says so."""
+    words = command.split(None, 2)
+    return distribution is not None or (len(words) >= 2 and words[0] in _PYTHON_WORDS and words[1] == "-m")
+
+
 def launch_argv(
     argv: Sequence[str],
     distribution: Distribution | None,

@@ -44,7 +44,13 @@ from components.local.cache import StepCache
 from components.local.clock import Clock, SystemClock
 from components.local.commands import format_value
 from components.local.execution import LocalStepFailed, PipelineExecution, RunContext
-from components.local.launch import ProcessLauncher, ProcessStarted, StepExecutor, SubprocessLauncher
+from components.local.launch import (
+    ProcessLauncher,
+    ProcessStarted,
+    StepExecutor,
+    SubprocessLauncher,
+    starts_as_module,
+)
 from components.local.liveness import ProcessIdentity
 from components.local.options import RunnerOptions
 from components.local.plan import durable_outputs, durable_path, pipeline_values
@@ -113,12 +119,16 @@ class LocalRunner:
         """Start the warm starter now (its imports then overlap whatever the caller does first: the
         preflight and pinning of `retrain run`), and end it when this block ends."""
         warm = self._launcher if isinstance(self._launcher, WarmLauncher) else None
+        pipeline = pipeline or load_pipeline_spec(self.options.pipeline_file)
         if warm is None or self._kept_warm:
             yield
             return
-        warm.warm_up(
-            self._steps_code_folder(pipeline or load_pipeline_spec(self.options.pipeline_file)), self.environ
-        )
+        # A pipeline none of whose steps a starter could fork gets none now: it would import torch and
+        # MLflow for nothing. (A `python -m` preflight starts one when it comes, as a first warm start does.)
+        if any(
+            starts_as_module(step.component.command, step.distribution) for step in pipeline.steps.values()
+        ):
+            warm.warm_up(self._steps_code_folder(pipeline), self.environ)
         self._kept_warm = True
         try:
             yield

@@ -44,7 +44,11 @@ if args.action == "make":
 elif args.action == "double":
     rank = os.environ.get("RANK", "0")
     progress = pathlib.Path(args.progress)
-    attempt = len(list(progress.glob(f"rank{rank}-attempt-*"))) + 1
+    # The attempt is torchrun's launch, named by its run id (without torchrun, the process): a rank that
+    # torchrun stopped before it began (another rank was preempted first) must not count the next launch
+    # as its own first.
+    (progress / f"launch-{os.environ.get('TORCHELASTIC_RUN_ID') or os.getpid()}").touch()
+    attempt = len(list(progress.glob("launch-*")))
     (progress / f"rank{rank}-attempt-{attempt}").write_text("started")
     if attempt <= args.preempt_times:
         print(f"rank {rank} attempt {attempt}: preempted, state saved")
