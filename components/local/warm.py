@@ -89,15 +89,25 @@ class _WarmProcess:
     def __init__(self, pid: int, launcher: WarmLauncher) -> None:
         self._pid = pid
         self._launcher = launcher
+        self._code: int | None = None  # once reported: the starter reports an end only once
 
     @property
     def pid(self) -> int:
         return self._pid
 
-    def wait(self) -> int:
-        code = self._launcher.exit_code(self._pid)
-        assert code is not None  # no timeout: it has ended
-        return code
+    def poll(self) -> int | None:
+        """Its exit code if it has ended, else None, without waiting (as `Popen.poll`)."""
+        if self._code is None:
+            self._code = self._launcher.exit_code(self._pid, timeout=0.0)
+        return self._code
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code once it has ended; `subprocess.TimeoutExpired` if `timeout` seconds pass first."""
+        if self._code is None:
+            self._code = self._launcher.exit_code(self._pid, timeout)
+        if self._code is None:
+            raise subprocess.TimeoutExpired(f"pid {self._pid}", timeout or 0.0)
+        return self._code
 
     def send_signal(self, signum: int) -> None:
         try:
@@ -138,7 +148,7 @@ class WarmLauncher:
             self._give_up(f"could not start the starter ({error})")
 
     def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], log_file: Path) -> StepProcess:
-        process = self._start_warm(argv, cwd, env, log_file, log_file)
+        process = self.start_warm(argv, cwd, env, log_file, log_file)
         return process if process is not None else self._fallback.start(argv, cwd, env, log_file)
 
     def run(
@@ -148,7 +158,7 @@ class WarmLauncher:
         be; TimeoutExpired after killing its process group when it runs out of time."""
         with tempfile.TemporaryDirectory(prefix="retrain-warm-") as folder:
             stdout, stderr = Path(folder, "stdout"), Path(folder, "stderr")
-            process = self._start_warm(argv, cwd, env, stdout, stderr)
+            process = self.start_warm(argv, cwd, env, stdout, stderr)
             if process is None:
                 return subprocess.run(
                     list(argv),
@@ -166,11 +176,12 @@ class WarmLauncher:
                 raise subprocess.TimeoutExpired(list(argv), timeout)
             return subprocess.CompletedProcess(list(argv), code, _read(stdout), _read(stderr))
 
-    def _start_warm(
+    def start_warm(
         self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], stdout: Path, stderr: Path
     ) -> _WarmProcess | None:
-        """The command forked by the starter; None when it must start fresh (not `python -m`, another
-        folder or interpreter settings, or no starter)."""
+        """The command forked by the starter, its output appended to `stdout` and `stderr` (one path for
+        both: one log; a FIFO the caller reads is opened before this returns); None when it must start
+        fresh (not `python -m`, another folder or interpreter settings, or no starter)."""
         module = self._module_command(argv)
         if module is None or self._failed:
             return None

@@ -12,6 +12,7 @@ import pytest
 from helpers.training.overfitting import overfitting_arguments, prepare_overfitting_data
 from helpers.training.small_run import NO_TRACKING, train_arguments
 from helpers.training.training_process import kill_process_tree
+from helpers.training.warm_training import WarmStarts
 
 from core.files import write_atomically
 from core.storage.local import exclusive_file_lock
@@ -44,9 +45,17 @@ def folders(tmp_path: Path) -> RunFolders:
 StartTraining = Callable[..., TrainingProcess]
 
 
-@pytest.fixture
-def start_training(prepared_data: Path, folders: RunFolders) -> Iterator[StartTraining]:
-    """Start `retrain train` on the small run; its stderr goes to a log file shown if a test fails."""
+@pytest.fixture(scope="session")
+def warm_starts() -> Iterator[WarmStarts]:
+    """`retrain train` forked from one warm starter per test process (helpers/training/warm_training.py)."""
+    starts = WarmStarts(Path.cwd(), dict(os.environ))
+    yield starts
+    starts.close()
+
+
+def _small_runs(
+    prepared_data: Path, folders: RunFolders, warm_starts: WarmStarts | None
+) -> Iterator[StartTraining]:
     started: list[TrainingProcess] = []
     folders.logs.mkdir(parents=True, exist_ok=True)
 
@@ -57,11 +66,13 @@ def start_training(prepared_data: Path, folders: RunFolders) -> Iterator[StartTr
         tracking: Sequence[str] = NO_TRACKING,
     ) -> TrainingProcess:
         log_file = (folders.logs / f"attempt-{len(started) + 1}.log").open("w")
-        process = TrainingProcess(
-            [*train_arguments(prepared_data, folders.out, folders.checkpoints, nproc), *tracking, *extra],
-            env={**os.environ, **(env or {})},
-            stderr=log_file,
-        )
+        locations = train_arguments(prepared_data, folders.out, folders.checkpoints, nproc)
+        arguments = [*locations, *tracking, *extra]
+        environ = {**os.environ, **(env or {})}
+        if warm_starts is None:
+            process = TrainingProcess(arguments, env=environ, stderr=log_file)
+        else:
+            process = warm_starts.training(arguments, env=environ, stderr=log_file)
         started.append(process)
         return process
 
@@ -69,6 +80,22 @@ def start_training(prepared_data: Path, folders: RunFolders) -> Iterator[StartTr
     for process in started:
         if process.process.poll() is None:
             kill_process_tree(process)
+
+
+@pytest.fixture
+def start_training(
+    prepared_data: Path, folders: RunFolders, warm_starts: WarmStarts
+) -> Iterator[StartTraining]:
+    """Start `retrain train` on the small run, forked warm; its stderr goes to a log file shown if a test
+    fails."""
+    yield from _small_runs(prepared_data, folders, warm_starts)
+
+
+@pytest.fixture
+def start_fresh_training(prepared_data: Path, folders: RunFolders) -> Iterator[StartTraining]:
+    """As `start_training`, each in a fresh interpreter, as an operator's shell starts it: for the tests of
+    the launcher's own process tree."""
+    yield from _small_runs(prepared_data, folders, None)
 
 
 @pytest.fixture(scope="session")
@@ -120,7 +147,9 @@ def overfitting_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def start_overfitting(overfitting_data: Path, tmp_path: Path) -> Iterator[Callable[..., TrainingProcess]]:
+def start_overfitting(
+    overfitting_data: Path, tmp_path: Path, warm_starts: WarmStarts
+) -> Iterator[Callable[..., TrainingProcess]]:
     """Start the overfitting run on `nproc` processes (default 2) into `tmp_path/<name>/` (its out/ and
     checkpoints/); the same name is the same run, restarted; `tracking`: its MLflow flags (default: none).
     Whatever is still running at the end is killed, whole."""
@@ -133,7 +162,7 @@ def start_overfitting(overfitting_data: Path, tmp_path: Path) -> Iterator[Callab
             overfitting_data, root / "out", root / "checkpoints", nproc=nproc, tracking=tracking
         )
         log_file = (root / f"attempt-{len(started) + 1}.log").open("w")
-        process = TrainingProcess(arguments, stderr=log_file)
+        process = warm_starts.training(arguments, stderr=log_file)
         started.append(process)
         return process
 

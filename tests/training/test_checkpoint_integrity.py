@@ -11,20 +11,22 @@ import pytest
 from helpers.training.run_outputs import newest_record, read_metadata
 from helpers.training.small_run import train_arguments
 from helpers.training.training_process import is_checkpoint, is_step, kill_process_tree, resumed_event
+from helpers.training.warm_training import WarmStarts
 
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import committed_checkpoints
 from training.checkpoint.stores import CONNECTION_STRING_VARIABLE
 from training.engine.preemption import PREEMPTED_EXIT_CODE
-from training.engine.supervise import TrainingProcess
 
 
 @pytest.fixture(scope="module")
-def killed_run(prepared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def killed_run(
+    prepared_data: Path, tmp_path_factory: pytest.TempPathFactory, warm_starts: WarmStarts
+) -> Path:
     """The checkpoints of a single-process run SIGKILLed after its checkpoint at step 20 (read-only: each
     test damages its own copy). Whether the damage is noticed does not depend on the number of processes."""
     root = tmp_path_factory.mktemp("killed-run")
-    process = TrainingProcess(
+    process = warm_starts.training(
         [*train_arguments(prepared_data, root / "out", root / "checkpoints", nproc=1), "--no-mlflow"],
         stderr=(root / "stderr.log").open("w"),
     )

@@ -27,6 +27,7 @@ from azure.storage.blob import BlobLeaseClient, ContainerClient
 from helpers.training.run_outputs import read_metadata
 from helpers.training.small_run import NO_TRACKING, TOTAL_STEPS, train_arguments
 from helpers.training.training_process import is_checkpoint
+from helpers.training.warm_training import WarmStarts
 
 from core.errors import CheckpointError
 from core.storage.leases import LeaseRenewal
@@ -293,11 +294,13 @@ def test_a_bad_wait_is_refused_in_one_line_saying_what_to_set(tmp_path, value):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_single_process(prepared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def uninterrupted_single_process(
+    prepared_data: Path, tmp_path_factory: pytest.TempPathFactory, warm_starts: WarmStarts
+) -> dict:
     """The reference for one-process attempts: the small run, never interrupted. (One process adds up a
     global batch's gradients in another order than two, so its weights differ from `uninterrupted_run`'s.)"""
     root = tmp_path_factory.mktemp("uninterrupted-single")
-    process = TrainingProcess(
+    process = warm_starts.training(
         [*train_arguments(prepared_data, root / "out", root / "checkpoints", nproc=1), *NO_TRACKING],
         stderr=(root / "stderr.log").open("w"),
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers.training.image_harness import isolated_environ, prepared_image_folder, run_retrain
+from helpers.training.warm_training import WarmStarts
 from mlflow.tracking import MlflowClient
 
 from training.drift.check import DriftPolicy
@@ -38,19 +39,21 @@ class Folders:
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> Folders:
+def folders(tmp_path_factory: pytest.TempPathFactory, warm_starts: WarmStarts) -> Folders:
     root = tmp_path_factory.mktemp("image-drift")
     environ = isolated_environ(root / "home")
-    _, prepared = prepared_image_folder(root, per_class=60, seed=0, side=SIDE, size=SIZE, environ=environ)
+    _, prepared = prepared_image_folder(
+        warm_starts, root, per_class=60, seed=0, side=SIDE, size=SIZE, environ=environ
+    )
     write_sample_images(root / "alike", per_class=PER_CLASS_CURRENT, seed=1, side=SIDE)
     write_sample_images(root / "shifted", per_class=PER_CLASS_CURRENT, seed=2, side=SIDE, shift=1.0)
     return Folders(root, prepared, root / "alike", root / "shifted", environ)
 
 
-def check(folders: Folders, current: Path, out: Path) -> tuple[int, str, dict]:
+def check(starts: WarmStarts, folders: Folders, current: Path, out: Path) -> tuple[int, str, dict]:
     """`retrain drift` of `current` against the prepared version: exit code, last line, drift.json."""
     result = run_retrain(
-        "drift", "--model-name", "shapes", "--task", "image", "--task-option", f"size={SIZE}",
+        starts, "drift", "--model-name", "shapes", "--task", "image", "--task-option", f"size={SIZE}",
         "--reference", str(folders.prepared), "--current", str(current), "--out", str(out),
         "--mlflow-tracking-uri", folders.tracking_uri, environ=folders.environ,
     )  # fmt: skip
@@ -60,10 +63,10 @@ def check(folders: Folders, current: Path, out: Path) -> tuple[int, str, dict]:
     return result.returncode, last_line, json.loads((out / "drift.json").read_text())
 
 
-def test_a_shifted_batch_alerts_and_one_drawn_like_the_training_data_stays_quiet(folders):
+def test_a_shifted_batch_alerts_and_one_drawn_like_the_training_data_stays_quiet(folders, warm_starts):
     quiet_out, alert_out = folders.root / "quiet", folders.root / "alert"
-    _, quiet_line, quiet = check(folders, folders.alike, quiet_out)
-    _, alert_line, alert = check(folders, folders.shifted, alert_out)
+    _, quiet_line, quiet = check(warm_starts, folders, folders.alike, quiet_out)
+    _, alert_line, alert = check(warm_starts, folders, folders.shifted, alert_out)
 
     # The last line: the verdict, the evidence and where the report is; an alert says it was not published.
     assert quiet_line.startswith("drift shapes: no alert: 0 of 7 features drifted (alert at 1); max PSI ")

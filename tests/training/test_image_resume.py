@@ -9,7 +9,6 @@ goes on with the very next batch; and metadata.json counts the attempts as they 
 
 from __future__ import annotations
 
-import fcntl
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from helpers.training.image_harness import isolated_environ, prepared_image_folder
 from helpers.training.run_outputs import newest_record, read_metadata
 from helpers.training.training_process import kill_process_tree, resumed_event
+from helpers.training.warm_training import WarmStarts
 
 from training.checkpoint.records import REASON_INTERVAL, CheckpointRecord
 from training.engine.supervise import Event, TrainingProcess
@@ -52,10 +52,11 @@ SMALL_CNN = [
 
 
 @pytest.fixture(scope="module")
-def image_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def image_data(tmp_path_factory: pytest.TempPathFactory, warm_starts: WarmStarts) -> Path:
     root = tmp_path_factory.mktemp("image-data")
+    environ = isolated_environ(root / "home")
     _, prepared = prepared_image_folder(
-        root, per_class=PER_CLASS, seed=0, side=SIZE, size=SIZE, environ=isolated_environ(root / "home")
+        warm_starts, root, per_class=PER_CLASS, seed=0, side=SIZE, size=SIZE, environ=environ
     )
     # The step arithmetic above is planned around this split.
     assert len(read_split(prepared, read_manifest(prepared), "train").keys) == TRAIN_IMAGES
@@ -65,8 +66,8 @@ def image_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Runs:
     """`retrain train` attempts on one checkpoint folder and one --out; leftovers die with the test."""
 
-    def __init__(self, data: Path, root: Path) -> None:
-        self.data, self.root = data, root
+    def __init__(self, data: Path, root: Path, starts: WarmStarts) -> None:
+        self.data, self.root, self.starts = data, root, starts
         self.out, self.checkpoints = root / "out", root / "checkpoints"
         self.started: list[TrainingProcess] = []
         self.logs: list[Path] = []
@@ -75,11 +76,12 @@ class Runs:
         self.logs.append(self.root / f"attempt-{len(self.logs) + 1}.log")
         locations = ["--data", str(self.data), "--out", str(self.out), "--checkpoints", str(self.checkpoints)]
         with self.logs[-1].open("w") as log:  # the child writes to its own copy of the descriptor
-            process = TrainingProcess(
-                ["--nproc", "2", *locations, *SMALL_CNN], env=isolated_environ(self.root / "home"), stderr=log
+            process = self.starts.training(
+                ["--nproc", "2", *locations, *SMALL_CNN],
+                env=isolated_environ(self.root / "home"),
+                stderr=log,
+                pipe_bytes=PIPE_BYTES,
             )
-        assert process.process.stdout is not None
-        fcntl.fcntl(process.process.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self.started.append(process)
         return process
 
@@ -90,20 +92,21 @@ class Runs:
         for process in self.started:
             if process.process.poll() is None:
                 kill_process_tree(process)
-            if process.process.stdout is not None:
-                process.process.stdout.close()
+            process.stdout.close()
 
 
 @pytest.fixture
-def runs(image_data: Path, tmp_path: Path) -> Iterator[Runs]:
-    runs = Runs(image_data, tmp_path)
+def runs(image_data: Path, tmp_path: Path, warm_starts: WarmStarts) -> Iterator[Runs]:
+    runs = Runs(image_data, tmp_path, warm_starts)
     yield runs
     runs.stop_leftovers()
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(image_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    runs = Runs(image_data, tmp_path_factory.mktemp("uninterrupted"))
+def uninterrupted(
+    image_data: Path, tmp_path_factory: pytest.TempPathFactory, warm_starts: WarmStarts
+) -> dict:
+    runs = Runs(image_data, tmp_path_factory.mktemp("uninterrupted"), warm_starts)
     try:
         assert runs.start().finish() == 0, runs.log_tail()
     finally:

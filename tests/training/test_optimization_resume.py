@@ -24,9 +24,9 @@ WEIGHT_TOLERANCE = 1e-5
 
 
 def test_a_task_s_sgd_on_a_step_schedule_trains_with_it_and_resumes_after_sigkill_exactly(
-    prepared_data, start_training, folders, tmp_path
+    prepared_data, start_training, folders, tmp_path, warm_starts
 ):
-    uninterrupted = train_to_end(prepared_data, tmp_path / "uninterrupted", SGD_TASK)
+    uninterrupted = train_to_end(warm_starts, prepared_data, tmp_path / "uninterrupted", SGD_TASK)
     reference = read_metadata(tmp_path / "uninterrupted" / "out")
 
     durable = kill_mid_interval(start_training(extra=SGD_TASK), folders.checkpoints)
@@ -54,10 +54,10 @@ def test_a_task_s_sgd_on_a_step_schedule_trains_with_it_and_resumes_after_sigkil
 
 
 def test_accumulating_4_micro_batches_on_2_processes_matches_the_whole_global_batch_and_resumes_exactly(
-    prepared_data, start_training, folders, tmp_path
+    prepared_data, start_training, folders, tmp_path, warm_starts
 ):
-    train_to_end(prepared_data, tmp_path / "whole", NO_DROPOUT)
-    train_to_end(prepared_data, tmp_path / "accumulated", ACCUMULATE_4)
+    train_to_end(warm_starts, prepared_data, tmp_path / "whole", NO_DROPOUT)
+    train_to_end(warm_starts, prepared_data, tmp_path / "accumulated", ACCUMULATE_4)
     whole = read_model_payload(tmp_path / "whole" / "out")["state_dict"]
     accumulated = read_model_payload(tmp_path / "accumulated" / "out")["state_dict"]
     for name, weights in whole.items():

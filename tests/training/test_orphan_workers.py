@@ -67,10 +67,12 @@ def records(checkpoints: str) -> dict[str, CheckpointRecord]:
     }
 
 
-def train_until_durable(start_training, after: int = 0) -> tuple[TrainingProcess, psutil.Process, list[int]]:
+def train_until_durable(
+    start_fresh_training, after: int = 0
+) -> tuple[TrainingProcess, psutil.Process, list[int]]:
     """A 2-process run past a checkpoint it made after step `after`, with exit watchers on torchrun and
     the workers."""
-    process = start_training()
+    process = start_fresh_training()
     made = process.wait_for(lambda event: event["event"] == "checkpoint" and event["step"] > after)
     process.wait_for(is_step(made["step"] + 3))  # mid-interval
     agent, workers = run_members(process)
@@ -78,14 +80,14 @@ def train_until_durable(start_training, after: int = 0) -> tuple[TrainingProcess
 
 
 def test_killing_the_launchers_group_then_the_launcher_alone_leaves_no_worker_and_loses_nothing(
-    uninterrupted_run, start_training, folders
+    uninterrupted_run, start_fresh_training, folders
 ):
     killed_launches, durable = [], 0
     for kill in (
         lambda pid: os.killpg(pid, signal.SIGKILL),  # launcher and torchrun; workers: own sessions
         lambda pid: os.kill(pid, signal.SIGKILL),  # `retrain train` alone: torchrun is its child
     ):
-        process, _, watchers = train_until_durable(start_training, after=durable)
+        process, _, watchers = train_until_durable(start_fresh_training, after=durable)
         kill(process.pid)
         process.process.wait()
         assert still_running_after(watchers, GONE_WITHIN_SECONDS) == 0
@@ -97,7 +99,7 @@ def test_killing_the_launchers_group_then_the_launcher_alone_leaves_no_worker_an
         durable = newest.step
         left = records(folders.checkpoints)
 
-    restart = start_training()
+    restart = start_fresh_training()
     assert restart.finish() == 0
     assert resumed_event(restart)["checkpoint"] == newest.name
     metadata = read_metadata(folders.out)
@@ -110,8 +112,8 @@ def test_killing_the_launchers_group_then_the_launcher_alone_leaves_no_worker_an
         assert name in left or record.launch_id == attempts[-1]["launch_id"]
 
 
-def test_killing_torchrun_alone_brings_its_workers_back_to_the_launcher(start_training, folders):
-    process, agent, watchers = train_until_durable(start_training)
+def test_killing_torchrun_alone_brings_its_workers_back_to_the_launcher(start_fresh_training, folders):
+    process, agent, watchers = train_until_durable(start_fresh_training)
 
     agent.kill()  # as the OOM killer would: the launcher lives on, the workers lose their parent
     assert process.finish() == PREEMPTED_EXIT_CODE  # the workers saved at the agreed step, then it ended

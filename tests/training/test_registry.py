@@ -21,6 +21,7 @@ import pytest
 import yaml
 from helpers.training.model_server import free_port, invoke, mlflow_models_serve, retrain_serve
 from helpers.training.registry_harness import MODELS, Harness, build_harness, evaluation_document
+from helpers.training.warm_training import WarmStarts
 from mlflow.exceptions import MlflowException
 
 from training.gate import lineage as tags
@@ -304,26 +305,28 @@ def test_a_candidate_is_refused_when_a_better_champion_appeared_after_its_evalua
     assert harness.registry.aliases("interleaved") == {CHAMPION: "2", PREVIOUS: "1"}
 
 
-def test_two_registrations_racing_for_the_alias_leave_the_better_model_as_champion(harness: Harness):
+def test_two_registrations_racing_for_the_alias_leave_the_better_model_as_champion(
+    harness: Harness, warm_starts: WarmStarts
+):
     evaluations = {model: harness.evaluate(model, "race") for model in ("mid", "strong")}
     outs = {model: harness.folder("registration") for model in evaluations}
-    logs = {model: (harness.root / f"race-{model}.log").open("w") for model in evaluations}
-    processes = {
-        model: subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "training.cli",
-                *harness.register_argv(model, evaluation, "race", outs[model]),
-            ],
-            stdout=logs[model],
-            stderr=subprocess.STDOUT,
-        )
+    logs = {model: harness.root / f"race-{model}.log" for model in evaluations}
+    commands = {
+        model: [
+            sys.executable,
+            "-m",
+            "training.cli",
+            *harness.register_argv(model, evaluation, "race", outs[model]),
+        ]
         for model, evaluation in evaluations.items()
     }
+    # Two processes at once, each forked warm.
+    processes = {
+        model: warm_starts.start(command, dict(os.environ), logs[model])
+        for model, command in commands.items()
+    }
     for model, process in processes.items():
-        assert process.wait(timeout=240) == 0, (harness.root / f"race-{model}.log").read_text()[-3000:]
-        logs[model].close()
+        assert process.wait(timeout=240) == 0, logs[model].read_text()[-3000:]
 
     records = {model: json.loads((out / REGISTRATION_FILE).read_text()) for model, out in outs.items()}
     assert harness.champion_weights("race") == harness.weights("strong")

@@ -104,8 +104,13 @@ def test_a_signal_to_a_warm_step_reaches_its_process_group(warm, environ, tmp_pa
             assert not _ended(descriptor), (tmp_path / "log.txt").read_text()
     finally:
         os.close(descriptor)
+    # Waiting on it as on a Popen: it is paused until the signal, so it has surely not ended yet.
+    assert process.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(timeout=0.1)
     process.send_signal(signal.SIGTERM)
     assert process.wait() == -signal.SIGTERM
+    assert process.poll() == process.wait() == -signal.SIGTERM  # its end, reported once, is kept
 
 
 def _ended(pidfd: int) -> bool:

@@ -14,13 +14,33 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 Event = dict[str, Any]
 
 
 class TrainingEnded(RuntimeError):
     """The process ended before the awaited event."""
+
+
+class StartedProcess(Protocol):
+    """What a supervisor needs of the started command: `subprocess.Popen`'s pid, poll, wait and signals."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, signum: int) -> None: ...
+
+
+# How the command is started when not as a fresh process: (argv, env, stderr, cwd) to the process and the
+# text stream of its stdout. The process leads a session of its own, as the fresh one does.
+StartCommand = Callable[
+    [list[str], dict[str, str], IO[str] | None, Path | None], tuple[StartedProcess, IO[str]]
+]
 
 
 class TrainingProcess:
@@ -30,18 +50,26 @@ class TrainingProcess:
         env: Mapping[str, str] | None = None,
         stderr: IO[str] | None = None,
         cwd: Path | None = None,
+        start: StartCommand | None = None,
     ) -> None:
         command = [sys.executable, "-m", "training.cli", "train", *train_args, "--progress", "jsonl"]
+        environ = dict(env if env is not None else os.environ)
         self.events_seen: list[Event] = []
-        self.process = subprocess.Popen(
+        self.process: StartedProcess
+        if start is not None:
+            self.process, self.stdout = start(command, environ, stderr, cwd)
+            return
+        fresh = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
-            env=dict(env if env is not None else os.environ),
+            env=environ,
             cwd=cwd,
             start_new_session=True,  # a signal meant for the training never reaches its supervisor
         )
+        assert fresh.stdout is not None  # a pipe was asked for
+        self.process, self.stdout = fresh, fresh.stdout
 
     @property
     def pid(self) -> int:
@@ -49,10 +77,7 @@ class TrainingProcess:
 
     def events(self) -> Iterator[Event]:
         """Events as they arrive, until the process closes its stdout."""
-        stdout = self.process.stdout
-        if stdout is None:
-            raise RuntimeError("the training process was started without a stdout pipe")
-        for line in stdout:
+        for line in self.stdout:
             if line.startswith("{"):
                 event = json.loads(line)
                 self.events_seen.append(event)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers.training.warm_training import WarmStarts
 from training.tasks.image.sample_data import write_sample_images
 
 # Set in the developer's shell, these would send a test's runs, or its drift events, somewhere else.
@@ -20,20 +21,26 @@ def isolated_environ(home: Path) -> dict[str, str]:
     return {**environ, "RETRAIN_HOME": str(home)}
 
 
-def run_retrain(*argv: str, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`retrain ARGV...` in a fresh interpreter; its exit code, stdout and stderr."""
-    command = [sys.executable, "-m", "training.cli", *argv]
-    return subprocess.run(command, env=environ, capture_output=True, text=True, check=False)
+def run_retrain(starts: WarmStarts, *argv: str, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`retrain ARGV...` in its own process (forked warm); its exit code, stdout and stderr."""
+    return starts.run([sys.executable, "-m", "training.cli", *argv], environ)
 
 
 def prepared_image_folder(
-    root: Path, *, per_class: int, seed: int, side: int, size: int, environ: dict[str, str]
+    starts: WarmStarts,
+    root: Path,
+    *,
+    per_class: int,
+    seed: int,
+    side: int,
+    size: int,
+    environ: dict[str, str],
 ) -> tuple[Path, Path]:
     """Sample PNGs in `root/raw/<class>/`, and `retrain prepare --task image` of them into `root/prepared`."""
     raw, prepared = root / "raw", root / "prepared"
     write_sample_images(raw, per_class=per_class, seed=seed, side=side)
     result = run_retrain(
-        "prepare", "--task", "image", "--task-option", f"size={size}", "--raw", str(raw), "--out",
+        starts, "prepare", "--task", "image", "--task-option", f"size={size}", "--raw", str(raw), "--out",
         str(prepared), environ=environ,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

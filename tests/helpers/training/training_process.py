@@ -10,6 +10,7 @@ import psutil
 
 from helpers.training.run_outputs import newest_record
 from helpers.training.small_run import NO_TRACKING, train_arguments
+from helpers.training.warm_training import WarmStarts
 from training.engine.supervise import TrainingProcess
 
 
@@ -32,16 +33,18 @@ def kill_process_tree(process: TrainingProcess) -> None:
     for member in everyone:
         member.send_signal(signal.SIGKILL)
     psutil.wait_procs(everyone)
-    process.process.wait()
+    process.process.wait()  # a warm one's end is its starter's to report
 
 
-def train_to_end(data: Path, root: Path, extra: Sequence[str] = (), nproc: int = 2) -> TrainingProcess:
+def train_to_end(
+    starts: WarmStarts, data: Path, root: Path, extra: Sequence[str] = (), nproc: int = 2
+) -> TrainingProcess:
     """The small run with `extra` options, uninterrupted, into `root`/out (its checkpoints in
-    `root`/checkpoints); finished with code 0, or its stderr shown."""
+    `root`/checkpoints), forked by `starts`; finished with code 0, or its stderr shown."""
     arguments = train_arguments(data, root / "out", root / "checkpoints", nproc)
     root.mkdir(parents=True, exist_ok=True)
     with (root / "stderr.log").open("w") as log:
-        process = TrainingProcess([*arguments, *NO_TRACKING, *extra], stderr=log)
+        process = starts.training([*arguments, *NO_TRACKING, *extra], stderr=log)
         code = process.finish()
     assert code == 0, (root / "stderr.log").read_text()[-3000:]
     return process
