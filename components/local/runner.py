@@ -56,6 +56,7 @@ from components.local.options import RunnerOptions
 from components.local.plan import durable_outputs, durable_path, pipeline_values
 from components.local.runs import RunRecord, RunStore, StepRecord, new_run_id
 from components.local.staging import sweep_staging
+from components.local.starter_pool import IDLE_STARTERS
 from components.local.warm import WarmLauncher
 from components.preflight import Preflight, SubprocessPreflight
 from components.request import RunRequest
@@ -91,7 +92,8 @@ class LocalRunner:
         if launcher is None:
             launcher = SubprocessLauncher()
             if options.warm_start:
-                launcher = WarmLauncher(options.python, fallback=launcher)
+                # Its starter, idle between runs, is kept for this process's next run (starter_pool.py).
+                launcher = WarmLauncher(options.python, fallback=launcher, pool=IDLE_STARTERS)
         self._launcher = launcher
         self._kept_warm = False  # within `warm()`: the starter outlives each run
         self.clock = clock or SystemClock()

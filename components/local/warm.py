@@ -1,4 +1,4 @@
-"""Start steps warm: forked by one starter per run that has already imported torch and MLflow.
+"""Start steps warm: forked by a starter that has already imported torch and MLflow.
 
 The starter (training/warm/server.py, named here by module: components never imports training) is
 started on the run's first step, or before, when the runner knows the steps' folder and environment
@@ -11,7 +11,9 @@ failed, starts as a fresh process (SubprocessLauncher), which is what a warm sta
 indistinguishable from. A step started either way is its own process in its own session, with its own pid
 and log: the runner's signals, restarts and reports are the same for both.
 
-The starter leaves when the runner closes it (the run ended) or dies (its stdin closes).
+The starter leaves when the runner closes it (the run ended) or dies (its stdin closes); given a pool
+(starter_pool.py), the launcher hands it back there, idle, for the process's next run instead. A starter
+whose imported code has changed refuses to fork, and is replaced.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.local.launch import ProcessLauncher, StepProcess, SubprocessLauncher
+
+if TYPE_CHECKING:
+    from components.local.starter_pool import StarterPool
 
 log = logging.getLogger(__name__)
 
@@ -123,25 +128,37 @@ class WarmLauncher:
     """A ProcessLauncher that forks `python -m` steps from a starter, and starts anything else fresh."""
 
     def __init__(
-        self, python: str, fallback: ProcessLauncher | None = None, starter: StarterProcess | None = None
+        self,
+        python: str,
+        fallback: ProcessLauncher | None = None,
+        starter: StarterProcess | None = None,
+        pool: StarterPool | None = None,
     ) -> None:
-        """`starter`: one started ahead (StarterProcess.start), now this launcher's to use and close."""
+        """`starter`: one started ahead (StarterProcess.start), now this launcher's to use and close.
+        `pool`: where this process keeps idle starters between runs; the launcher takes its starter from
+        there if one serves, and hands it back when it closes instead of ending it."""
         self._python = python
         self._fallback = fallback or SubprocessLauncher()
         self._starter = starter
+        self._pool = pool
         self._failed = False
         self._next_id = 0
+        self._running: set[int] = set()  # steps forked by the starter whose end it has not reported yet
         self._ended: dict[int, int] = {}
         self._pending = b""  # the starter's output read but not yet split into messages
 
     def warm_up(self, cwd: Path, env: Mapping[str, str]) -> None:
-        """Start the starter now, for steps run in `cwd` with `env`'s interpreter settings."""
+        """Have a starter now, for steps run in `cwd` with `env`'s interpreter settings."""
         if self._failed:
             return
         if self._starter is not None:
-            if self._next_id or self._starter.serves(cwd, env):
+            if self._running or self._starter.serves(cwd, env):
                 return
-            self.close()  # one started ahead for another folder or interpreter, and not used yet
+            self.close()  # one for another folder or interpreter, with no step of its own running
+        kept = self._pool.take(self._python, cwd, env) if self._pool is not None else None
+        if kept is not None:
+            self._starter = kept
+            return
         try:
             self._starter = StarterProcess.start(self._python, cwd, env)
         except OSError as error:
@@ -185,19 +202,27 @@ class WarmLauncher:
         module = self._module_command(argv)
         if module is None or self._failed:
             return None
-        self.warm_up(cwd, env)
-        if self._starter is None or not self._starter.serves(cwd, env):
-            return None
-        self._next_id += 1
-        request = {"id": self._next_id, "module": module[0], "args": module[1], "cwd": str(cwd),
-                   "env": dict(env), "stdout": str(stdout), "stderr": str(stderr)}  # fmt: skip
-        answer = self._ask(request)
-        if answer is None or "pid" not in answer:
-            self._give_up(
-                f"it did not start {module[0]}: {answer.get('error') if answer else 'it has ended'}"
-            )
-            return None
-        return _WarmProcess(int(answer["pid"]), self)
+        for _ in range(2):  # a starter whose code changed is replaced once
+            self.warm_up(cwd, env)
+            if self._starter is None or not self._starter.serves(cwd, env):
+                return None
+            self._next_id += 1
+            request = {"id": self._next_id, "module": module[0], "args": module[1], "cwd": str(cwd),
+                       "env": dict(env), "stdout": str(stdout), "stderr": str(stderr)}  # fmt: skip
+            answer = self._ask(request)
+            if answer is not None and "pid" in answer:
+                self._running.add(int(answer["pid"]))
+                return _WarmProcess(int(answer["pid"]), self)
+            if answer is None or not answer.get("stale"):
+                self._give_up(
+                    f"it did not start {module[0]}: {answer.get('error') if answer else 'it has ended'}"
+                )
+                return None
+            log.info("warm start: %s; a new starter imports it afresh", answer.get("error"))
+            if self._running:  # its other steps still run, and end with it: this one starts fresh
+                return None
+            self._end_starter()
+        return None
 
     def exit_code(self, pid: int, timeout: float | None = None) -> int | None:
         """Wait for the starter to report `pid`'s end; None if `timeout` seconds pass first."""
@@ -214,12 +239,27 @@ class WarmLauncher:
         return self._ended.pop(pid)
 
     def close(self) -> None:
-        """End the starter: the run is over, and every step it started has ended."""
-        starter, self._starter = self._starter, None
-        self._ended.clear()
-        self._next_id, self._pending = 0, b""
+        """The run is over, and every step it started has ended: hand the starter back to the pool, if
+        there is one and the starter is idle and well, else end it."""
+        starter, pending = self._starter, self._pending
+        idle = not self._running and not pending and not self._failed
+        if starter is not None and self._pool is not None and idle and starter.process.poll() is None:
+            self._forget_starter()
+            self._pool.give_back(self._python, starter)
+            return
+        self._end_starter()
+
+    def _end_starter(self) -> None:
+        starter = self._starter
+        self._forget_starter()
         if starter is not None:
             starter.close()
+
+    def _forget_starter(self) -> None:
+        self._starter = None
+        self._running.clear()
+        self._ended.clear()
+        self._next_id, self._pending = 0, b""
 
     def _module_command(self, argv: Sequence[str]) -> tuple[str, list[str]] | None:
         if len(argv) < 3 or argv[0] != self._python or argv[1] != "-m" or argv[2].startswith("-"):
@@ -259,6 +299,7 @@ class WarmLauncher:
         message = json.loads(line)
         if "exit" in message:
             self._ended[int(message["pid"])] = int(message["exit"])
+            self._running.discard(int(message["pid"]))
         return message
 
     def _give_up(self, why: str) -> None:

@@ -153,12 +153,16 @@ def test_changing_the_code_reruns_every_step_and_an_identical_copy_reuses_them(
     identical = runner.run(request)
     assert reused(identical) == {"prep": True, "train": True, "evaluate": True, "register": True}
 
+    # The edit also notes each process that imports the edited module: the steps must run the code as it is
+    # now, not as a warm starter kept from the last run imported it (it would have no note to write).
+    imported = tmp_path / "imported-edited-cli"
     with (code_root / "training" / "cli.py").open("a") as source:
-        source.write("# a harmless comment\n")
+        source.write(f"\nwith open({str(imported)!r}, 'a') as _noted:\n    _noted.write('imported\\n')\n")
     edited = runner.run(request)
     assert reused(edited) == {"prep": False, "train": False, "evaluate": False, "register": False}
     assert edited.status == COMPLETED
     assert all(step.command and step.log for step in edited.steps)
+    assert imported.exists()
 
 
 def test_new_data_reruns_every_step_and_a_degraded_data_set_is_refused_by_the_gate(

@@ -20,6 +20,7 @@ from helpers.components.terminal_runs import SMALL_RUN, run_id_once_train_runs, 
 
 from components.local import LocalRunner, RunnerOptions
 from components.local.runs import STEP_PID_FILE
+from components.local.starter_pool import IDLE_STARTERS
 from components.local.warm import WarmLauncher
 from components.request import COMPLETED
 from components.specs import REPO_ROOT
@@ -38,6 +39,15 @@ def _trained(state: Path, raw: Path, warm: bool) -> tuple[dict, dict]:
     return metadata, registration
 
 
+def _kept_starter() -> int | None:
+    """The pid of the starter this process keeps idle between runs, if any."""
+    kept = IDLE_STARTERS.take(sys.executable, REPO_ROOT, os.environ)
+    if kept is None:
+        return None
+    IDLE_STARTERS.give_back(sys.executable, kept)
+    return kept.process.pid
+
+
 def test_a_warm_run_trains_the_weights_a_cold_run_does_and_the_gate_decides_alike(sample_raw, tmp_path):
     cold, cold_registration = _trained(tmp_path / "cold", sample_raw, warm=False)
     warm, warm_registration = _trained(tmp_path / "warm", sample_raw, warm=True)
@@ -46,6 +56,14 @@ def test_a_warm_run_trains_the_weights_a_cold_run_does_and_the_gate_decides_alik
     assert warm["final_metrics"] == cold["final_metrics"]
     assert warm_registration["decision"] == cold_registration["decision"]
     assert warm_registration["metrics"] == cold_registration["metrics"]
+
+    # The next run in this process forks its steps from the same starter, kept idle in between, and
+    # trains the same weights again.
+    kept = _kept_starter()
+    assert kept is not None and psutil.Process(kept).ppid() == os.getpid()
+    again, _ = _trained(tmp_path / "again", sample_raw, warm=True)
+    assert again["weights_sha256"] == cold["weights_sha256"]
+    assert _kept_starter() == kept
 
 
 def test_a_runner_killed_alone_mid_training_leaves_no_process_of_its_run(sample_raw, tmp_path):

@@ -207,6 +207,41 @@ def test_a_step_that_ends_while_the_starter_imports_is_reported_before_the_impor
             os.close(descriptor)
 
 
+def test_a_starter_forks_no_step_from_code_changed_since_it_imported_it(environ, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    module = code / "stale_probe.py"
+    module.write_text("import sys\n\nif __name__ == '__main__':\n    sys.exit(4)\n")
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER_WITH_MODULES, "stale_probe"],
+        cwd=code, env=environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    log = str(tmp_path / "log.txt")
+
+    def ask(request_id: int) -> dict:
+        request = {"id": request_id, "module": "stale_probe", "args": [], "cwd": str(code), "env": environ,
+                   "stdout": log, "stderr": log}  # fmt: skip
+        assert starter.stdin is not None
+        starter.stdin.write(json.dumps(request).encode() + b"\n")
+        starter.stdin.flush()
+        return _message(starter)
+
+    try:
+        assert "ready" in _message(starter)
+        started = ask(1)
+        assert _message(starter) == {"pid": started["pid"], "exit": 4}  # as imported: it ran
+        with module.open("a") as source:
+            source.write("# edited after the starter imported it\n")
+        assert ask(2) == {
+            "id": 2,
+            "error": "stale_probe.py has changed since the starter imported it",
+            "stale": True,
+        }
+    finally:
+        starter.kill()
+        starter.wait()
+
+
 def _message(starter: subprocess.Popen[bytes]) -> dict:
     """The starter's next message; a failure, not a hang, if it never comes."""
     assert starter.stdout is not None

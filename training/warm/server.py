@@ -8,7 +8,8 @@ problem, a module it could not preload.
     → {"id": 1, "module": "training.cli", "args": [...], "cwd": "...", "env": {...},
        "stdout": "FILE", "stderr": "FILE"}      (appended to; the same file for both is one log)
     ← {"ready": PID}                        once, as it starts serving
-    ← {"id": 1, "pid": 4242}                the step's process is running (or {"id": 1, "error": "..."})
+    ← {"id": 1, "pid": 4242}                the step's process is running (or {"id": 1, "error": "..."};
+                                            with "stale": true when the code it imported has changed)
     ← {"pid": 4242, "exit": 0}              it ended, with the code `subprocess.Popen.returncode` gives
 
 Each step is a child of this process (training/warm/forked.py), in a session of its own, its output
@@ -26,9 +27,11 @@ import selectors
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from training.warm.forked import ForkedProcess
+from training.warm.loaded_sources import LoadedSources
 from training.warm.preload import FILLED_CACHES, TRACKING, TRAINING, load
 
 # What the steps import before they do anything, in the order they need it: what the preflight and
@@ -78,6 +81,8 @@ class Starter:
         self._pending = b""
         self._importing = False  # only then does SIGCHLD report ended steps itself (_child_ended)
         self._reaping = self._reap_again = False
+        self._sources = LoadedSources(Path.cwd())  # the steps' folder: the starter runs in it
+        self._sources.note()
         self._wakeup_read, self._wakeup_write = os.pipe()
         os.set_blocking(self._wakeup_read, False)
         os.set_blocking(self._wakeup_write, False)
@@ -115,6 +120,7 @@ class Starter:
             load(name)
         finally:
             self._importing = False
+        self._sources.note()
         if self._to_load:
             return
         threads = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
@@ -143,6 +149,11 @@ class Starter:
         self._waiting = still
 
     def _start(self, request: dict[str, Any]) -> None:
+        changed = self._sources.changed()
+        if changed is not None:  # a child would run the code as it was, not as it is
+            error = f"{changed} has changed since the starter imported it"
+            self._send({"id": request.get("id"), "error": error, "stale": True})
+            return
         try:
             with contextlib.ExitStack() as files:
                 nothing = files.enter_context(open(os.devnull, "rb"))
