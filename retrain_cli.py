@@ -24,7 +24,7 @@ from core.secrets import mask_logged_secrets, mask_secrets
 from training.local_state import state_root
 
 if TYPE_CHECKING:
-    from components.local.warm import StarterProcess
+    from components.local.starter import StarterProcess
 
 # The rooms' commands are imported in build_parser, after `retrain run` has started its warm starter.
 RUN_COMMAND = "run"
@@ -58,7 +58,7 @@ def warm_start_ahead(argv: Sequence[str], environ: Mapping[str, str]) -> Iterato
     starter = None
     if command == RUN_COMMAND:
         from components.local.options import warm_start_setting
-        from components.local.warm import StarterProcess
+        from components.local.starter import StarterProcess
         from components.specs import REPO_ROOT  # the default pipeline's steps' code folder
 
         with contextlib.suppress(RetrainError, OSError):

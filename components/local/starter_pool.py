@@ -20,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from components.local.warm import StarterProcess
+from components.local.starter import StarterProcess
 
 KEEP = 1  # runs in one process come one after another; two at once is rare and each may start its own
 

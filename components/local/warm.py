@@ -1,13 +1,12 @@
 """Start steps warm: forked by a starter that has already imported torch and MLflow.
 
-The starter (training/warm/server.py, named here by module: components never imports training) is
-started on the run's first step, or before, when the runner knows the steps' folder and environment
-(`warm_up`), so that its imports overlap the runner's own work; `retrain run` starts it earlier still,
-before its own imports (StarterProcess.start, handed to the launcher), since the run's steps wait on
-little else than the starter's imports. A step whose command is
-`python -m MODULE ...` with this interpreter, in the starter's folder and with the same interpreter
-settings (the PYTHON* variables), is then forked by it; anything else, or every step once the starter has
-failed, starts as a fresh process (SubprocessLauncher), which is what a warm start must be
+The starter (training/warm/server.py, run by starter.py) is started on the run's first step, or before,
+when the runner knows the steps' folder and environment (`warm_up`), so that its imports overlap the
+runner's own work; `retrain run` starts it earlier still, before its own imports (StarterProcess.start,
+handed to the launcher), since the run's steps wait on little else than the starter's imports. A step
+whose command is `python -m MODULE ...` with this interpreter, in the starter's folder and with the same
+interpreter settings (the PYTHON* variables), is then forked by it; anything else, or every step once the
+starter has failed, starts as a fresh process (SubprocessLauncher), which is what a warm start must be
 indistinguishable from. A step started either way is its own process in its own session, with its own pid
 and log: the runner's signals, restarts and reports are the same for both.
 
@@ -18,7 +17,6 @@ whose imported code has changed refuses to fork, and is replaced.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -29,63 +27,19 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from components.local.launch import ProcessLauncher, StepProcess, SubprocessLauncher
-
-if TYPE_CHECKING:
-    from components.local.starter_pool import StarterPool
+from components.local.starter import StarterProcess
+from components.local.starter_pool import StarterPool
 
 log = logging.getLogger(__name__)
 
-STARTER_MODULE = "training.warm.server"
 _TIMED_OUT: dict[str, Any] = {}  # what `_receive` returns when its time ran out
 
 
 def _read(path: Path) -> str:
     return path.read_bytes().decode(errors="replace") if path.exists() else ""
-
-
-def _interpreter_settings(env: Mapping[str, str]) -> dict[str, str]:
-    """What decides how an interpreter starts and where it imports from: a step differing here is cold."""
-    return {name: value for name, value in env.items() if name.startswith("PYTHON")}
-
-
-class StarterProcess:
-    """A running starter, and the steps it can fork: those run in `cwd` with its interpreter settings."""
-
-    def __init__(self, process: subprocess.Popen[bytes], cwd: Path, env: Mapping[str, str]) -> None:
-        self.process = process
-        self.cwd = Path(cwd).resolve()
-        self.settings = _interpreter_settings(env)
-
-    @classmethod
-    def start(cls, python: str, cwd: Path, env: Mapping[str, str]) -> StarterProcess:
-        """Start one for steps run in `cwd` with `env`; OSError if it cannot be started."""
-        # Its stderr is the runner's: it speaks only of a problem (a module it could not preload).
-        process = subprocess.Popen(
-            [python, "-m", STARTER_MODULE],
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,  # a Ctrl-C is the runner's to forward, to the step alone
-        )
-        return cls(process, cwd, env)
-
-    def serves(self, cwd: Path, env: Mapping[str, str]) -> bool:
-        return Path(cwd).resolve() == self.cwd and _interpreter_settings(env) == self.settings
-
-    def close(self) -> None:
-        """Killed, not asked: it may still be importing (a run whose steps were all cached), and it holds
-        nothing to save. Closing it again does nothing."""
-        if self.process.returncode is None:
-            self.process.kill()
-        self.process.wait()
-        for stream in (self.process.stdin, self.process.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):  # a request still buffered for a starter that had died
-                    stream.close()
 
 
 class _WarmProcess:
