@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
 import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CLI_TIMEOUT_S = 120
 CLI = (sys.executable, "-m", "retrain_cli", "--verbose", "train", "--no-mlflow")
 ENDPOINT = "https://retraindata.blob.core.windows.net"
 
 
-def test_a_checkpoints_url_shows_no_secret_in_any_output(tmp_path, prepared_data):
+def test_a_checkpoints_url_shows_no_secret_in_any_output(tmp_path, prepared_data, warm_starts):
     pieces = [secrets.token_urlsafe(9) for _ in range(4)]
     secret = f"{pieces[0]}/{pieces[1]}+{pieces[2]}%2F{pieces[3]}="
     urls = {
@@ -24,20 +20,13 @@ def test_a_checkpoints_url_shows_no_secret_in_any_output(tmp_path, prepared_data
         "account key": f"{ENDPOINT}/checkpoints/run#AccountKey={secret}",
         "another scheme": f"abfss://user:{secret}@retraindata.dfs.core.windows.net/checkpoints",
     }
-    # Each run imports torch: the placements that take different paths (the blob URL parser, the trainer's
-    # SAS refusal, the store's unsupported scheme), not every one; tests/function_app/test_secrets.py
-    # covers every placement in the shared parser.
+    # Each run is a process of its own (forked warm): the placements that take different paths (the blob
+    # URL parser, the trainer's SAS refusal, the store's unsupported scheme), not every one;
+    # tests/function_app/test_secrets.py covers every placement in the shared parser.
     environ = {key: value for key, value in os.environ.items() if not key.startswith("RETRAIN_")}
     for where, url in urls.items():
-        result = subprocess.run(
-            [*CLI, "--data", str(prepared_data), "--out", str(tmp_path / "out"), "--checkpoints", url],
-            cwd=tmp_path,
-            env={**environ, "PYTHONPATH": str(REPO_ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=CLI_TIMEOUT_S,
-            check=False,
-        )
+        argv = [*CLI, "--data", str(prepared_data), "--out", str(tmp_path / "out"), "--checkpoints", url]
+        result = warm_starts.run(argv, environ)
         output = result.stdout + result.stderr
 
         assert result.returncode == 2, f"{where}: {output}"
