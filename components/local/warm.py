@@ -108,7 +108,7 @@ class WarmLauncher:
         if self._starter is not None:
             if self._running or self._starter.serves(cwd, env):
                 return
-            self.close()  # one for another folder or interpreter, with no step of its own running
+            self._release_starter()  # one for another folder or interpreter, with no step of its own running
         kept = self._pool.take(self._python, cwd, env) if self._pool is not None else None
         if kept is not None:
             self._starter = kept
@@ -195,6 +195,10 @@ class WarmLauncher:
     def close(self) -> None:
         """The run is over, and every step it started has ended: hand the starter back to the pool, if
         there is one and the starter is idle and well, else end it."""
+        self._ended.clear()  # none of the run's steps is waited on any more
+        self._release_starter()
+
+    def _release_starter(self) -> None:
         starter, pending = self._starter, self._pending
         idle = not self._running and not pending and not self._failed
         if starter is not None and self._pool is not None and idle and starter.process.poll() is None:
@@ -210,9 +214,10 @@ class WarmLauncher:
             starter.close()
 
     def _forget_starter(self) -> None:
+        """Drop what was the starter's. The ends it reported stay: a step of this run that ended before
+        its starter was replaced is still waited on."""
         self._starter = None
         self._running.clear()
-        self._ended.clear()
         self._next_id, self._pending = 0, b""
 
     def _module_command(self, argv: Sequence[str]) -> tuple[str, list[str]] | None:
