@@ -47,6 +47,8 @@ class Port:
     # An integer or number input's inclusive bounds (`min`, `max`), which Azure ML enforces too.
     minimum: float | None = None
     maximum: float | None = None
+    # A string input's allowed values (`enum`), which Azure ML enforces too.
+    choices: tuple[str, ...] | None = None
 
     @property
     def is_path(self) -> bool:
@@ -171,6 +173,7 @@ def _port(name: str, declared: Any, path: Path) -> Port:
         mode=declared.get("mode"),
         minimum=_bound(declared, "min", name, path),
         maximum=_bound(declared, "max", name, path),
+        choices=_choices(declared, name, path),
     )
 
 
@@ -187,6 +190,23 @@ def _bound(declared: Mapping[str, Any], key: str, name: str, path: Path) -> floa
             f"{path}: port '{name}' {key} {value!r}; expected a number, on an integer or number input"
         )
     return value
+
+
+def _choices(declared: Mapping[str, Any], name: str, path: Path) -> tuple[str, ...] | None:
+    values = declared.get("enum")
+    if values is None:
+        return None
+    if (
+        declared["type"] != "string"
+        or not isinstance(values, list)
+        or not values
+        or not all(isinstance(value, str) for value in values)
+    ):
+        raise SpecError(f"{path}: port '{name}' enum {values!r}; expected a list of texts, on a string input")
+    default = declared.get("default")
+    if default is not None and default not in values:
+        raise SpecError(f"{path}: port '{name}' defaults to {default!r}, which its enum {values} lacks")
+    return tuple(values)
 
 
 def _distribution(declared: Any) -> Distribution | None:

@@ -55,6 +55,12 @@ def _number(value: object) -> float:
     raise ValueError(value)
 
 
+def _text(value: object) -> str:
+    if isinstance(value, str):
+        return value.strip()
+    raise ValueError(value)
+
+
 def _off(value: object) -> bool:
     return value is None or (isinstance(value, str) and value.strip().lower() in OFF_WORDS)
 
@@ -100,6 +106,17 @@ def read_optional_number(value: object) -> float | None:
 # `--precision`: full float32, bfloat16 autocast (CPU and CUDA), float16 autocast with a gradient scaler
 # (CUDA only; the trainer refuses it on a CPU). Lightning's names, so users recognise them.
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+
+
+# `--strategy`: how the ranks share the model (training/engine/strategy.py): DDP replicates it, FSDP
+# shards it.
+STRATEGY_DDP = "ddp"
+STRATEGY_FSDP = "fsdp"
+STRATEGIES = (STRATEGY_DDP, STRATEGY_FSDP)
+
+# `--checkpoint-layout`: one file written by rank 0, or a shard written by every rank (FSDP's only layout);
+# auto is sharded under FSDP, single under DDP.
+CHECKPOINT_LAYOUTS = ("auto", "single", "sharded")
 
 
 def read_precision(value: object) -> str:
@@ -160,6 +177,7 @@ _RULES = (
         _at_least(1),
     ),
     Rule("precision", f"one of {', '.join(PRECISIONS)}", read_precision, lambda value: value in PRECISIONS),
+    Rule("strategy", f"one of {', '.join(STRATEGIES)}", _text, lambda value: value in STRATEGIES),
     Rule(
         "checkpoint_every_steps",
         "a whole number >= 1, or 'off'",
@@ -239,6 +257,29 @@ def validation_metric(name: str, metrics: MetricSet, task_name: str) -> Metric:
     return found
 
 
+def strategy_conflict(strategy: object, checkpoint_layout: object, precision: object) -> str | None:
+    """Why a strategy cannot train with this checkpoint layout or precision, in one line; None if it can."""
+    if strategy != STRATEGY_FSDP:
+        return None
+    if checkpoint_layout == "single":
+        return (
+            "checkpoint_layout single with strategy fsdp: no process holds the whole state; "
+            "use sharded or auto"
+        )
+    if precision in ("16-mixed", "16"):
+        return (
+            "precision 16-mixed with strategy fsdp: its gradient scaler would find overflows in each rank's "
+            "shard apart, and the ranks would skip different steps; use bf16-mixed or 32"
+        )
+    return None
+
+
 def check_train_parameters(parameters: Mapping[str, object]) -> None:
-    """Refuse, in one line naming it, the first parameter whose value the trainer would refuse."""
+    """Refuse, in one line naming it, the first parameter whose value the trainer would refuse, then a
+    combination it would refuse."""
     check_by_rules(parameters, TRAIN_RULES)
+    conflict = strategy_conflict(
+        parameters.get("strategy"), parameters.get("checkpoint_layout"), str(parameters.get("precision"))
+    )
+    if conflict is not None:
+        raise InputError(f"parameters: {conflict}")

@@ -39,6 +39,9 @@ TRAJECTORY_FIELDS = (
     "grad_clip_norm",
     "accumulate_grad_batches",
     "precision",
+    # DDP and FSDP reduce gradients in another order (an all-reduce, a reduce-scatter), and their
+    # checkpoints hold the state differently.
+    "strategy",
     "task",
     "task_options",
     # Validation decides where an early-stopped run ends and which step is its best; resumed under other

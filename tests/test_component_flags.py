@@ -106,6 +106,25 @@ def test_every_flag_a_component_passes_is_its_config_s_with_a_readable_input(nam
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_an_input_s_enum_is_its_flag_s_choices(name):
+    # Azure ML refuses a value outside an input's enum before the step starts, and the local rooms refuse
+    # by it too (components/local/plan.py): it must be what the command itself accepts, no more, no less.
+    prefix, config_class = CONFIGS[name]
+    spec = _spec(name)
+    fields = {flag_name(field): field for _, field in flag_fields(config_class)}
+    for flag, value, _ in _passed(spec["command"], prefix):
+        found = _INPUT.match(value)
+        if found is None or found.group(1) != "inputs":
+            continue
+        declared = spec["inputs"][found.group(2)]
+        if "enum" in declared:
+            choices = flag_of(fields[flag]).choices
+            assert choices is not None and declared["enum"] == list(choices), (
+                f"{name}: input {found.group(2)} has enum {declared['enum']}; {flag} takes {choices}"
+            )
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_every_required_field_is_passed_unconditionally(name):
     prefix, config_class = CONFIGS[name]
     always = {flag for flag, _, optional in _passed(_spec(name)["command"], prefix) if not optional}
@@ -145,6 +164,8 @@ def _round_trip(config):
             grad_clip_norm=0.5,
             accumulate_grad_batches=4,
             precision="bf16-mixed",
+            strategy="fsdp",
+            checkpoint_layout="sharded",
             task="tasks/house.py:HousePrices",
             task_options={"size": [16, 8], "name": "a b", "flag": False},
             checkpoint_every_steps=7,

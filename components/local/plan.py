@@ -87,7 +87,10 @@ _WHOLE = re.compile(r"[+-]?[0-9]+")
 
 
 def expected_form(port: Port) -> str:
-    """What `port` accepts, for an error message: 'a whole number >= 1', 'a finite number from 0 to 1'."""
+    """What `port` accepts, for an error message: 'a whole number >= 1', 'a finite number from 0 to 1',
+    'one of ddp, fsdp'."""
+    if port.choices is not None:
+        return f"one of {', '.join(port.choices)}"
     form = _TYPE_FORMS.get(port.type, "text (or a number)")
     low, high = port.minimum, port.maximum
     if low is not None and high is not None:
@@ -100,9 +103,11 @@ def expected_form(port: Port) -> str:
 
 
 def value_fits(value: Any, port: Port) -> bool:
-    """Whether a typed value (TOML's, a request's) suits `port`'s type and bounds."""
+    """Whether a typed value (TOML's, a request's) suits `port`'s type, bounds and choices."""
     if isinstance(value, bool):
         return port.type == "boolean"
+    if port.choices is not None:
+        return isinstance(value, str) and value in port.choices
     if port.type == "integer":
         fits = isinstance(value, int)
     elif port.type == "number":

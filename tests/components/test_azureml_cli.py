@@ -266,7 +266,7 @@ def test_publish_reports_what_it_registered(harness, capsys):
     assert harness.run("publish", "--computes", "--workspace", "ws-flag") == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "published environment retrain-training:3"
-    assert "published component retrain_train:6" in lines
+    assert "published component retrain_train:7" in lines
     assert lines[-3:] == [
         "published compute cpu-cluster",
         "published compute gpu-spot",

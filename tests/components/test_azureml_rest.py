@@ -244,7 +244,7 @@ def test_publish_registers_the_environment_then_each_component_on_one_uploaded_s
         f"PUT {ARM_HOST}{WORKSPACE}/components/{name}/versions/{version}?api-version={COMPONENTS}"
         for name, version in (
             ("retrain_drift", 2), ("retrain_evaluate", 4), ("retrain_prep", 5), ("retrain_register", 5),
-            ("retrain_train", 6),
+            ("retrain_train", 7),
         )
     ]  # fmt: skip
     environment = arm(sent)[0].body["properties"]
@@ -327,7 +327,7 @@ def test_a_submission_sends_the_pinned_pipeline_job_on_the_published_components(
     assert job["inputs"]["raw_data_version"]["value"] == VERSION
     steps = job["jobs"]
     assert list(steps) == ["prep", "train", "evaluate", "register"]
-    for name, version in (("prep", 5), ("train", 6), ("evaluate", 4), ("register", 5)):
+    for name, version in (("prep", 5), ("train", 7), ("evaluate", 4), ("register", 5)):
         assert steps[name]["componentId"] == f"{WORKSPACE}/components/retrain_{name}/versions/{version}"
     assert steps["train"]["computeId"] == f"{WORKSPACE}/computes/gpu-spot"
     assert steps["prep"]["computeId"] == f"{WORKSPACE}/computes/cpu-cluster"
@@ -424,6 +424,6 @@ def test_a_schedule_is_created_as_a_long_running_operation_with_its_cron_and_job
     assert job["jobs"]["train"]["outputs"]["checkpoints"]["uri"] == (
         "azureml://datastores/workspaceblobstore/paths/retrain/checkpoints/digits-scheduled/${{name}}/"
     )
-    assert job["jobs"]["train"]["componentId"] == f"{WORKSPACE}/components/retrain_train/versions/6"
+    assert job["jobs"]["train"]["componentId"] == f"{WORKSPACE}/components/retrain_train/versions/7"
     assert (record.kind, record.name) == ("schedule", "retrain-digits")
     assert side.get(schedule)["properties"]["provisioningState"] == "Succeeded"

@@ -34,7 +34,7 @@ def make_request(**changes) -> RunRequest:
         "processes_per_instance": 4,
         "instance_count": 2,
         "compute": {"prep": "cpu-big"},
-        "component_versions": {"evaluate": "3", "train": "6"},
+        "component_versions": {"evaluate": "3", "train": "7"},
         "task_options": {"hidden_width": 64},
     }
     return RunRequest(**{**fields, **changes})
@@ -98,7 +98,7 @@ def test_registered_components_reference_the_published_versions():
     components = {name: step["component"] for name, step in job._to_dict()["jobs"].items()}
     assert components == {
         "prep": "azureml:retrain_prep:5",
-        "train": "azureml:retrain_train:6",
+        "train": "azureml:retrain_train:7",
         "evaluate": "azureml:retrain_evaluate:3",  # the request pins it
         "register": "azureml:retrain_register:5",
     }

@@ -273,3 +273,44 @@ def test_a_train_step_evicted_after_its_first_checkpoint_resumes_and_the_run_say
     )
     assert said[-2].startswith("train     completed in ")  # said once the step has ended
     assert said[1].startswith("train     preempted (exit 75) after ")
+
+
+def test_an_fsdp_run_trains_sharded_on_two_processes_and_its_champion_serves_through_pyfunc(
+    state, sample_raw, first_run, monkeypatch
+):
+    # The module's data and small training, under another model name (its own first champion), with the
+    # train step's strategy set as a user sets it: `--param strategy=fsdp`, on 2 processes so that FSDP
+    # shards (with 1 it would train the model unsharded).
+    argv = ["--model-name", "digits-fsdp", *small_training(), "--param", "strategy=fsdp", "--nproc", "2"]
+    code, output = retrain(state, "run", "--data", str(sample_raw), *argv)
+    assert code == 0, output
+    record = newest_run(state)
+    assert record.status == COMPLETED
+    # The same data and task as the first run's: its prepared data is reused; the training is another.
+    assert reused(record) == {"prep": True, "train": False, "evaluate": False, "register": False}
+    command = record.step("train").command
+    assert "--nproc-per-node=2" in command
+    assert command[command.index("--strategy") + 1] == "fsdp"
+    assert command[command.index("--checkpoint-layout") + 1] == "auto"
+
+    metadata = json.loads((Path(record.step("train").outputs["model"]) / "metadata.json").read_text())
+    assert (metadata["strategy"], metadata["world_size"]) == ("fsdp", 2)
+    assert metadata["checkpoints"]["layout"] == "sharded"  # auto, under fsdp: every rank writes its shard
+    shards = Path(metadata["checkpoints"]["location"]).glob("*.shard-*")
+    assert {path.name.rsplit(".shard-", 1)[1] for path in shards} == {"00000", "00001"}
+    registration = json.loads((Path(record.outputs["registration"]) / "registration.json").read_text())
+    assert (registration["decision"]["accepted"], registration["registered_version"]) == (True, "1")
+
+    # model.pt is the gathered, unsharded state dict: the champion loads and answers as any other.
+    import mlflow.pyfunc
+    import pandas as pd
+
+    from training.local_state import default_mlflow_tracking_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", default_mlflow_tracking_uri(state))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading prepends the model's code; undone after
+    served = mlflow.pyfunc.load_model("models:/digits-fsdp@champion")
+    table = pd.read_csv(sample_raw / "batch-0001.csv")  # raw rows: the key and the label too
+    answers = served.predict(table)
+    assert len(answers) == len(table)
+    assert (answers == table["label"].to_numpy()).mean() > 0.8  # real answers: digits is easy

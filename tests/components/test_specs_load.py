@@ -40,9 +40,39 @@ def test_every_component_loads_with_azure_ml_and_reads_the_same_here(path: Path)
     assert (loaded.name, loaded.version) == (ours.name, ours.version)
     assert " ".join(loaded.command.split()) == ours.command
     assert set(loaded.inputs) == set(ours.inputs)
+    # An input's choices (`enum`): Azure ML refuses a value outside them; the local rooms refuse by ours.
+    assert {name: port.choices for name, port in ours.inputs.items()} == {
+        name: None if port.enum is None else tuple(port.enum) for name, port in loaded.inputs.items()
+    }
     assert set(loaded.outputs) == set(ours.outputs)
     assert ours.environment == "azureml:retrain-training:" + str(load_environment(ENVIRONMENT_FILE).version)
     assert (path.parent / loaded.code).resolve() == REPO_ROOT == ours.code
+
+
+@pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        (
+            "type: integer\n    enum: [1, 2]",
+            r"port 'mode' enum \[1, 2\]; expected a list of texts, on a string input",
+        ),
+        ("type: string\n    enum: [1, 2]", r"port 'mode' enum \[1, 2\]; expected a list of texts"),
+        ("type: string\n    enum: []", r"port 'mode' enum \[\]; expected a list of texts"),
+        ("type: string\n    enum: fast", r"port 'mode' enum 'fast'; expected a list of texts"),
+        (
+            "type: string\n    default: slow\n    enum: [fast]",
+            r"port 'mode' defaults to 'slow', which its enum",
+        ),
+    ],
+)
+def test_an_input_s_choices_are_texts_on_a_string_input_and_hold_its_default(tmp_path, declared, message):
+    path = tmp_path / "step.yml"
+    path.write_text(
+        "name: step\nversion: '1'\ncode: .\nenvironment: azureml:env:1\ncommand: python -m step\n"
+        f"inputs:\n  mode:\n    {declared}\n"
+    )
+    with pytest.raises(SpecError, match=message):
+        load_component_spec(path)
 
 
 def test_every_step_command_calls_into_the_training_package():

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import retrain_cli
 from components.errors import ConfigError, SubmissionError
-from components.local.plan import check_parameter_texts
+from components.local.commands import render_command
+from components.local.plan import check_parameter_texts, step_input_values
 from components.model_config import load_model_config
 from components.preflight import SubprocessPreflight
 from components.specs import load_pipeline_spec
 from core.errors import InputError
-from core.train_rules import TRAIN_RULES
+from core.train_rules import CHECKPOINT_LAYOUTS, STRATEGIES, TRAIN_RULES
 from training.engine.config import TrainConfig
 
 PIPELINE = load_pipeline_spec()
@@ -32,6 +34,7 @@ REFUSED = [
     ("grad_clip_norm", "0.0", "0", 0.0, "a number > 0"),
     ("accumulate_grad_batches", "0", "0", 0, "a whole number >= 1"),
     ("precision", '"fp16"', "fp16", "fp16", "one of 32, bf16-mixed, 16-mixed"),
+    ("strategy", '"zero3"', "zero3", "zero3", "one of ddp, fsdp"),
 ]
 IDS = [name for name, *_ in REFUSED]
 
@@ -99,6 +102,7 @@ def test_the_trainer_refuses_it_by_the_same_rule(tmp_path, name, toml, text, val
         ("grad_clip_norm", ["1.0", 0.5, 2, "off", None]),
         ("accumulate_grad_batches", ["4", 1]),
         ("precision", ["32", 32, "bf16-mixed", "16-mixed"]),
+        ("strategy", ["ddp", "fsdp"]),
     ],
 )
 def test_what_the_trainer_accepts_passes_every_room(name, good):
@@ -122,6 +126,7 @@ def test_what_the_trainer_accepts_passes_every_room(name, good):
         ("grad_clip_norm", [0, "-1", "inf", True]),
         ("accumulate_grad_batches", [0, 2.0, True]),
         ("precision", ["16", "bf16", 16, True]),
+        ("strategy", ["FSDP2", "deepspeed", "", 1, True]),
     ],
 )
 def test_what_the_trainer_refuses_fits_no_rule(name, bad):
@@ -141,19 +146,75 @@ def test_retrain_run_refuses_it_in_one_line_before_pinning_any_data(tmp_path, ca
     assert not (tmp_path / "home" / "data").exists()
 
 
+STEP_OPTIONS = ("grad_clip_norm", "accumulate_grad_batches", "precision", "strategy", "checkpoint_layout")
+
+
 def test_the_step_options_are_pipeline_keys_of_the_same_names_and_reach_the_train_step(tmp_path):
     path = tmp_path / "iris.toml"
     path.write_text(
         '[pipeline]\ngrad_clip_norm = 1.0\naccumulate_grad_batches = 4\nprecision = "bf16-mixed"\n'
+        'strategy = "fsdp"\ncheckpoint_layout = "sharded"\n'
     )
     parameters = load_model_config(path, PIPELINE).parameters()
-    assert {
-        name: parameters[name] for name in ("grad_clip_norm", "accumulate_grad_batches", "precision")
-    } == {
+    assert {name: parameters[name] for name in STEP_OPTIONS} == {
         "grad_clip_norm": 1.0,
         "accumulate_grad_batches": 4,
         "precision": "bf16-mixed",
+        "strategy": "fsdp",
+        "checkpoint_layout": "sharded",
     }
-    check_parameter_texts(PIPELINE, {"accumulate_grad_batches": "4", "precision": "16-mixed"})
-    train = PIPELINE.steps["train"].component
-    assert {"grad_clip_norm", "accumulate_grad_batches", "precision"} <= set(train.inputs)
+    check_parameter_texts(
+        PIPELINE,
+        {
+            "accumulate_grad_batches": "4",
+            "precision": "16-mixed",
+            "strategy": "fsdp",
+            "checkpoint_layout": "auto",
+        },
+    )
+    train = PIPELINE.steps["train"]
+    assert set(STEP_OPTIONS) <= set(train.component.inputs)
+    # The train step's command line carries them as the trainer's flags.
+    upstream = {("prep", "prepared_data"): Path("prepared")}
+    inputs = step_input_values(train, PIPELINE.inputs, parameters, upstream)
+    outputs = {"model": Path("model"), "checkpoints": Path("checkpoints")}
+    command = render_command(train.component.command, inputs, outputs, "train")
+    for flag, value in (
+        ("--strategy", "fsdp"),
+        ("--checkpoint-layout", "sharded"),
+        ("--precision", "bf16-mixed"),
+    ):
+        assert command[command.index(flag) + 1] == value
+
+
+def test_a_checkpoint_layout_other_than_the_trainer_s_is_refused_by_the_train_step_s_choices(tmp_path):
+    # No trainer rule of its own: the train step's input declares its choices (an `enum`, which Azure ML
+    # enforces too), and the configuration file and --param refuse by them.
+    path = tmp_path / "iris.toml"
+    path.write_text('[pipeline]\ncheckpoint_layout = "shards"\n')
+    with pytest.raises(
+        ConfigError, match=r"\[pipeline\] checkpoint_layout is .*shards.*; expected one of auto, single"
+    ):
+        load_model_config(path, PIPELINE)
+    with pytest.raises(
+        SubmissionError, match=r"^parameter checkpoint_layout is 'shards'; expected one of auto, "
+    ):
+        check_parameter_texts(PIPELINE, {"checkpoint_layout": "shards"})
+    port = PIPELINE.steps["train"].component.inputs["checkpoint_layout"]
+    assert port.choices == CHECKPOINT_LAYOUTS  # the trainer's own
+    assert PIPELINE.steps["train"].component.inputs["strategy"].choices == STRATEGIES
+
+
+@pytest.mark.parametrize(
+    ("combination", "says"),
+    [
+        ({"strategy": "fsdp", "checkpoint_layout": "single"}, "checkpoint_layout single with strategy fsdp"),
+        ({"strategy": "fsdp", "precision": "16-mixed"}, "precision 16-mixed with strategy fsdp"),
+    ],
+)
+def test_the_pre_run_check_refuses_a_combination_the_trainer_would_before_starting_any_process(
+    combination, says
+):
+    preflight = SubprocessPreflight(python="/nonexistent/python")
+    with pytest.raises(SubmissionError, match=f"^preflight: parameters: {says}"):
+        preflight.check(_Request(parameters=combination))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from azure.storage.blob import ContainerClient
 from helpers.training.overfitting import overfitting_arguments, prepare_overfitting_data
 from helpers.training.small_run import NO_TRACKING, train_arguments
 from helpers.training.training_process import kill_process_tree
@@ -16,10 +17,24 @@ from helpers.training.warm_training import WarmStarts
 
 from core.files import write_atomically
 from core.storage.local import exclusive_file_lock
+from training.checkpoint.blob_store import BlobCheckpointStore
+from training.checkpoint.local_store import LocalCheckpointStore
+from training.checkpoint.store import CheckpointStore
 from training.engine.supervise import TrainingProcess
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches
 from training.tasks.tabular.schema import Manifest
+
+
+@pytest.fixture(params=["local", "blob"])
+def inner_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStore]:
+    """An empty checkpoint store: a local folder, then an Azurite container prefix."""
+    if request.param == "local":
+        yield LocalCheckpointStore(tmp_path / "ckpt")
+        return
+    container: ContainerClient = request.getfixturevalue("azurite").new_container()
+    yield BlobCheckpointStore(container, "run")
+    container.delete_container()
 
 
 @pytest.fixture(scope="session")

@@ -17,18 +17,16 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from azure.storage.blob import ContainerClient
 from helpers.training.filling_disk import FillingStore, can_mount, fill_up, obey_file_modes_as_root, tmpfs
 
 from core.errors import CheckpointError
-from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
 from training.checkpoint.lease import LEASE_NAME
 from training.checkpoint.local_store import LocalCheckpointStore
@@ -196,16 +194,6 @@ def _state() -> dict:
     import torch
 
     return {"model": {"weight": torch.ones(256, 256)}}
-
-
-@pytest.fixture(params=["local", "blob"])
-def inner_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStore]:
-    if request.param == "local":
-        yield LocalCheckpointStore(tmp_path / "ckpt")
-        return
-    container: ContainerClient = request.getfixturevalue("azurite").new_container()
-    yield BlobCheckpointStore(container, "run")
-    container.delete_container()
 
 
 def test_a_save_on_a_full_disk_fails_with_the_reason_and_leaves_nothing(inner_store: CheckpointStore) -> None:

@@ -1,11 +1,13 @@
 """`retrain plan scaling --measure`: the fit against hand-computed points, the step timing from trainer
-events, the orchestration with a timer of our own protocol, and one real measurement with torchrun."""
+events, the orchestration with a timer of our own protocol, one real measurement with torchrun, and one
+under FSDP."""
 
 from __future__ import annotations
 
 import io
 import json
 import math
+import os
 import struct
 import tempfile
 from pathlib import Path
@@ -27,6 +29,8 @@ from training.planning.maths import (
 from training.planning.measure import (
     MeasureSettings,
     StepTiming,
+    TrainerStepTimer,
+    _trained_under,
     default_global_batch_size,
     epochs_for,
     measure_step_times,
@@ -362,7 +366,7 @@ def test_a_real_measurement_with_torchrun_fits_the_model(capsys):
     assert [row["processes"] for row in measured] == [1, 2]
     assert all(row["step_seconds"] > 0 and math.isfinite(row["step_seconds"]) for row in measured)
     assert [line for line in err.splitlines() if line.startswith("measured ")][1].startswith(
-        "measured 2 of 2 process counts: "
+        "measured 2 of 2 process counts under ddp: "  # the default strategy, as the run's metadata says
     )
     fit = result["fit"]
     assert fit["compute_seconds"] > 0 and math.isfinite(fit["compute_seconds"])
@@ -375,3 +379,87 @@ def test_a_real_measurement_with_torchrun_fits_the_model(capsys):
     assert all(row["fitted_step_seconds"] > 0 for row in measured)
     assert result["measurement"]["data"] is None  # the digits sample, prepared in a temporary folder...
     assert set(Path(tempfile.gettempdir()).glob("retrain-measure-*")) <= before  # ...that is gone
+
+
+# -- the strategy measured ------------------------------------------------------------------------------
+
+
+def test_the_measured_strategy_is_recorded_with_the_curve(capsys):
+    for argv, strategy in (((), "ddp"), (("--strategy", "fsdp"), "fsdp")):
+        code, out, _ = run_measured(capsys, ModelTimer(0.012, 0.001), *argv, "--json")
+        assert code == 0
+        assert json.loads(out)["measurement"]["strategy"] == strategy
+    code, out, _ = run_measured(capsys, ModelTimer(0.012, 0.001), "--strategy", "fsdp")
+    assert out.splitlines()[0].startswith("measured: fsdp, global batch 64, hidden width 256, ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--strategy", "zero3"), "--strategy must be one of ddp, fsdp, got 'zero3'"),
+        (("--strategy", "FSDP"), "--strategy must be one of ddp, fsdp, got 'FSDP'"),
+    ],
+)
+def test_a_strategy_the_trainer_lacks_is_refused_before_any_run(capsys, argv, message):
+    timer = ModelTimer(0.012, 0.001)
+    with pytest.raises(InputError) as caught:
+        run_measured(capsys, timer, *argv)
+    assert str(caught.value) == message
+    assert timer.calls == []
+
+
+def test_the_strategy_needs_measure(capsys):
+    argv = ("--strategy", "fsdp", "--single-gpu-hours", "1", "--comm-hours-per-doubling", "0", "--gpus", "1")
+    code, out, err = plan_scaling(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert err.startswith("retrain: error: --strategy needs --measure")
+
+
+@pytest.mark.parametrize(
+    ("recorded", "message"),
+    [
+        (
+            {"strategy": "ddp", "world_size": 2},
+            "measuring 2 processes under fsdp: the training ran under ddp on 2",
+        ),
+        (
+            {"strategy": "fsdp", "world_size": 1},
+            "measuring 2 processes under fsdp: the training ran under fsdp on 1",
+        ),
+        ({"world_size": 2}, "measuring 2 processes: the training's metadata.json cannot be read"),
+        (None, "measuring 2 processes: the training's metadata.json cannot be read"),
+    ],
+)
+def test_a_timed_run_that_did_not_train_as_asked_is_refused(tmp_path, recorded, message):
+    # What each run's metadata.json says it trained under is what the curve is of (TrainerStepTimer).
+    if recorded is not None:
+        (tmp_path / "metadata.json").write_text(json.dumps(recorded))
+    with pytest.raises(RetrainError) as caught:
+        _trained_under(tmp_path, 2, "fsdp")
+    assert str(caught.value).startswith(message)
+
+
+def test_a_real_fsdp_measurement_trains_every_count_under_fsdp(capsys, prepared_data, tmp_path, warm_starts):
+    """`--strategy fsdp` reaches each timed `retrain train` (forked warm, the smallest measurement: 2
+    process counts of one epoch, a width-8 model): each trains under FSDP on its process count, as its
+    metadata.json and the progress lines (read from it) say."""
+    measure = ("--measure", "--strategy", "fsdp", "--max-procs", "2", "--steps", "10", "--hidden-width", "8")
+    args = build_parser().parse_args(["plan", "scaling", *measure, "--data", str(prepared_data), "--json"])
+    settings = planning_cli._measure_settings(args)
+    work = tmp_path / "work"
+    timer = TrainerStepTimer(prepared_data, work, settings, os.environ, start=warm_starts.start_command())
+    out = io.StringIO()
+    assert planning_cli._scaling(args, out, timer=timer) == 0
+    result = json.loads(out.getvalue())
+    assert result["measurement"]["strategy"] == "fsdp"
+    assert [row["processes"] for row in result["measured"]] == [1, 2]
+    assert all(row["step_seconds"] > 0 and math.isfinite(row["step_seconds"]) for row in result["measured"])
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("measured ")]
+    assert [line.split(":")[0] for line in progress] == [
+        "measured 1 of 2 process counts under fsdp",
+        "measured 2 of 2 process counts under fsdp",
+    ]
+    for processes in (1, 2):
+        metadata = json.loads((work / f"nproc-{processes}" / "out" / "metadata.json").read_text())
+        assert (metadata["strategy"], metadata["config"]["strategy"]) == ("fsdp", "fsdp")
+        assert metadata["world_size"] == processes

@@ -6,7 +6,7 @@ import signal
 
 from helpers.training.run_outputs import newest_record, read_metadata
 from helpers.training.small_run import STEPS_PER_EPOCH, TOTAL_STEPS
-from helpers.training.training_process import is_step, kill_process_tree, resumed_event
+from helpers.training.training_process import is_step, kill_twice_then_finish, resumed_event
 
 from training.engine.preemption import PREEMPTED_EXIT_CODE
 
@@ -14,27 +14,11 @@ from training.engine.preemption import PREEMPTED_EXIT_CODE
 def test_sigkill_twice_then_restart_ends_with_the_uninterrupted_weights(
     uninterrupted_run, start_training, folders
 ):
-    # What the trainer guarantees, not when things happen: the test reads progress behind the trainer, so
-    # a later checkpoint may become durable between the step it saw and the kill. Each restart must resume
-    # from the newest checkpoint durable at the kill (never an older one), at exactly its sample.
-    durable_at_kill, resumes = [], []
-    for _ in range(2):
-        process = start_training()
-        after = durable_at_kill[-1] if durable_at_kill else 0
-        seen = process.wait_for(
-            lambda event, after=after: event["event"] == "checkpoint" and event["step"] > after
-        )
-        process.wait_for(is_step(seen["step"] + 5))  # mid-interval, mid-epoch
-        if durable_at_kill:
-            resumes.append(resumed_event(process))
-        kill_process_tree(process)
-        assert not (folders.out / "metadata.json").exists()
-        newest = newest_record(folders.checkpoints)
-        assert newest.step >= seen["step"]
-        durable_at_kill.append(newest.step)
-    final = start_training()
-    assert final.finish() == 0
-    resumes.append(resumed_event(final))
+    def start():
+        assert not (folders.out / "metadata.json").exists()  # nothing written by a killed attempt
+        return start_training()
+
+    durable_at_kill, resumes = kill_twice_then_finish(start, folders.checkpoints)
 
     # Both restarts continued mid-epoch from the newest durable checkpoint, with no batch replayed or skipped.
     assert all(step % STEPS_PER_EPOCH for step in durable_at_kill)

@@ -89,6 +89,11 @@ def _fingerprint(folder: Path) -> dict[str, str]:
         (["--task", "nowhere.py:Task"], "--task 'nowhere.py:Task': no file"),
         (["--task-option", "colour=red"], "--task 'tabular': unknown option(s) ['colour']"),
         (["--task-options", "[1]"], "--task-options '[1]': expected a JSON object"),
+        (
+            ["--strategy", "fsdp", "--checkpoint-layout", "single"],
+            "options: checkpoint_layout single with strategy fsdp: no process holds the whole state",
+        ),
+        (["--strategy", "fsdp", "--precision", "16-mixed"], "use bf16-mixed or 32"),
     ],
 )
 def test_bad_options_are_refused_in_one_line(prepared_data, tmp_path, capsys, extra, expected):

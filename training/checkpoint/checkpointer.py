@@ -6,6 +6,13 @@ hashing, then writes the commit record and prunes what is no longer needed. Trai
 before it next mutates the state (`wait_until_staged`, called before the optimizer step), and a new save
 waits for the previous one to be durable, so at most one save is ever in flight.
 
+In the single-file layout rank 0 alone saves, serialising everything into one object. In the sharded layout
+(`shards` given: training/checkpoint/sharded.py) every rank has a checkpointer, and they save together: each
+stages and writes its own shard in its background thread, `torch.distributed.checkpoint` gathers that every
+shard is durable, and only then does the coordinator (rank 0) write the commit record, listing each shard's
+size and checksum, and tell the others. The collectives of a save run on a gloo group of their own
+(`ShardGroup`), so they never interleave with training's on the default group.
+
 A save that fails (a full disk, a read-only mount, a storage outage) leaves nothing that takes space: the
 store removes its partial file, and a data object it published before its commit record failed is deleted,
 together with any such leftover of an earlier crash. Its result carries one line saying why, with the
@@ -32,6 +39,8 @@ import torch
 from core.errors import CheckpointError
 from training.checkpoint.records import (
     DATA_SUFFIX,
+    LAYOUT_SHARDED,
+    LAYOUT_SINGLE,
     RECORD_SUFFIX,
     CheckpointRecord,
     checkpoint_name,
@@ -39,6 +48,14 @@ from training.checkpoint.records import (
     next_attempt,
     objects_to_prune,
     uncommitted_data,
+)
+from training.checkpoint.sharded import (
+    CHECKSUM,
+    ShardedMetadata,
+    ShardGroup,
+    load_shards,
+    object_sums,
+    save_shards,
 )
 from training.checkpoint.staging import SnapshotStager
 from training.checkpoint.store import CheckpointStore, ObjectExistsError, ObjectNotFoundError, storage_failure
@@ -162,7 +179,11 @@ def _yield_cpu_to_training() -> None:
 
 class Checkpointer:
     def __init__(
-        self, store: CheckpointStore, keep_last: int = 2, clock: Callable[[], float] = time.perf_counter
+        self,
+        store: CheckpointStore,
+        keep_last: int = 2,
+        clock: Callable[[], float] = time.perf_counter,
+        shards: ShardGroup | None = None,
     ) -> None:
         if keep_last < 2:
             raise CheckpointError(
@@ -171,6 +192,8 @@ class Checkpointer:
             )
         self.store = store
         self.keep_last = keep_last
+        self.shards = shards  # None: the single-file layout, rank 0's alone
+        self.layout = LAYOUT_SINGLE if shards is None else LAYOUT_SHARDED
         self.stats = CheckpointStats()
         self._clock = clock
         self._stager = SnapshotStager()
@@ -251,8 +274,19 @@ class Checkpointer:
         state = staged.result()
         started = self._clock()
         name = checkpoint_name(meta.step, meta.attempt)
+        if self.shards is not None:
+            record = self._write_shards(state, meta, name, self.shards)
+        else:
+            record = self._write_single(state, meta, name)
+        seconds = self._clock() - started
+        self._record_write(record, seconds)
+        if self.shards is None or self.shards.coordinator:
+            self._prune(record.name)
+        return record, seconds
+
+    def _write_single(self, state: dict[str, Any], meta: CheckpointMeta, name: str) -> CheckpointRecord:
         try:
-            record = self._write_objects(state, meta, name)
+            return self._write_objects(state, meta, name)
         except ObjectExistsError:
             raise  # the name is someone else's: nothing of it is ours to remove
         except BaseException:
@@ -261,10 +295,46 @@ class Checkpointer:
             # disk gets its space back and the next save can fit.
             self._discard_uncommitted()
             raise
-        seconds = self._clock() - started
-        self._record_write(record, seconds)
-        self._prune(record.name)
-        return record, seconds
+
+    def _write_shards(
+        self, state: dict[str, Any], meta: CheckpointMeta, name: str, shards: ShardGroup
+    ) -> CheckpointRecord:
+        """Every rank writes its shard; once all are durable the coordinator writes the record last, and
+        every rank learns how that went (the record, or the one line of why not)."""
+        outcome: CheckpointRecord | str
+        try:
+            objects = save_shards(self.store, name, state, shards)
+            outcome = self._commit_shards(meta, name, objects) if shards.coordinator else ""
+        except BaseException as error:
+            if shards.coordinator and not isinstance(error, ObjectExistsError):
+                self._discard_uncommitted()  # every rank's writes have ended: DCP gathered them
+            outcome = storage_failure(error, self.store.location)
+            failed: BaseException | None = error
+        else:
+            failed = None
+        agreed = shards.broadcast(outcome)
+        if failed is not None:
+            raise failed
+        if isinstance(agreed, str):
+            raise CheckpointError(agreed)
+        return agreed
+
+    def _commit_shards(
+        self, meta: CheckpointMeta, name: str, objects: dict[str, dict[str, Any]]
+    ) -> CheckpointRecord:
+        record = CheckpointRecord(
+            name=name,
+            sha256="",
+            size=sum(each["size"] for each in objects.values()),
+            created_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
+            layout=LAYOUT_SHARDED,
+            checksum=CHECKSUM,
+            objects=objects,
+            **asdict(meta),
+        )
+        with self.store.writer(record.record_object) as target:
+            target.write(record.to_bytes())
+        return record
 
     def _write_objects(self, state: dict[str, Any], meta: CheckpointMeta, name: str) -> CheckpointRecord:
         with self.store.writer(name + DATA_SUFFIX) as target:
@@ -358,16 +428,55 @@ class Checkpointer:
         return next_attempt(self.store.names())
 
     def newest_valid(self) -> LoadedCheckpoint | None:
-        """The newest checkpoint that verifies; corrupt or unreadable ones are skipped with a warning."""
-        for name in committed_checkpoints(self.store.names()):
+        """The newest single-file checkpoint that verifies; corrupt or unreadable ones are skipped with a
+        warning."""
+        for candidate in self.resume_candidates():
+            if isinstance(candidate, LoadedCheckpoint):
+                return candidate
+        return None
+
+    def resume_candidates(self) -> list[LoadedCheckpoint | CheckpointRecord]:
+        """What a resume tries, newest first (rank 0, before the others hear of it): sharded checkpoints whose
+        record reads and whose objects are all present, as their records (their checksums are verified
+        where each rank reads them), down to the newest single-file checkpoint that verifies, loaded.
+        Unreadable, incomplete or corrupt checkpoints are skipped with a warning."""
+        candidates: list[LoadedCheckpoint | CheckpointRecord] = []
+        names = self.store.names()
+        present = set(names)
+        for name in committed_checkpoints(names):
             try:
-                return self.load(name)
+                record = CheckpointRecord.from_bytes(self.store.read(name + RECORD_SUFFIX), name)
+                if record.layout != LAYOUT_SHARDED:
+                    candidates.append(self._load_single(record))
+                    break
+                missing = [key for key in record.data_objects if key not in present]
+                if missing:
+                    raise CheckpointError(f"checkpoint {name} is incomplete: {', '.join(missing)} missing")
+                candidates.append(record)
             except CheckpointError as error:
                 log.warning("skipping checkpoint %s in %s: %s", name, self.store.location, error)
-        return None
+        return candidates
+
+    def sharded_metadata(self, record: CheckpointRecord) -> ShardedMetadata:
+        """The verified layout of a sharded checkpoint: which tensors and values it holds."""
+        return ShardedMetadata.read(self.store, record.name, object_sums(record.objects))
+
+    def load_shards(
+        self, record: CheckpointRecord, metadata: ShardedMetadata, target: dict[str, Any]
+    ) -> None:
+        """Every rank together: fill `target` (its tensors in place) from sharded checkpoint `record`, each
+        object checked against the record before any of it is used. A failure on any rank raises one
+        `CheckpointError` on every rank."""
+        load_shards(self.store, record.name, object_sums(record.objects), metadata, target, self.shards)
 
     def load(self, name: str) -> LoadedCheckpoint:
         record = CheckpointRecord.from_bytes(self.store.read(name + RECORD_SUFFIX), name)
+        if record.layout == LAYOUT_SHARDED:
+            raise CheckpointError(f"checkpoint {name} is sharded: every rank loads it together (load_shards)")
+        return self._load_single(record)
+
+    def _load_single(self, record: CheckpointRecord) -> LoadedCheckpoint:
+        name = record.name
         data = self.store.read(record.data_object)
         if len(data) != record.size:
             raise CheckpointError(f"checkpoint {name} is truncated: {len(data)} of {record.size} bytes")

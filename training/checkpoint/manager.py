@@ -2,8 +2,10 @@
 
 The trainer holds one `CheckpointManager`, built with everything it needs, and asks it at each point of an
 attempt: `resume()` before the first step, `interval_save_due()` after each step, `save()` when one is due,
-`poll()` for a background save that has finished, `save_on_eviction()` and `save_final()` at the end. Only
-rank 0 saves; every rank resumes from the checkpoint rank 0 picks. Storage faults are reported, never
+`poll()` for a background save that has finished, `save_on_eviction()` and `save_final()` at the end. In the
+single-file layout only rank 0 saves; in the sharded layout every rank saves its shard at the same steps
+(`every_rank_saves`), and a save due by time is rank 0's vote, carried to every rank by the step exchange
+(`time_vote`). Every rank resumes from the checkpoint rank 0 picks. Storage faults are reported, never
 silent, and never cost the finished model.
 
 What a user sees:
@@ -42,13 +44,19 @@ from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta, Loade
 from training.checkpoint.estimate import ESTIMATE_BASIS, estimate_checkpoint_bytes
 from training.checkpoint.interval import IntervalCalibration, IntervalChoice
 from training.checkpoint.lease import check_lease
-from training.checkpoint.records import REASON_FINAL, REASON_INTERVAL, REASON_PREEMPTED
+from training.checkpoint.records import (
+    LAYOUT_SHARDED,
+    REASON_FINAL,
+    REASON_INTERVAL,
+    REASON_PREEMPTED,
+    CheckpointRecord,
+)
 from training.checkpoint.room import check_room
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, broadcast_from_primary
 from training.engine.resume_policy import check_resumable
 from training.engine.tracking import Tracker
-from training.engine.train_state import RunState, TrainingObjects, checkpoint_state, restore
+from training.engine.train_state import RunState, TrainingObjects, checkpoint_state, restore, restore_sharded
 
 log = logging.getLogger(__name__)
 
@@ -101,34 +109,66 @@ class CheckpointManager:
         self._calibration = IntervalCalibration(config.mtbe_hours) if auto and context.is_primary else None
         self._every_seconds = None if isinstance(every_seconds, str) else every_seconds
         self._last_save = clock()  # restarted by `begin_attempt`, once the checkpoint is loaded
+        self.every_rank_saves = checkpointer.shards is not None
+        self._vote_cast = False  # rank 0's time vote, cast into a step exchange, not yet saved
 
     # -- before the first step ------------------------------------------------------------------------
 
     def resume(self) -> Resumption:
-        """Rank 0 picks the newest valid checkpoint and the attempt number, and checks that the checkpoint
-        location can take the run's checkpoints; every rank uses the same, or refuses the same."""
-        picked: tuple[str | None, int, str | None] | None = None
+        """Rank 0 picks the checkpoints to try, newest first, and the attempt number, and checks that the
+        checkpoint location can take the run's checkpoints; every rank uses the same, or refuses the same.
+
+        A single-file checkpoint rank 0 has verified whole. A sharded one every rank loads together, each
+        checking the objects it reads; if any fails, every rank goes on to the next. A sharded load that
+        failed may have filled part of the state, so if none loads the attempt refuses to start rather
+        than train from half-restored weights."""
+        picked: tuple[list[CheckpointRecord], int, str | None] | None = None
+        single: LoadedCheckpoint | None = None
         if self._context.is_primary:
-            newest = self.checkpointer.newest_valid()
-            refusal = self._room_refusal(newest)
-            picked = (newest.record.name if newest else None, self.checkpointer.next_attempt(), refusal)
-        choice, attempt_number, refusal = cast(
-            tuple[str | None, int, str | None], broadcast_from_primary(picked, self._context)
+            candidates = self.checkpointer.resume_candidates()
+            records = [each.record if isinstance(each, LoadedCheckpoint) else each for each in candidates]
+            single = next((each for each in candidates if isinstance(each, LoadedCheckpoint)), None)
+            refusal = self._room_refusal(records[0] if records else None)
+            picked = (records, self.checkpointer.next_attempt(), refusal)
+        records, attempt_number, refusal = cast(
+            tuple[list[CheckpointRecord], int, str | None], broadcast_from_primary(picked, self._context)
         )
         if refusal is not None:
             raise CheckpointError(refusal)
-        if choice is None:
-            return Resumption(RunState(), None, attempt_number)
-        loaded = self.checkpointer.load(choice)
-        check_resumable(loaded.record, self._config, self._data_version)
-        return Resumption(restore(self._objects, loaded, self._data_version), loaded, attempt_number)
+        failures: list[str] = []
+        for record in records:
+            check_resumable(record, self._config, self._data_version)
+            if record.layout != LAYOUT_SHARDED:
+                loaded = single if single is not None else self.checkpointer.load(record.name)
+                return Resumption(restore(self._objects, loaded, self._data_version), loaded, attempt_number)
+            try:
+                run = restore_sharded(
+                    self._objects, self.checkpointer, record, self._data_version, self._context.is_primary
+                )
+            except CheckpointError as error:
+                if self._context.is_primary:
+                    log.warning(
+                        "skipping checkpoint %s in %s: %s",
+                        record.name,
+                        self.checkpointer.store.location,
+                        error,
+                    )
+                failures.append(f"{record.name}: {error}")
+                continue
+            return Resumption(run, LoadedCheckpoint(record, {}), attempt_number)
+        if failures:
+            raise CheckpointError(
+                f"no checkpoint in {self.checkpointer.store.location} could be loaded "
+                f"({'; '.join(failures)}); move them away to start this training afresh"
+            )
+        return Resumption(RunState(), None, attempt_number)
 
-    def _room_refusal(self, newest: LoadedCheckpoint | None) -> str | None:
+    def _room_refusal(self, newest: CheckpointRecord | None) -> str | None:
         """Rank 0: None if the checkpoint location can take this run's checkpoints, else the refusal."""
         try:
             self.checkpointer.discard_uncommitted()  # a crashed save's data: its space counts as free
             if newest is not None:
-                size, basis = newest.record.size, f"the size of {newest.record.name}"
+                size, basis = newest.size, f"the size of {newest.name}"
             else:
                 optimizer = type(self._objects.optimizer).__name__
                 best_copy = self._config.validates  # the best validated weights ride along
@@ -145,13 +185,26 @@ class CheckpointManager:
 
     # -- when -----------------------------------------------------------------------------------------
 
-    def interval_save_due(self, step: int) -> bool:
-        """Whether rank 0 should save the step just trained (never the last: the final save takes it)."""
-        if not self._context.is_primary or step >= self._total_steps:
+    def interval_save_due(self, step: int, voted: bool = False) -> bool:
+        """Whether this rank should save the step just trained (never the last: the final save takes it).
+
+        Single-file layout: rank 0 alone decides, by steps and by its clock. Sharded layout: every rank
+        decides alike, by steps, or because the step exchange just agreed on rank 0's time vote (`voted`)."""
+        if step >= self._total_steps or not (self._context.is_primary or self.every_rank_saves):
             return False
         every_steps = self._config.checkpoint_every_steps
         by_steps = every_steps is not None and step % every_steps == 0
+        if self.every_rank_saves:
+            return by_steps or voted
         return by_steps or self._save_due_by_time()
+
+    def time_vote(self) -> bool:
+        """Sharded layout, rank 0: whether to ask every rank, through the next step exchange, for a save due
+        by time. Asked once per save: the vote stands until the save it asked for has begun."""
+        if not (self.every_rank_saves and self._context.is_primary) or self._vote_cast:
+            return False
+        self._vote_cast = self._save_due_by_time()
+        return self._vote_cast
 
     def _save_due_by_time(self) -> bool:
         every_seconds = self._every_seconds
@@ -170,8 +223,12 @@ class CheckpointManager:
 
     def save(self, reason: str, run: RunState) -> SaveResult | None:
         """Begin a save of `run` and the objects; returns (and reports) the previous save's result."""
-        check_lease(self.checkpointer.store)  # an attempt that lost its lease stops: another may write here
+        if self._context.is_primary:  # rank 0 holds the lease; in the sharded layout the others write too
+            check_lease(
+                self.checkpointer.store
+            )  # an attempt that lost its lease stops: another may write here
         self._last_save = self._clock()
+        self._vote_cast = False
         meta = CheckpointMeta(
             step=run.step,
             epoch=run.cursor.epoch,
@@ -183,7 +240,7 @@ class CheckpointManager:
             data_version=self._data_version,
             trajectory=self._config.trajectory(),
         )
-        state = checkpoint_state(self._objects, run, self._config, self._data_version)
+        state = checkpoint_state(self._objects, run, self._config, self._data_version, self.every_rank_saves)
         previous = self.checkpointer.save(state, meta)
         self._report_durable(previous, run)
         if self._calibration is not None and reason == REASON_INTERVAL:
@@ -199,8 +256,8 @@ class CheckpointManager:
         self._save_and_wait(REASON_FINAL, run)
 
     def save_on_eviction(self, run: RunState) -> dict[str, Any]:
-        """Rank 0's save on eviction; the fields the `preempted` event adds about it. A failed save still
-        leaves, with a warning."""
+        """The save on eviction (rank 0's, or every rank's in the sharded layout); the fields the `preempted`
+        event adds about it. A failed save still leaves, with a warning."""
         result = self._save_and_wait(REASON_PREEMPTED, run)
         saved = result is not None and result.record is not None
         return {"saved": saved} if saved else {"saved": False, "resumes": self._restart_point(run)}
@@ -215,8 +272,8 @@ class CheckpointManager:
     # -- reporting ------------------------------------------------------------------------------------
 
     def _report_durable(self, result: SaveResult | None, run: RunState) -> None:
-        """Every save's result passes here exactly once."""
-        if result is None:
+        """Every save's result passes here exactly once (rank 0 reports it; another rank only counts it)."""
+        if result is None or not self._context.is_primary:
             return
         if result.record is not None:
             self._report_checkpoint(result)
@@ -287,4 +344,8 @@ class CheckpointManager:
 
     def summary(self) -> dict[str, Any]:
         """metadata.json's `checkpoints`: where they are, and what saving them cost."""
-        return {"location": self.checkpointer.store.location, **self.checkpointer.stats.summary()}
+        return {
+            "location": self.checkpointer.store.location,
+            "layout": self.checkpointer.layout,
+            **self.checkpointer.stats.summary(),
+        }

@@ -1,9 +1,12 @@
 """Checkpoint naming, commit records, and the pure rules for resuming and pruning.
 
-A checkpoint is two objects in a store: its data (`<name>.pt`) and, written last, a small commit record
-(`<name>.json`) holding the data's size and sha256. A checkpoint without its record never committed and
-is ignored; one whose data no longer matches its record is corrupt and skipped. Names carry the step and
-the attempt, so a step re-done after a restart gets a new name: nothing is ever overwritten in place.
+A checkpoint is its data objects and, written last, a small commit record (`<name>.json`) that lists them.
+In the single-file layout the data is one object (`<name>.pt`, written by rank 0), and the record holds its
+size and sha256. In the sharded layout (training/checkpoint/sharded.py) every rank writes its own shard
+(`<name>.shard-RRRRR`), the coordinator DCP's metadata (`<name>.dcp`), and the record lists each of them
+with its size and checksum. A checkpoint without its record never committed and is ignored; one whose data
+no longer matches its record is corrupt and skipped. Names carry the step and the attempt, so a step
+re-done after a restart gets a new name: nothing is ever overwritten in place.
 """
 
 from __future__ import annotations
@@ -19,10 +22,15 @@ from core.errors import CheckpointError
 CHECKPOINT_FORMAT = "retrain-checkpoint/1"
 DATA_SUFFIX = ".pt"
 RECORD_SUFFIX = ".json"
+LAYOUT_SINGLE = "single"  # rank 0 writes one file
+LAYOUT_SHARDED = "sharded"  # every rank writes its shard (training/checkpoint/sharded.py)
+LAYOUTS = (LAYOUT_SINGLE, LAYOUT_SHARDED)
 _NAME = re.compile(r"step-(\d{10})-a(\d{3,})")
+# A checkpoint's data objects: the single file, or a shard, or the sharded layout's DCP metadata.
+_DATA_OBJECT = re.compile(r"(step-\d{10}-a\d{3,})(?:\.pt|\.dcp|\.shard-\d{5})")
 # Every object a save of that name may leave: its data or record, published or as a local store's hidden
 # temp file (`.<object>.tmp-<hex>`) of a write that never completed.
-_ANY_OBJECT = re.compile(r"\.?step-\d{10}-a(\d{3,})(?:\.pt|\.json)(?:\.tmp-[0-9a-f]+)?")
+_ANY_OBJECT = re.compile(r"\.?step-\d{10}-a(\d{3,})(?:\.pt|\.json|\.dcp|\.shard-\d{5})(?:\.tmp-[0-9a-f]+)?")
 
 REASON_INTERVAL = "interval"
 REASON_PREEMPTED = "preempted"
@@ -56,10 +64,20 @@ class CheckpointRecord:
     created_at: str
     trajectory: dict[str, Any] = field(default_factory=dict)
     format: str = CHECKPOINT_FORMAT
+    # The sharded layout: every data object with its size and checksum (`sha256` is then empty, `size`
+    # their total). A record from before layouts existed is a single file's.
+    layout: str = LAYOUT_SINGLE
+    checksum: str = "sha256"
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def data_object(self) -> str:
         return self.name + DATA_SUFFIX
+
+    @property
+    def data_objects(self) -> list[str]:
+        """Every data object the checkpoint consists of."""
+        return sorted(self.objects) if self.layout == LAYOUT_SHARDED else [self.data_object]
 
     @property
     def record_object(self) -> str:
@@ -82,7 +100,24 @@ class CheckpointRecord:
                 f"checkpoint record {expected_name}{RECORD_SUFFIX} describes {record.name!r} in format "
                 f"{record.format!r}; expected {expected_name!r} in {CHECKPOINT_FORMAT!r}"
             )
+        foreign = [key for key in record.objects if data_stem(key) != expected_name]
+        if (
+            record.layout not in LAYOUTS
+            or foreign
+            or (record.layout == LAYOUT_SHARDED and not record.objects)
+        ):
+            raise CheckpointError(
+                f"checkpoint record {expected_name}{RECORD_SUFFIX} has layout {record.layout!r} with objects "
+                f"{sorted(record.objects)}; expected one of {', '.join(LAYOUTS)}, a sharded one listing its "
+                "own objects"
+            )
         return record
+
+
+def data_stem(object_name: str) -> str | None:
+    """The checkpoint a data object belongs to (`step-…-a001` for `step-…-a001.shard-00001`), else None."""
+    match = _DATA_OBJECT.fullmatch(object_name)
+    return match.group(1) if match else None
 
 
 def committed_checkpoints(object_names: Iterable[str]) -> list[str]:
@@ -109,13 +144,7 @@ def uncommitted_data(object_names: Iterable[str]) -> list[str]:
     (when no save is in flight: a save publishes its data before its record)."""
     names = list(object_names)
     committed = {name.removesuffix(RECORD_SUFFIX) for name in names if name.endswith(RECORD_SUFFIX)}
-    return sorted(
-        name
-        for name in names
-        if name.endswith(DATA_SUFFIX)
-        and _order_key(stem := name.removesuffix(DATA_SUFFIX)) is not None
-        and stem not in committed
-    )
+    return sorted(name for name in names if (stem := data_stem(name)) is not None and stem not in committed)
 
 
 def objects_to_prune(
@@ -136,11 +165,5 @@ def objects_to_prune(
     present = set(names)
     doomed_records = [name + RECORD_SUFFIX for name in committed[keep_last:]]
     doomed_records += sorted(name + RECORD_SUFFIX for name in junk if name + RECORD_SUFFIX in present)
-    doomed_data = [
-        name
-        for name in names
-        if name.endswith(DATA_SUFFIX)
-        and _order_key(name.removesuffix(DATA_SUFFIX)) is not None
-        and name.removesuffix(DATA_SUFFIX) not in kept
-    ]
+    doomed_data = [name for name in names if (stem := data_stem(name)) is not None and stem not in kept]
     return doomed_records + sorted(doomed_data)

@@ -7,6 +7,10 @@ allocated once and reused: a fresh 100 MB allocation per save costs page faults,
 Staging is split in two: `plan` walks the state synchronously (cheap: it only collects references and
 copies small non-tensor values), and `copy` moves the tensor bytes, which may run in a background thread
 as long as nobody mutates the referenced tensors until it is done.
+
+A sharded tensor (FSDP's `DTensor`) is staged as its local shard only, and comes back as a `DTensor` of the
+same placement around the host buffer, as `torch.distributed.checkpoint` stages one: the sharded layout
+writes each rank's shard, and no rank ever holds more than its own.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 _Path = tuple[Any, ...]
 
@@ -30,7 +35,11 @@ class StagingPlan:
 
     @property
     def nbytes(self) -> int:
-        return sum(tensor.numel() * tensor.element_size() for _, tensor in self.tensors)
+        return sum(_local(tensor).numel() * tensor.element_size() for _, tensor in self.tensors)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
 
 
 class SnapshotStager:
@@ -48,10 +57,13 @@ class SnapshotStager:
         """Copy the planned tensors into the buffers; returns the state made of buffers."""
         staged: dict[_Path, torch.Tensor] = {}
         for path, tensor in plan.tensors:
-            buffer = self._buffer_for(path, tensor)
-            buffer.copy_(tensor.detach(), non_blocking=buffer.is_pinned())
-            staged[path] = buffer
-        if any(tensor.is_cuda for _, tensor in plan.tensors):
+            local = _local(tensor)
+            buffer = self._buffer_for(path, local)
+            buffer.copy_(local.detach(), non_blocking=buffer.is_pinned())
+            staged[path] = (
+                DTensor(buffer, tensor._spec, requires_grad=False) if isinstance(tensor, DTensor) else buffer
+            )
+        if any(_local(tensor).is_cuda for _, tensor in plan.tensors):
             torch.cuda.synchronize()
         return _fill(plan.skeleton, staged)
 

@@ -22,12 +22,17 @@ from core.train_rules import (
     CANDIDATE_BEST,
     CANDIDATE_LAST,
     CANDIDATES,
+    CHECKPOINT_LAYOUTS,
     OFF_WORDS,
     PRECISIONS,
+    STRATEGIES,
+    STRATEGY_DDP,
+    STRATEGY_FSDP,
     TRAIN_RULES,
     read_interval,
     read_optional_count,
     read_precision,
+    strategy_conflict,
 )
 from core.trajectory import TRAJECTORY_FIELDS  # the options a checkpoint resumes only under
 from training.tasks.task_flags import task_flag, task_options_flag
@@ -195,6 +200,15 @@ class TrainConfig:
             "gradient scaler, CUDA only)",
         ),
     )
+    strategy: str = field(
+        default=STRATEGY_DDP,
+        metadata=flag(
+            choices=STRATEGIES,
+            group=_TRAINING,
+            help="ddp: every process holds the whole model; fsdp: each holds a shard of the parameters, "
+            "gradients and optimizer state (for models larger than one GPU)",
+        ),
+    )
     task: str = field(default=DEFAULT_TASK, metadata=task_flag(_TASK))
     task_options: dict[str, Any] = field(default_factory=dict, metadata=task_options_flag(_TASK))
     validate_every_epochs: int | None = field(
@@ -288,6 +302,15 @@ class TrainConfig:
         ),
     )
     keep_checkpoints: int = field(default=2, metadata=flag(parse=int, group=_CHECKPOINTS))
+    checkpoint_layout: str = field(
+        default="auto",
+        metadata=flag(
+            choices=CHECKPOINT_LAYOUTS,
+            group=_CHECKPOINTS,
+            help="single: rank 0 writes one file; sharded: every process writes its shard, in parallel "
+            "(resumable on another process count); auto (default): sharded under fsdp, single under ddp",
+        ),
+    )
     deterministic: bool = field(
         default=False, metadata=flag(group=_TRAINING, help="use deterministic algorithms only")
     )
@@ -338,6 +361,13 @@ class TrainConfig:
         if self.early_stopping_metric is not None:
             object.__setattr__(self, "early_stopping_metric", self.early_stopping_metric.strip())
         self._check_validation()
+        _require(
+            self.checkpoint_layout in CHECKPOINT_LAYOUTS,
+            f"--checkpoint-layout {self.checkpoint_layout!r}: expected one of "
+            f"{', '.join(CHECKPOINT_LAYOUTS)}",
+        )
+        conflict = strategy_conflict(self.strategy, self.checkpoint_layout, self.precision)
+        _require(conflict is None, f"options: {conflict}")
         _require(bool(self.checkpoints), "--checkpoints: expected a folder or a Blob Storage URL")
         _require(
             "?" not in self.checkpoints,
@@ -359,6 +389,13 @@ class TrainConfig:
             "--candidate best: needs validation to pick the best step; add --validate-every-epochs N or "
             "--validate-every-steps N, or use --candidate last",
         )
+
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """Whether every rank writes its shard of each checkpoint (`auto` resolved)."""
+        if self.checkpoint_layout == "auto":
+            return self.strategy == STRATEGY_FSDP
+        return self.checkpoint_layout == "sharded"
 
     @property
     def validates(self) -> bool:

@@ -1,10 +1,11 @@
 """What the ranks agree on after each step, without a barrier in the training loop.
 
-Every rank contributes its loss and its vote on whether an eviction notice arrived. The exchange is one
-asynchronous all-reduce, started when a step ends and read when the next step ends; by then it has long
-completed behind that step's computation. A synchronous exchange would add a barrier per step, making
-every rank wait for the slowest one's optimizer step as well as for its gradients, which cost about 4%
-throughput on the benchmark.
+Every rank contributes its loss and its vote on whether an eviction notice arrived; in the sharded
+checkpoint layout rank 0 adds its vote for a save due by time, so that every rank saves at the same step.
+The exchange is one asynchronous all-reduce, started when a step ends and read when the next step ends;
+by then it has long completed behind that step's computation. A synchronous exchange would add a barrier
+per step, making every rank wait for the slowest one's optimizer step as well as for its gradients, which
+cost about 4% throughput on the benchmark.
 
 The price is one step of latency, the same on every rank: a stop vote cast during step k is read by all
 ranks at the end of step k+1, so all of them stop, and save, after step k+1.
@@ -29,6 +30,7 @@ class StepVerdict:
     mean_loss: float
     stop_requested: bool
     details: dict[str, Any]
+    save_requested: bool = False
 
 
 @dataclass
@@ -45,12 +47,19 @@ class StepConsensus:
         self._pending: _Exchange | None = None
 
     def exchange(
-        self, step: int, loss: float, stop_vote: bool, details: dict[str, Any] | None = None
+        self,
+        step: int,
+        loss: float,
+        stop_vote: bool,
+        details: dict[str, Any] | None = None,
+        save_vote: bool = False,
     ) -> StepVerdict | None:
         """Contribute step `step`; returns the verdict on the step before it (None after the first)."""
         previous = self.drain()
         values = torch.tensor(
-            [loss, 1.0 if stop_vote else 0.0], dtype=torch.float64, device=self._context.device
+            [loss, 1.0 if stop_vote else 0.0, 1.0 if save_vote else 0.0],
+            dtype=torch.float64,
+            device=self._context.device,
         )
         work = dist.all_reduce(values, async_op=True) if self._context.is_distributed else None
         self._pending = _Exchange(step, values, work, details or {})
@@ -72,5 +81,7 @@ class StepConsensus:
         if pending.work is not None:
             pending.work.wait()
             pending.work = None
-        loss_sum, votes = pending.values.tolist()
-        return StepVerdict(pending.step, loss_sum / self._context.world_size, votes > 0, pending.details)
+        loss_sum, votes, save_votes = pending.values.tolist()
+        return StepVerdict(
+            pending.step, loss_sum / self._context.world_size, votes > 0, pending.details, save_votes > 0
+        )

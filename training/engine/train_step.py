@@ -4,9 +4,10 @@ Each rank's share is cut into K equal, contiguous micro-batches (training/engine
 share that does not split evenly). Each micro-batch's loss is scaled by 1/K before `backward`, so the
 accumulated gradient is that of the share's mean loss: the step is the one the same global batch makes
 without accumulation, up to floating-point summation order. Under DDP the ranks synchronise their
-gradients only on the last micro-batch (`no_sync()` for the first K-1), where DDP averages them; then the
-gradients' total norm is clipped to `--grad-clip-norm` (over the whole model, after averaging, so every
-rank clips alike), and the optimizer and the schedule step once.
+gradients only on the last micro-batch (`no_sync()` for the first K-1), where DDP averages them (FSDP
+likewise reduce-scatters only after the last: `set_requires_gradient_sync`); then the gradients' total
+norm is clipped to `--grad-clip-norm` (over the whole model, after averaging, so every rank clips alike),
+and the optimizer and the schedule step once.
 
 A step is atomic: its K micro-batches all happen between two optimizer steps, and checkpoints are taken only
 between steps. So a run stopped mid-accumulation (killed, or evicted) resumes at the first micro-batch of
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from training.engine.batches import BatchSource
@@ -65,6 +67,8 @@ class TrainStep:
         for number, part in enumerate(parts, start=1):
             batch = self._batches.batch(part)
             accumulating = isinstance(network, DistributedDataParallel) and number < len(parts)
+            if isinstance(network, FSDPModule):  # FSDP's no_sync: reduce-scatter once, after the last
+                network.set_requires_gradient_sync(number == len(parts))
             with network.no_sync() if accumulating else contextlib.nullcontext():  # type: ignore[operator]
                 with self._precision.autocast():
                     loss = batch_loss(self._task, network, batch, self._loss_info)

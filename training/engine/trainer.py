@@ -2,10 +2,12 @@
 
 One loop serves every case (single process, torchrun on CPU with gloo, GPUs with NCCL): each step
 trains on its share of a global batch, then the ranks exchange one tiny tensor (the loss for the log, and
-a vote on whether anyone received an eviction notice), so that all of them stop at the same step. Rank 0
-checkpoints asynchronously at the configured interval (or, with `--checkpoint-every-seconds auto`, at one
-chosen from what its first saves cost), immediately when evicted, and at the end: the trainer's checkpoint
-manager (training/checkpoint/manager.py) decides when, and saves. A step whose agreed loss is not finite
+a vote on whether anyone received an eviction notice), so that all of them stop at the same step. The ranks
+hold the model as the strategy says (training/engine/strategy.py: DDP replicas, or FSDP shards). Rank 0 (or,
+in the sharded checkpoint layout, every rank its shard) checkpoints asynchronously at the configured
+interval (or, with `--checkpoint-every-seconds auto`, at one chosen from what its first saves cost),
+immediately when evicted, and at the end: the trainer's checkpoint manager (training/checkpoint/manager.py)
+decides when, and saves. A step whose agreed loss is not finite
 stops every rank at that step, with nothing saved after it (training/engine/divergence.py). With validation
 on, the validation split is scored at the due steps, the best validated weights are kept, and early stopping
 ends every rank at the same step (training/engine/validation.py).
@@ -28,7 +30,6 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 import training
 from training.checkpoint.checkpointer import Checkpointer, LoadedCheckpoint
@@ -44,12 +45,13 @@ from training.engine.outputs import scores, weights_sha256, write_metadata, writ
 from training.engine.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
 from training.engine.progress import ProgressRenderer
 from training.engine.sampling import BatchPlan, epoch_permutation, rank_batch_indices, seed_step
+from training.engine.strategy import make_strategy
 from training.engine.throughput import ThroughputMeter
 from training.engine.tracking import Tracker
 from training.engine.train_state import RunState, build_training_objects
 from training.engine.train_step import TrainStep
 from training.engine.validation import Validator
-from training.tasks.base import Task, TaskData, loss_takes_info
+from training.tasks.base import Task, TaskData, built_model, loss_takes_info
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,10 @@ class Trainer:
         # Refuse a batch the ranks, or each rank's micro-batches, cannot share.
         micro_batch_size(config.global_batch_size, context.world_size, config.accumulate_grad_batches)
         self._total_steps = self._plan.steps_per_epoch * config.epochs
-        self._objects = build_training_objects(config, task, data.info, self._total_steps, context.device)
+        self._strategy = make_strategy(config.strategy, context)
+        self._objects = build_training_objects(
+            config, task, data.info, self._total_steps, context.device, self._strategy
+        )
         self._step = TrainStep(
             task,
             self._train_batches,
@@ -128,6 +133,7 @@ class Trainer:
             self._objects.model,
             tracker,
             self._emit,
+            strategy=self._strategy,
             steps_per_epoch=self._plan.steps_per_epoch,
             total_steps=self._total_steps,
         )
@@ -145,7 +151,7 @@ class Trainer:
         resumption = self._checkpoints.resume()
         resumed, self._run = resumption.loaded, resumption.run
         self._start_attempt(resumed, resumption.attempt_number)
-        self._network = self._wrap(self._objects.model)
+        self._network = self._strategy.wrap(self._objects.model)
         ending = self._train()
         if ending == PREEMPTED:
             return self._leave_preempted()
@@ -189,14 +195,6 @@ class Trainer:
             data_version=self.data.data_version,
         )
 
-    def _wrap(self, model: nn.Module) -> nn.Module:
-        if not self.context.is_distributed:
-            return model
-        device_ids = [self.context.local_rank] if self.context.device.type == "cuda" else None
-        # Buffers are not broadcast every forward: a tabular model's are constants, and only rank 0's model
-        # is saved and scored, so other ranks' running statistics never leave them.
-        return DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
-
     # -- the loop -------------------------------------------------------------------------------------
 
     def _train(self) -> str:
@@ -206,7 +204,11 @@ class Trainer:
             self._meter.update(self.config.global_batch_size)
             self._validator.after_step(self._run)  # before anything may save this step's state
             verdict = consensus.exchange(
-                self._run.step, local_loss, self.notice.received, self._step_details()
+                self._run.step,
+                local_loss,
+                self.notice.received,
+                self._step_details(),
+                save_vote=self._checkpoints.time_vote(),
             )
             if verdict is not None:  # every rank reads the same verdict here: all stop together, or none
                 self._report_step(verdict)
@@ -217,9 +219,10 @@ class Trainer:
                 if verdict.stop_requested:
                     return self._last_step(consensus.drain(), PREEMPTED)
             last = self._run.validation.stopped  # early stopping: the final save takes this step
+            voted = verdict is not None and verdict.save_requested
             if (
                 not last
-                and self._checkpoints.interval_save_due(self._run.step)
+                and self._checkpoints.interval_save_due(self._run.step, voted)
                 and self._safe_to_save(consensus.settle())
             ):
                 self._checkpoints.save(REASON_INTERVAL, self._progress())
@@ -240,7 +243,8 @@ class Trainer:
         return ending if self._divergence is None else DIVERGED
 
     def _safe_to_save(self, verdict: StepVerdict | None) -> bool:
-        """Whether rank 0 may checkpoint the step just trained, whose agreed verdict is still in flight.
+        """Whether rank 0 (every rank, in the sharded layout) may checkpoint the step just trained, whose
+        agreed verdict is still in flight.
 
         The verdict on a step arrives one step late, so an interval save due now would be made before any
         rank knew whether this step's loss was finite, and a poisoned optimizer step would become the
@@ -248,18 +252,19 @@ class Trainer:
         rank 0 waits, and only when a save is due. It also checks its weights, which show a non-finite
         gradient of any rank (DDP averages them) even when every loss was finite. A step failing either is
         not saved; its verdict stops every rank at the end of the next step (or a non-finite weight at the
-        end, in `_last_step`), so the newest checkpoint stays the last good one.
+        end, in `_last_step`), so the newest checkpoint stays the last good one. In the sharded layout every
+        rank settles and checks alike (under FSDP the check spans every shard), so all save or none does.
         """
         if verdict is not None and is_finite(verdict.mean_loss) and self._weights_finite():
             return True
-        log.warning(
-            "step %d is not checkpointed: its loss or the weights it left are not finite", self._run.step
-        )
+        if self.context.is_primary:
+            log.warning(
+                "step %d is not checkpointed: its loss or the weights it left are not finite", self._run.step
+            )
         return False
 
     def _weights_finite(self) -> bool:
-        checks = [torch.isfinite(parameter.detach()).all() for parameter in self._objects.model.parameters()]
-        return not checks or bool(torch.stack(checks).all())  # one device sync for the whole model
+        return self._strategy.weights_finite(self._objects.model)
 
     def _train_step(self) -> float:
         run = self._run
@@ -288,8 +293,10 @@ class Trainer:
 
     def _leave_preempted(self) -> TrainOutcome:
         self._run.end_attempt("preempted")
-        if self.context.is_primary:
+        saving: dict[str, Any] = {}
+        if self.context.is_primary or self._checkpoints.every_rank_saves:
             saving = self._checkpoints.save_on_eviction(self._progress())  # a failed save still leaves
+        if self.context.is_primary:
             self._emit("preempted", step=self._run.step, exit_code=PREEMPTED_EXIT_CODE, **saving)
             self.tracker.set_tags({"retrain.preempted_at_step": str(self._run.step)})
             self.tracker.finish("KILLED")
@@ -315,16 +322,30 @@ class Trainer:
 
     def _finish(self, progressed: bool) -> TrainOutcome:
         self._run.end_attempt(COMPLETED)
-        if self.context.is_primary:
-            if progressed:
-                self._checkpoints.save_final(self._progress())  # reported if it fails; the model is written
-            self._write_outputs()
+        if progressed and (self.context.is_primary or self._checkpoints.every_rank_saves):
+            self._checkpoints.save_final(self._progress())  # reported if it fails; the model is written
+        final = self._final_model()  # every rank: under FSDP the weights are gathered
+        if final is not None:
+            self._write_outputs(final)
         barrier(self.context)
         return TrainOutcome(COMPLETED, self._run.step)
 
-    def _write_outputs(self) -> None:
-        model, outcome = self._validator.candidate(self._objects.model, self._run)
-        metrics = scores(self.task, model, on_device(self.data.split("validation"), self.context.device))
+    def _final_model(self) -> nn.Module | None:
+        """On rank 0, the model with its last weights whole, to choose the candidate from and to write: its
+        own replica under DDP; under FSDP a CPU copy the shards are gathered into (every rank calls this)."""
+        if not self._strategy.sharded or not self.context.is_distributed:
+            return self._objects.model if self.context.is_primary else None
+        weights = self._strategy.full_weights(self._objects.model)
+        if weights is None:
+            return None
+        replica = built_model(self.task, self.data.info)
+        replica.load_state_dict(weights)
+        return replica
+
+    def _write_outputs(self, final: nn.Module) -> None:
+        model, outcome = self._validator.candidate(final, self._run)
+        device = next(model.parameters()).device  # a gathered FSDP model is scored on the CPU
+        metrics = scores(self.task, model, on_device(self.data.split("validation"), device))
         final_metrics: dict[str, float | None] = {
             f"validation_{name}": value for name, value in metrics.items()
         }
@@ -371,6 +392,7 @@ class Trainer:
             "epochs": run.step / self._plan.steps_per_epoch,
             "seed": config.seed,
             "world_size": self.context.world_size,
+            "strategy": config.strategy,
             "global_batch_size": config.global_batch_size,
             "optimization": self._optimization_record(),
             "wall_time_seconds": self._elapsed_seconds(),

@@ -6,7 +6,10 @@ scores the whole validation split with the task's `score` (in eval mode, gradien
 broadcasts the metrics; every rank folds the same metrics into the run's `ValidationState`, so all of them
 reach the same early-stopping decision at the same step, whatever the world size. Rank 0 alone scores: the
 result does not depend on how many ranks there are, and the other ranks' share of the work would be a
-second, possibly different, floating-point sum.
+second, possibly different, floating-point sum. Under FSDP no rank holds the whole model, so every rank
+scores the whole split through the sharded model (the same forward everywhere), and rank 0's result is
+still the one broadcast; the best weights are then gathered whole into rank 0's CPU memory
+(training/engine/strategy.py).
 
 Each validation is logged to MLflow as `validation_<metric>` at its step and emitted as a `validation`
 progress event. When the selection metric improves, rank 0 keeps a CPU copy of the weights: the best
@@ -27,7 +30,6 @@ import math
 from collections.abc import Callable
 from typing import Any, cast
 
-import torch
 from torch import nn
 
 from core.errors import InputError
@@ -44,6 +46,7 @@ from training.engine.early_stopping import (
     selection_rule,
 )
 from training.engine.outputs import scores
+from training.engine.strategy import Strategy
 from training.engine.tracking import Tracker
 from training.engine.train_state import RunState
 from training.tasks.base import Task, TaskData
@@ -64,12 +67,6 @@ def rule_for(config: TrainConfig, task: Task) -> SelectionRule:
     )
 
 
-def weights_copy(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state, copied to the CPU: never changed in place afterwards, so a checkpoint being staged
-    in the background may read it while training goes on."""
-    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
-
-
 class Validator:
     """One attempt's validation, for the trainer that holds it; the state it updates is the run's."""
 
@@ -83,6 +80,7 @@ class Validator:
         tracker: Tracker,
         emit: Callable[..., None],
         *,
+        strategy: Strategy,
         steps_per_epoch: int,
         total_steps: int,
     ) -> None:
@@ -92,13 +90,15 @@ class Validator:
         self._model = model
         self._tracker = tracker
         self._emit = emit
+        self._strategy = strategy
         self._steps_per_epoch = steps_per_epoch
         self._total_steps = total_steps
         self.rule = rule_for(config, task)
         self.enabled = config.validates
-        # Only rank 0 scores, so only it moves the split to the device.
-        primary = self.enabled and context.is_primary
-        self._split = on_device(data.split("validation"), context.device) if primary else None
+        # Only the ranks that score move the split to the device.
+        self._scores_here = context.is_primary or strategy.every_rank_scores
+        scoring = self.enabled and self._scores_here
+        self._split = on_device(data.split("validation"), context.device) if scoring else None
 
     def after_step(self, run: RunState) -> None:
         """Validate the state after `run.step` if it is due; every rank calls it after every step."""
@@ -120,15 +120,17 @@ class Validator:
             )
         observation = observe(run.validation, self.rule, step, metrics)
         run.validation = observation.state
-        if observation.improved and self._context.is_primary:
-            run.best_weights = weights_copy(self._model)
+        if observation.improved:  # every rank alike: under FSDP the copy gathers every shard
+            best = self._strategy.full_weights(self._model)
+            if self._context.is_primary:
+                run.best_weights = best
         self._report(run, metrics)
 
     def _agreed_scores(self) -> dict[str, float]:
         """Rank 0's scores of the validation split, on every rank (or its failure, raised on every rank)."""
         outcome: tuple[dict[str, float] | None, str | None] | None = None
         error: BaseException | None = None
-        if self._context.is_primary:
+        if self._scores_here:
             try:
                 raw = scores(self._task, self._model, self._split)
                 outcome = ({f"{VALIDATION_PREFIX}{name}": value for name, value in raw.items()}, None)

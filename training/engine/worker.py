@@ -43,6 +43,7 @@ from core.errors import RetrainError
 from core.secrets import mask_logged_secrets, mask_secrets
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.lease import CheckpointLease, LeasedStore
+from training.checkpoint.sharded import ShardGroup
 from training.checkpoint.stores import open_checkpoint_lease, open_checkpoint_store
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, barrier, init_distributed, shutdown_distributed
@@ -110,7 +111,10 @@ def run_worker(
             lease = open_checkpoint_lease(config.checkpoints, environ, launch_id).acquire()
             store = LeasedStore(store, lease)
             store.discard_incomplete()  # safe only with no other writer: what the lease guarantees
-        checkpointer = Checkpointer(store, keep_last=config.keep_checkpoints)
+        # Sharded layout: every rank writes its shard, its collectives on a gloo group of their own, made by
+        # every rank here, in the same order.
+        shards = ShardGroup.create(context.rank, context.world_size) if config.sharded_checkpoints else None
+        checkpointer = Checkpointer(store, keep_last=config.keep_checkpoints, shards=shards)
         tracker = make_tracker(
             config.mlflow_tracking_uri,
             config.mlflow_experiment,

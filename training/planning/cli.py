@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from core.errors import InputError
+from core.train_rules import STRATEGIES, STRATEGY_DDP
 from training.planning.maths import (
     DEFAULT_EFFICIENCY_THRESHOLD,
     DEFAULT_RUN_STEPS,
@@ -54,6 +55,7 @@ MEASURE_OPTIONS = (
     ("--data", "data"),
     ("--global-batch-size", "global_batch_size"),
     ("--hidden-width", "hidden_width"),
+    ("--strategy", "strategy"),
     ("--run-steps", "run_steps"),
 )
 MODEL_OPTIONS = (
@@ -214,6 +216,7 @@ def _measure_settings(args: argparse.Namespace) -> MeasureSettings:
         global_batch_size=_whole_or(args.global_batch_size, "--global-batch-size", None),
         hidden_width=_whole_or(args.hidden_width, "--hidden-width", DEFAULT_HIDDEN_WIDTH),
         data=args.data,
+        strategy=STRATEGY_DDP if args.strategy is None else args.strategy.strip(),
     )
 
 
@@ -270,8 +273,9 @@ def _measured_json(settings: MeasureSettings, result: MeasuredScaling) -> dict[s
 
 def _print_measured(settings: MeasureSettings, result: MeasuredScaling, stream: TextIO) -> None:
     print(
-        f"measured: global batch {settings.global_batch_size}, hidden width {settings.hidden_width}, "
-        f"at least {settings.steps} steps per process count, the first {WARMUP_STEPS} not timed",
+        f"measured: {settings.strategy}, global batch {settings.global_batch_size}, hidden width "
+        f"{settings.hidden_width}, at least {settings.steps} steps per process count, the first "
+        f"{WARMUP_STEPS} not timed",
         file=stream,
     )
     table = [("PROCS", "STEP_MS", "SPEEDUP", "EFFICIENCY", "FITTED_STEP_MS")]
@@ -372,6 +376,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     measure.add_argument(
         "--hidden-width", metavar="W", help=f"the model's hidden width (default {DEFAULT_HIDDEN_WIDTH})"
+    )
+    measure.add_argument(
+        "--strategy",
+        metavar="|".join(STRATEGIES),
+        help=f"how the processes share the model, as `retrain train --strategy` (default {STRATEGY_DDP})",
     )
     measure.add_argument(
         "--run-steps",

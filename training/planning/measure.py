@@ -2,14 +2,17 @@
 
 Each process count is a real `retrain train --nproc N` (torchrun for N > 1) on a prepared data version,
 with the same global batch for every N, so a step does the same work whatever N is and only its split
-and its gradient exchange change. Checkpoints go to a temporary folder that is deleted afterwards; nothing
-is tracked in MLflow. The step time comes from the trainer's own step events (`--progress jsonl`).
+and its gradient exchange change. Every count trains under the one `--strategy` measured (ddp: all-reduced
+replicas; fsdp: shards gathered and reduce-scattered), and each run's metadata.json must say it did.
+Checkpoints go to a temporary folder that is deleted afterwards; nothing is tracked in MLflow. The step
+time comes from the trainer's own step events (`--progress jsonl`).
 
 Launching sits behind `StepTimer`, so the orchestration is testable without starting processes.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -26,8 +29,9 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from core.errors import InputError, RetrainError
+from core.train_rules import STRATEGIES, STRATEGY_DDP
 from training.engine.config import TrainConfig
-from training.engine.supervise import TrainingProcess
+from training.engine.supervise import StartCommand, TrainingProcess
 from training.planning.maths import StepTime
 
 log = logging.getLogger(__name__)
@@ -66,6 +70,7 @@ class MeasureSettings:
     global_batch_size: int | None = None
     hidden_width: int = DEFAULT_HIDDEN_WIDTH
     data: Path | None = None
+    strategy: str = STRATEGY_DDP
 
     def __post_init__(self) -> None:
         if not (_whole(self.max_procs) and self.max_procs >= 2):
@@ -81,6 +86,8 @@ class MeasureSettings:
             )
         if not (_whole(self.hidden_width) and self.hidden_width >= 1):
             raise InputError(f"--hidden-width must be a whole number >= 1, got {self.hidden_width!r}")
+        if self.strategy not in STRATEGIES:
+            raise InputError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.global_batch_size is None:
             object.__setattr__(self, "global_batch_size", default_global_batch_size(self.max_procs))
         self._check_batch_splits(self.global_batch_size)
@@ -99,10 +106,12 @@ class MeasureSettings:
 
 @dataclass(frozen=True)
 class StepTiming:
-    """The median steady-state seconds per step, over `timed_steps` steps."""
+    """The median steady-state seconds per step, over `timed_steps` steps; `strategy`: the one the trainer
+    says it trained under (its metadata.json), where a real run was timed."""
 
     seconds: float
     timed_steps: int
+    strategy: str | None = None
 
 
 class StepTimer(Protocol):
@@ -135,9 +144,10 @@ def measure_step_times(timer: StepTimer, max_procs: int, progress: TextIO) -> tu
     points = []
     for processes in range(1, max_procs + 1):
         timing = timer.time_step(processes)
+        under = f" under {timing.strategy}" if timing.strategy is not None else ""
         progress.write(
-            f"measured {processes} of {max_procs} process counts: {timing.seconds * 1000:.3f} ms per step "
-            f"(median of {timing.timed_steps} steps)\n"
+            f"measured {processes} of {max_procs} process counts{under}: {timing.seconds * 1000:.3f} ms per "
+            f"step (median of {timing.timed_steps} steps)\n"
         )
         progress.flush()
         points.append(StepTime(processes, timing.seconds))
@@ -153,12 +163,21 @@ def epochs_for(steps: int, train_rows: int, global_batch_size: int) -> int:
 
 
 class TrainerStepTimer:
-    """Runs `retrain train --nproc N` on a prepared data version and times its steady-state step."""
+    """Runs `retrain train --nproc N` on a prepared data version and times its steady-state step; `start`
+    starts it other than as a fresh process (training/engine/supervise.py's `StartCommand`)."""
 
-    def __init__(self, data: Path, work: Path, settings: MeasureSettings, environ: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        data: Path,
+        work: Path,
+        settings: MeasureSettings,
+        environ: Mapping[str, str],
+        start: StartCommand | None = None,
+    ) -> None:
         self._data = data
         self._work = work
         self._settings = settings
+        self._start = start
         # One intra-op thread per process, as torchrun's workers get: N = 1 must not use every core while
         # N = 2 gets one each, or the curve would show thread contention rather than data parallelism.
         self._environ = {**environ, "OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", "1")}
@@ -186,12 +205,12 @@ class TrainerStepTimer:
             "--nproc", str(processes), "--data", str(self._data), "--out", str(run / "out"),
             "--checkpoints", str(run / "checkpoints"), "--epochs", str(self._epochs),
             "--global-batch-size", str(settings.global_batch_size),
-            "--task-option", f"hidden_width={settings.hidden_width}",
+            "--task-option", f"hidden_width={settings.hidden_width}", "--strategy", settings.strategy,
             "--checkpoint-every-steps", "off", "--checkpoint-every-seconds", "off", "--no-mlflow",
         ]  # fmt: skip
         log_path = run / "train.log"
         with log_path.open("w") as stderr:
-            process = TrainingProcess(arguments, env=self._environ, stderr=stderr)
+            process = TrainingProcess(arguments, env=self._environ, stderr=stderr, start=self._start)
             try:
                 with _forward_stop_signals(process) as received:
                     code = process.finish()
@@ -207,7 +226,27 @@ class TrainerStepTimer:
                 f"measuring {_processes(processes)}: `retrain train` exited with code {code}: "
                 f"{_last_line(log_path)}"
             )
-        return steady_step_timing(process.events_seen, settings.global_batch_size)
+        timing = steady_step_timing(process.events_seen, settings.global_batch_size)
+        strategy = _trained_under(run / "out", processes, settings.strategy)
+        return StepTiming(timing.seconds, timing.timed_steps, strategy)
+
+
+def _trained_under(out: Path, processes: int, strategy: str) -> str:
+    """The strategy the finished run's metadata.json records, refused unless it is `strategy` on
+    `processes` ranks: a curve of something other than what was asked is worse than none."""
+    try:
+        metadata = json.loads((out / "metadata.json").read_text())
+        trained = (str(metadata["strategy"]), int(metadata["world_size"]))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise RetrainError(
+            f"measuring {_processes(processes)}: the training's metadata.json cannot be read ({error})"
+        ) from None
+    if trained != (strategy, processes):
+        raise RetrainError(
+            f"measuring {_processes(processes)} under {strategy}: the training ran under {trained[0]} on "
+            f"{_processes(trained[1])}"
+        )
+    return trained[0]
 
 
 @contextmanager

@@ -43,6 +43,11 @@ What a task may bring besides (optional; a task without it keeps the engine's de
   (`--learning-rate`, `--weight-decay`) with a linear warm-up over `--warmup-steps` steps, then a cosine
   decay to a tenth of the learning rate at the last step. A scheduler that needs a metric to step
   (ReduceLROnPlateau) is refused: nothing gives it one each step.
+- **Its FSDP units.** `fsdp_modules(model)` returns the submodules of `model` that `--strategy fsdp` shards
+  as units of their own (a transformer's blocks, say), each gathered whole only for its own forward and
+  backward; the root takes the rest. Without the hook, every submodule holding at least 100,000 parameters
+  not already in a smaller unit is one (training/engine/strategy.py). It is called once per attempt, with
+  the model on its device, before the optimizer is built.
 - **The data's facts in the loss.** `loss(model, batch, info)`: a `loss` whose signature has a parameter
   named `info` is given the data version's `info` (class counts for a weighted loss, say) as `info=`; one
   with two parameters is called as `loss(model, batch)`.
@@ -225,7 +230,7 @@ REQUIRED_METHODS = (
 )
 REQUIRED_ATTRIBUTES = ("name", "raw_suffixes", "metrics", "default_primary_metric")
 # Methods a task may have (see the contract above); the engine does without them.
-OPTIONAL_METHODS = ("configure_optimization",)
+OPTIONAL_METHODS = ("configure_optimization", "fsdp_modules")
 
 
 @dataclass(frozen=True)

@@ -57,3 +57,34 @@ def kill_mid_interval(process: TrainingProcess, checkpoints: str) -> int:
     process.wait_for(is_step(seen["step"] + 5))
     kill_process_tree(process)
     return newest_record(checkpoints).step
+
+
+def kill_twice_then_finish(
+    start: Callable[[], TrainingProcess], checkpoints: str
+) -> tuple[list[int], list[dict]]:
+    """Start, let it checkpoint, SIGKILL the whole tree a few steps later; twice; then start once more and let
+    it finish (code 0). Returns the newest durable checkpoint's step at each kill, and each restart's
+    `resumed` event.
+
+    What the trainer guarantees, not when things happen: progress is read behind the trainer, so a later
+    checkpoint may become durable between the step seen and the kill. Each restart must resume from the
+    newest checkpoint durable at the kill (never an older one), at exactly its sample."""
+    durable_at_kill: list[int] = []
+    resumes: list[dict] = []
+    for _ in range(2):
+        process = start()
+        after = durable_at_kill[-1] if durable_at_kill else 0
+        seen = process.wait_for(
+            lambda event, after=after: event["event"] == "checkpoint" and event["step"] > after
+        )
+        process.wait_for(is_step(seen["step"] + 5))  # mid-interval, mid-epoch
+        if durable_at_kill:
+            resumes.append(resumed_event(process))
+        kill_process_tree(process)
+        newest = newest_record(checkpoints)
+        assert newest.step >= seen["step"]
+        durable_at_kill.append(newest.step)
+    final = start()
+    assert final.finish() == 0
+    resumes.append(resumed_event(final))
+    return durable_at_kill, resumes

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO
 
 from components.local.warm import WarmLauncher
-from training.engine.supervise import StartedProcess, TrainingProcess
+from training.engine.supervise import StartCommand, StartedProcess, TrainingProcess
 
 COMMAND_TIMEOUT_S = 600.0  # a bound on a command that hangs, never expected to be reached
 
@@ -48,6 +48,10 @@ class WarmStarts:
         """`TrainingProcess(train_args, env, stderr)`, forked; `pipe_bytes`: its stdout pipe's size, set
         before it can write (a small one holds a training back until the test reads its events)."""
         return TrainingProcess(train_args, env=env, stderr=stderr, start=partial(self._start, pipe_bytes))
+
+    def start_command(self) -> StartCommand:
+        """How `TrainingProcess` (or what builds one, such as the planner's step timer) forks its command."""
+        return partial(self._start, None)
 
     def _start(
         self,

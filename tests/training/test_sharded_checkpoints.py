@@ -1,0 +1,193 @@
+"""The sharded checkpoint layout on its own, one process, on a real local folder and on Azurite: what a save
+writes and its record lists, what a load checks before it fills a tensor, and the storage-fault rules of
+the single-file layout (a full disk leaves nothing, a failed record takes its data with it, keep-two)."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+import torch
+from helpers.training.filling_disk import FillingStore
+
+from core.errors import CheckpointError
+from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.local_store import LocalCheckpointStore
+from training.checkpoint.records import LAYOUT_SHARDED, RECORD_SUFFIX, CheckpointRecord
+from training.checkpoint.sharded import CHECKSUM, ShardGroup
+from training.checkpoint.store import CheckpointStore
+
+ONE_PROCESS = ShardGroup(rank=0, world_size=1)
+
+
+def _state(seed: int = 0) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "model": {
+            "weight": torch.randn(64, 32, generator=generator),
+            "half": torch.randn(8, 8, generator=generator).to(torch.bfloat16),
+            "count": torch.tensor(seed, dtype=torch.int64),  # 0-dim
+            "empty": torch.zeros(0, 4),
+        },
+        "run": b"progress \x00\xff not utf-8",
+    }
+
+
+def _target() -> dict:
+    return {
+        "model": {
+            "weight": torch.zeros(64, 32),
+            "half": torch.zeros(8, 8, dtype=torch.bfloat16),
+            "count": torch.tensor(-1, dtype=torch.int64),
+            "empty": torch.zeros(0, 4),
+        },
+        "run": b"",
+    }
+
+
+def _meta(step: int) -> CheckpointMeta:
+    return CheckpointMeta(
+        step=step, epoch=0, position=step, reason="interval", attempt=1, launch_id="l", world_size=1,
+        data_version="dv-test",
+    )  # fmt: skip
+
+
+def _save(checkpointer: Checkpointer, step: int, seed: int = 0) -> CheckpointRecord | None:
+    checkpointer.save(_state(seed), _meta(step))
+    result = checkpointer.wait_until_durable(raise_on_failure=False)
+    assert result is not None
+    return result.record
+
+
+def _record(store: CheckpointStore, name: str) -> CheckpointRecord:
+    return CheckpointRecord.from_bytes(store.read(name + RECORD_SUFFIX), name)
+
+
+def test_a_save_writes_each_shard_and_the_metadata_then_a_record_listing_their_sizes_and_checksums(
+    inner_store,
+):
+    store = inner_store
+    checkpointer = Checkpointer(store, shards=ONE_PROCESS)
+    record = _save(checkpointer, 10, seed=3)
+    assert record is not None and record.layout == LAYOUT_SHARDED and record.checksum == CHECKSUM
+    assert sorted(store.names()) == [
+        "step-0000000010-a001.dcp", "step-0000000010-a001.json", "step-0000000010-a001.shard-00000",
+    ]  # fmt: skip
+    assert sorted(record.objects) == ["step-0000000010-a001.dcp", "step-0000000010-a001.shard-00000"]
+    sizes = {name: len(store.read(name)) for name in record.objects}
+    assert {name: entry["size"] for name, entry in record.objects.items()} == sizes
+    assert record.size == sum(sizes.values()) and _record(store, record.name) == record
+    # Raw tensor bytes back to back, no pickled copy of each tensor: the shard is exactly the tensors'
+    # bytes and the one non-tensor value as torch.save writes it.
+    pickled_run = io.BytesIO()
+    torch.save(_state()["run"], pickled_run)
+    tensor_bytes = sum(t.numel() * t.element_size() for t in _state()["model"].values())
+    assert sizes["step-0000000010-a001.shard-00000"] == tensor_bytes + len(pickled_run.getvalue())
+
+    target = _target()
+    metadata = checkpointer.sharded_metadata(record)
+    checkpointer.load_shards(record, metadata, target)
+    for key, tensor in _state(seed=3)["model"].items():
+        assert torch.equal(target["model"][key], tensor) and target["model"][key].dtype == tensor.dtype
+    assert target["run"] == _state()["run"]
+    assert not metadata.holds("best.")
+    checkpointer.close()
+
+
+def _flip_one_bit(data: bytes) -> bytes:
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 0x10]) + data[middle + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (_flip_one_bit, f"fails its checksum: step-0000000020-a001.shard-00000 {CHECKSUM}"),
+        (lambda d: d[:100], "is truncated"),
+    ],
+    ids=["bit-flipped", "truncated"],
+)
+def test_a_damaged_shard_is_refused_before_any_tensor_is_filled_and_the_previous_checkpoint_loads(
+    tmp_path, damage, says
+):
+    store = LocalCheckpointStore(tmp_path / "ckpt")
+    checkpointer = Checkpointer(store, shards=ONE_PROCESS)
+    _save(checkpointer, 10, seed=1)
+    newest = _save(checkpointer, 20, seed=2)
+    shard = tmp_path / "ckpt" / "step-0000000020-a001.shard-00000"
+    shard.write_bytes(damage(shard.read_bytes()))
+
+    candidates = checkpointer.resume_candidates()  # rank 0 checks presence; each rank its reads' sums
+    assert [each.name for each in candidates] == ["step-0000000020-a001", "step-0000000010-a001"]
+    target = _target()
+    with pytest.raises(CheckpointError, match=says):
+        checkpointer.load_shards(newest, checkpointer.sharded_metadata(newest), target)
+    assert torch.equal(target["model"]["weight"], _target()["model"]["weight"])  # untouched
+    checkpointer.load_shards(candidates[1], checkpointer.sharded_metadata(candidates[1]), target)
+    assert torch.equal(target["model"]["weight"], _state(seed=1)["model"]["weight"])
+    checkpointer.close()
+
+
+def test_a_checkpoint_missing_a_shard_is_skipped_with_a_warning(tmp_path, caplog):
+    store = LocalCheckpointStore(tmp_path / "ckpt")
+    checkpointer = Checkpointer(store, shards=ONE_PROCESS)
+    _save(checkpointer, 10)
+    _save(checkpointer, 20)
+    (tmp_path / "ckpt" / "step-0000000020-a001.shard-00000").unlink()
+    with caplog.at_level(logging.WARNING):
+        candidates = checkpointer.resume_candidates()
+    assert [each.name for each in candidates] == ["step-0000000010-a001"]
+    assert "step-0000000020-a001 is incomplete: step-0000000020-a001.shard-00000 missing" in caplog.text
+    checkpointer.close()
+
+
+def test_a_sharded_save_on_a_full_disk_fails_with_the_reason_and_leaves_nothing(inner_store):
+    store = inner_store
+    filling = FillingStore(store)
+    checkpointer = Checkpointer(filling, shards=ONE_PROCESS)
+    assert _save(checkpointer, 10) is not None
+    before = sorted(store.names())
+    filling.fill_up()
+    checkpointer.save(_state(), _meta(20))
+    result = checkpointer.wait_until_durable(raise_on_failure=False)
+    assert result is not None and result.record is None
+    assert result.failure == f"no space left on device on {store.location}"
+    assert sorted(store.names()) == before
+    assert (checkpointer.stats.failed, checkpointer.stats.failed_since_last_saved) == (1, 1)
+    checkpointer.close()
+
+
+def test_shards_whose_record_failed_are_removed(inner_store):
+    store = inner_store
+    filling = FillingStore(store, fails=lambda name: name.endswith(RECORD_SUFFIX))
+    filling.fill_up()
+    checkpointer = Checkpointer(filling, shards=ONE_PROCESS)
+    checkpointer.save(_state(), _meta(10))
+    result = checkpointer.wait_until_durable(raise_on_failure=False)
+    assert result is not None and result.record is None and "no space left on device" in result.failure
+    assert store.names() == []  # the shard and the metadata went with the record that never came
+    checkpointer.close()
+
+
+def test_keep_two_prunes_every_object_of_an_older_sharded_checkpoint(inner_store):
+    store = inner_store
+    checkpointer = Checkpointer(store, shards=ONE_PROCESS)
+    for step in (10, 20, 30):
+        _save(checkpointer, step)
+    assert sorted({name.split(".")[0] for name in store.names()}) == [
+        "step-0000000020-a001", "step-0000000030-a001",
+    ]  # fmt: skip
+    assert len(store.names()) == 6
+    checkpointer.close()
+
+
+def test_a_record_listing_another_checkpoints_object_is_unreadable():
+    record = CheckpointRecord(
+        name="step-0000000010-a001", step=10, epoch=0, position=0, reason="interval", attempt=1,
+        launch_id="l", world_size=2, data_version="dv", sha256="", size=1, created_at="now",
+        layout=LAYOUT_SHARDED, checksum=CHECKSUM,
+        objects={"step-0000000020-a001.shard-00000": {"size": 1, CHECKSUM: "00000000"}},
+    )  # fmt: skip
+    with pytest.raises(CheckpointError, match="listing its own objects"):
+        CheckpointRecord.from_bytes(record.to_bytes(), record.name)
