@@ -1,20 +1,35 @@
-"""Benchmark: our trainer against a bare DDP loop, and our checkpoints against torch.save and the disk.
+"""Benchmark: our trainer against bare DDP and FSDP loops, and our checkpoints against torch and the disk.
 
-    make bench            (or: .venv/bin/python bench/trainer.py [--rounds R] [--case NAME ...])
+    make bench            (or: .venv/bin/python bench/trainer.py [--section ddp|fsdp|sharding ...]
+                                [--rounds R] [--fsdp-rounds R] [--case NAME ...])
 
-One case per task (`CASES`: a task reference, its options and how to make its data). For each, side by
-side in one run, alternating (bare, ours, bare, ours, ...) because this machine is shared and noisy; the
-median of each is compared. 2 processes (torchrun, gloo), the same task (data, model, loss), batch and step
-count on both sides:
+Everything runs side by side in one run, ours and its baseline alternating (bare, ours, bare, ours, ...)
+or back to back, because this machine is shared and noisy; medians are compared. 2 processes (torchrun,
+gloo on CPU), the same task (data, model, loss), batch and step count on both sides.
 
-1. samples/s of our trainer checkpointing every 20 steps / samples/s of the bare loop   (target >= 0.95)
-2. time training is blocked per checkpoint / a synchronous torch.save of the same state (target <= 0.2)
-3. our checkpoint write throughput / raw sequential write throughput of the same bytes  (printed)
-
+Section ddp: one case per task (`CASES`: a task reference, its options and how to make its data).
+1. samples/s of our trainer checkpointing every 20 steps / samples/s of the bare DDP loop  (target >= 0.95)
+2. time training is blocked per checkpoint / a synchronous torch.save of the same state  (target <= 0.2)
+3. our checkpoint write throughput / raw sequential write throughput of the same bytes   (printed)
 The ratio in 1 is the median of each round's ours/bare pair, which ran back to back. Target 2 applies to
 a case whose state is big enough to measure it (the tabular case's 10.8 million parameters).
 
-Writes bench/out/trainer.json; exits non-zero if a target is missed.
+Sections fsdp and sharding (issue 23), on the tabular case's model:
+4. samples/s of `retrain train --strategy fsdp` (sharded checkpoints every 15 steps) / samples/s of the
+   bare FSDP loop, `bench/bare_ddp.py --strategy fsdp` (the same units)                  (target >= 0.95)
+5. bytes per rank of parameters, gradients and optimizer state (local shards, steady state), FSDP / DDP
+                                                                                          (target <= 0.6)
+6. our whole save path's rate (state dict, stage, serialise, checksum, write, fsync, commit record,
+   prune; all ranks) / a raw os.write + fsync of the same bytes by the same ranks in parallel, for DDP and
+   FSDP in the sharded layout                                                             (target >= 0.8)
+   (and the single-file layout's, printed)
+7. training blocked per checkpoint (the weights' finiteness check, the state dict, `Checkpointer.save` and
+   `wait_until_staged`) / a synchronous `torch.distributed.checkpoint.save` of the same state, sharded
+   layout, DDP and FSDP                                                                  (target <= 0.04)
+5 to 7 come from `bench/sharded_save.py`, which builds the training objects with the engine's own
+functions under torchrun; its docstring says exactly what each measures.
+
+Writes bench/out/trainer.json; prints every figure, then exits non-zero if a target is missed.
 """
 
 from __future__ import annotations
@@ -44,6 +59,7 @@ NPROC = 2
 TARGET_STEPS = 100
 CHECKPOINT_EVERY = 20
 THROUGHPUT_TARGET, BLOCKED_TARGET = 0.95, 0.2
+RUN_TIMEOUT_SECONDS = 900  # one run of either side; a hung one fails the bench instead of stalling it
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "RETRAIN_HOME": str(OUT / "state")}
 
@@ -117,10 +133,11 @@ CASES: tuple[BenchCase, ...] = (
 class Workload:
     train_rows: int
     global_batch_size: int
+    target_steps: int = TARGET_STEPS
 
     @property
     def epochs(self) -> int:
-        return math.ceil(TARGET_STEPS / (self.train_rows // self.global_batch_size))
+        return math.ceil(self.target_steps / (self.train_rows // self.global_batch_size))
 
     @property
     def steps(self) -> int:
@@ -133,29 +150,47 @@ def train_rows(case: BenchCase, data: Path) -> int:
     return len(load_task(case.task, case.options).load(data).split("train"))
 
 
-def run_bare(case: BenchCase, data: Path, work: Workload) -> float:
-    command = [
+def torchrun(script: str) -> list[str]:
+    return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}",
-        str(REPO_ROOT / "bench" / "bare_ddp.py"), "--task", case.task, "--task-options", case.task_options,
-        "--data", str(data), "--steps", str(work.steps), "--global-batch-size", str(work.global_batch_size),
+        str(REPO_ROOT / "bench" / script),
     ]  # fmt: skip
-    output = subprocess.run(command, env=ENV, cwd=REPO_ROOT, capture_output=True, text=True, check=True)
-    line = next(line for line in output.stdout.splitlines() if line.startswith("{"))
+
+
+def run_bare(case: BenchCase, data: Path, work: Workload, strategy: str = "ddp") -> float:
+    command = [
+        *torchrun("bare_ddp.py"), "--task", case.task, "--task-options", case.task_options,
+        "--strategy", strategy, "--data", str(data), "--steps", str(work.steps),
+        "--global-batch-size", str(work.global_batch_size),
+    ]  # fmt: skip
+    output = checked_run(command)
+    line = next(line for line in output.splitlines() if line.startswith("{"))
     return json.loads(line)["samples_per_second"]
 
 
-def run_ours(case: BenchCase, data: Path, work: Workload, round_number: int) -> dict:
-    run_dir = OUT / case.name / f"ours-{round_number}"
+def run_ours(
+    case: BenchCase,
+    data: Path,
+    work: Workload,
+    round_number: int,
+    strategy: str = "ddp",
+    checkpoint_every: int = CHECKPOINT_EVERY,
+) -> dict:
+    run_dir = (
+        OUT / case.name / (f"ours-{round_number}" if strategy == "ddp" else f"ours-{strategy}-{round_number}")
+    )
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     command = [
         sys.executable, "-m", "training.cli", "train", "--nproc", str(NPROC), "--data", str(data),
         "--task", case.task, "--task-options", case.task_options,
         "--out", str(run_dir / "model"), "--checkpoints", str(run_dir / "checkpoints"),
         "--epochs", str(work.epochs), "--global-batch-size", str(work.global_batch_size),
-        "--checkpoint-every-steps", str(CHECKPOINT_EVERY), "--checkpoint-every-seconds", "off",
+        "--checkpoint-every-steps", str(checkpoint_every), "--checkpoint-every-seconds", "off",
         "--progress", "none",
     ]  # fmt: skip
-    subprocess.run(command, env=ENV, cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    if strategy != "ddp":
+        command += ["--strategy", strategy]  # its checkpoint layout: auto, the sharded one under FSDP
+    checked_run(command)
     metadata = json.loads((run_dir / "model" / "metadata.json").read_text())
     metadata["checkpoint_dir"] = str(run_dir / "checkpoints")
     return metadata
@@ -189,6 +224,7 @@ def checkpointer_write_bytes_per_second(checkpoint_file: Path, repeats: int = 5)
         meta = CheckpointMeta(step, 0, 0, "interval", 1, "bench", NPROC, "dv-bench")
         checkpointer.save(state, meta)
         result = checkpointer.wait_until_durable()
+        assert result is not None and result.record is not None and result.write_seconds is not None
         if step > warmup:
             rates.append(result.record.size / result.write_seconds)
     checkpointer.close()
@@ -262,6 +298,164 @@ def bench_case(case: BenchCase, rounds: int, global_batch_size: int | None) -> d
     }
 
 
+# -- FSDP and sharded checkpoints (issue 23) ---------------------------------------------------------------
+
+SHARDING_CASE = (
+    "tabular"  # the DDP tabular case's model (10.8 M parameters): big enough for the shards to matter
+)
+FSDP_STEPS = 30  # about 0.9 s a step under FSDP here: a round is about 80 s
+FSDP_CHECKPOINT_EVERY = 15  # one checkpoint in the measured steps, every ~13 s as in the DDP case
+FSDP_ROUNDS = 3
+FSDP_THROUGHPUT_TARGET = 0.95  # ours / the bare FSDP loop, samples/s
+MEMORY_TARGET = 0.6  # FSDP / DDP, per rank: parameters, gradients and optimizer state
+WRITE_RATE_TARGET = 0.8  # our whole save path / a raw parallel write + fsync of the same bytes
+SHARDED_BLOCKED_TARGET = 0.04  # training blocked per checkpoint / a synchronous DCP save of the same state
+# (strategy, checkpoint layout) of each run of bench/sharded_save.py; the single file is printed only.
+SAVE_RUNS = (("fsdp", "sharded"), ("ddp", "sharded"), ("ddp", "single"))
+
+
+def bench_fsdp(case: BenchCase, rounds: int, global_batch_size: int | None) -> dict[str, Any]:
+    """`retrain train --strategy fsdp` against the bare FSDP loop, alternating, on the same task."""
+    data = case.prepare(OUT / case.name)
+    work = Workload(train_rows(case, data), global_batch_size or case.global_batch_size, FSDP_STEPS)
+    bare, ours = [], []
+    for round_number in range(1, rounds + 1):
+        bare.append(run_bare(case, data, work, "fsdp"))
+        ours.append(run_ours(case, data, work, round_number, "fsdp", FSDP_CHECKPOINT_EVERY))
+        print(f"fsdp {case.name} round {round_number}: bare {bare[-1]:,.0f} samples/s, ours "
+              f"{ours[-1]['throughput']['samples_per_second']:,.0f} samples/s", flush=True)  # fmt: skip
+    ours_rates = [run["throughput"]["samples_per_second"] for run in ours]
+    paired_ratios = [mine / theirs for mine, theirs in zip(ours_rates, bare, strict=True)]
+    last = ours[-1]
+    return {
+        "task": case.task,
+        "task_options": case.options,
+        "parameters": last["parameters"],
+        "processes": NPROC,
+        "global_batch_size": work.global_batch_size,
+        "steps": work.steps,
+        "rounds": rounds,
+        "checkpoint_every_steps": FSDP_CHECKPOINT_EVERY,
+        "checkpoint_layout": last["checkpoints"]["layout"],
+        "checkpoint_megabytes": last["checkpoints"]["bytes_per_checkpoint"] / 1e6,
+        "bare_samples_per_second_each": [round(rate, 1) for rate in bare],
+        "ours_samples_per_second_each": [round(rate, 1) for rate in ours_rates],
+        "bare_samples_per_second": statistics.median(bare),
+        "ours_samples_per_second": statistics.median(ours_rates),
+        "paired_throughput_ratios": [round(ratio, 3) for ratio in paired_ratios],
+        "throughput_ratio": statistics.median(paired_ratios),
+        # rank 0's Checkpointer figures in training (metadata.json), beside bench/sharded_save.py's
+        "in_training_checkpointer_blocked_seconds": statistics.median(
+            run["checkpoints"]["blocked_seconds_mean"] for run in ours
+        ),
+        "in_training_write_seconds": statistics.median(
+            run["checkpoints"]["write_seconds_mean"] for run in ours
+        ),
+    }
+
+
+def run_save_driver(case: BenchCase, data: Path, strategy: str, layout: str, global_batch_size: int) -> dict:
+    folder = OUT / case.name / f"saves-{strategy}-{layout}"
+    subprocess.run(["rm", "-rf", str(folder)], check=True)
+    command = [
+        *torchrun("sharded_save.py"), "--task", case.task, "--task-options", case.task_options,
+        "--data", str(data), "--global-batch-size", str(global_batch_size), "--strategy", strategy,
+        "--layout", layout, "--folder", str(folder),
+    ]  # fmt: skip
+    output = checked_run(command)
+    subprocess.run(["rm", "-rf", str(folder)], check=True)
+    return json.loads(next(line for line in output.splitlines() if line.startswith("{")))
+
+
+def bench_sharding(case: BenchCase, global_batch_size: int | None) -> dict[str, Any]:
+    """Per-rank state memory, the save path's write rate, training's block per save (sharded_save.py)."""
+    data = case.prepare(OUT / case.name)
+    batch = global_batch_size or case.global_batch_size
+    runs = {}
+    for strategy, layout in SAVE_RUNS:
+        runs[f"{strategy}-{layout}"] = run_save_driver(case, data, strategy, layout, batch)
+        print(f"saves {strategy}-{layout}: done", flush=True)
+
+    def per_rank_peak(name: str) -> dict[str, int]:
+        ranks = runs[name]["memory"]["per_rank"]
+        return max(ranks, key=lambda rank: rank["total"])
+
+    fsdp_memory, ddp_memory = per_rank_peak("fsdp-sharded"), per_rank_peak("ddp-sharded")
+    return {
+        "task": case.task,
+        "task_options": case.options,
+        "parameters": runs["fsdp-sharded"]["parameters"],
+        "processes": NPROC,
+        "memory": {
+            "fsdp_per_rank": fsdp_memory,
+            "ddp_per_rank": ddp_memory,
+            "ratio": fsdp_memory["total"] / ddp_memory["total"],
+        },
+        "save_path": {name: run["save_path"] for name, run in runs.items()},
+        "blocked": {name: run["blocked"] for name, run in runs.items() if "blocked" in run},
+    }
+
+
+def checked_run(command: list[str]) -> str:
+    """Run `command` (in the bench's environment); its stdout, or its stderr's end raised if it fails."""
+    done = subprocess.run(
+        command, env=ENV, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_SECONDS
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:6])} ... failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def verdict(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+def report_fsdp(result: dict[str, Any]) -> bool:
+    ratio = result["throughput_ratio"]
+    ok = ratio >= FSDP_THROUGHPUT_TARGET
+    print(f"fsdp: samples/s ours {result['ours_samples_per_second']:,.0f} vs bare FSDP loop "
+          f"{result['bare_samples_per_second']:,.0f}: ratio {ratio:.3f} (pairs "
+          f"{', '.join(f'{pair:.3f}' for pair in result['paired_throughput_ratios'])}; target >= "
+          f"{FSDP_THROUGHPUT_TARGET}): {verdict(ok)}")  # fmt: skip
+    return ok
+
+
+def report_sharding(result: dict[str, Any]) -> bool:
+    memory = result["memory"]
+    fsdp, ddp = memory["fsdp_per_rank"], memory["ddp_per_rank"]
+    memory_ok = memory["ratio"] <= MEMORY_TARGET
+    print(f"memory per rank (parameters + gradients + optimizer state, local shards, steady state): FSDP "
+          f"{fsdp['total'] / 1e6:.1f} MB vs DDP {ddp['total'] / 1e6:.1f} MB: ratio {memory['ratio']:.3f} "
+          f"(target <= {MEMORY_TARGET}): {verdict(memory_ok)}")  # fmt: skip
+    print(f"  FSDP {fsdp['parameters'] / 1e6:.1f} + {fsdp['gradients'] / 1e6:.1f} + "
+          f"{fsdp['optimizer_state'] / 1e6:.1f} MB; DDP {ddp['parameters'] / 1e6:.1f} + "
+          f"{ddp['gradients'] / 1e6:.1f} + {ddp['optimizer_state'] / 1e6:.1f} MB; peak RSS growth, for "
+          f"scale: FSDP {fsdp['peak_rss_growth'] / 1e6:.0f} MB, "
+          f"DDP {ddp['peak_rss_growth'] / 1e6:.0f} MB")  # fmt: skip
+    all_ok = memory_ok
+    for name, path in result["save_path"].items():
+        checked = name != "ddp-single"
+        ok = path["ratio"] >= WRITE_RATE_TARGET
+        all_ok = all_ok and (ok or not checked)
+        print(f"save path {name}: {path['bytes'] / 1e6:.1f} MB at {path['ours_megabytes_per_second']:,.0f} "
+              f"MB/s vs raw parallel write + fsync {path['raw_megabytes_per_second']:,.0f} MB/s: ratio "
+              f"{path['ratio']:.3f} (pairs {', '.join(f'{pair:.3f}' for pair in path['paired_ratios'])}; "
+              f"{f'target >= {WRITE_RATE_TARGET}): {verdict(ok)}' if checked else 'printed)'}; vs one "
+              f"process writing it all {path['raw_one_process_megabytes_per_second']:,.0f} MB/s: "
+              f"{path['one_process_ratio']:.3f}")  # fmt: skip
+    for name, blocked in result["blocked"].items():
+        ok = blocked["ratio"] <= SHARDED_BLOCKED_TARGET
+        all_ok = all_ok and ok
+        print(f"blocked per checkpoint {name}: {blocked['whole_blocked_seconds'] * 1000:.1f} ms (weights "
+              f"check {statistics.median(blocked['weights_finite_seconds_each']) * 1000:.1f}, state dict "
+              f"{statistics.median(blocked['checkpoint_state_seconds_each']) * 1000:.1f}, Checkpointer "
+              f"{blocked['checkpointer_blocked_seconds'] * 1000:.2f}) vs synchronous DCP save "
+              f"{blocked['sync_dcp_save_seconds'] * 1000:.0f} ms: ratio {blocked['ratio']:.3f} (target <= "
+              f"{SHARDED_BLOCKED_TARGET}): {verdict(ok)}; the Checkpointer's own: "
+              f"{blocked['checkpointer_ratio']:.4f}")  # fmt: skip
+    return all_ok
+
+
 def report(name: str, result: dict[str, Any]) -> bool:
     """Print one case's verdicts; whether it met its targets."""
     throughput_ok = result["throughput_ratio"] >= THROUGHPUT_TARGET
@@ -282,19 +476,41 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     names = [case.name for case in CASES]
-    parser.add_argument("--rounds", type=int, default=4, help="alternating runs of each (default 4)")
+    sections = ("ddp", "fsdp", "sharding")
+    parser.add_argument(
+        "--section", action="append", choices=sections,
+        help="only this part (repeatable; default all): ddp = each case against the bare DDP loop; fsdp = "
+        "--strategy fsdp against the bare FSDP loop; sharding = memory per rank, save path, blocked time",
+    )  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=4, help="alternating runs of each DDP case (default 4)")
+    parser.add_argument(
+        "--fsdp-rounds", type=int, default=FSDP_ROUNDS, help=f"alternating FSDP runs (default {FSDP_ROUNDS})"
+    )
     parser.add_argument(
         "--case", action="append", choices=names, help=f"only this case (repeatable; default all: {names})"
     )
     parser.add_argument("--global-batch-size", type=int, help="override every case's global batch")
     args = parser.parse_args()
+    chosen_sections = args.section or list(sections)
     OUT.mkdir(parents=True, exist_ok=True)
     chosen = [case for case in CASES if not args.case or case.name in args.case]
-    results = {case.name: bench_case(case, args.rounds, args.global_batch_size) for case in chosen}
-    document = {"date": date.today().isoformat(), "cases": results}
+    sharding_case = next(case for case in CASES if case.name == SHARDING_CASE)
+    document: dict[str, Any] = {"date": date.today().isoformat()}
+    if "ddp" in chosen_sections:
+        document["cases"] = {
+            case.name: bench_case(case, args.rounds, args.global_batch_size) for case in chosen
+        }
+    if "fsdp" in chosen_sections:
+        document["fsdp"] = bench_fsdp(sharding_case, args.fsdp_rounds, args.global_batch_size)
+    if "sharding" in chosen_sections:
+        document["sharding"] = bench_sharding(sharding_case, args.global_batch_size)
     (OUT / "trainer.json").write_text(json.dumps(document, indent=2) + "\n")
     print(json.dumps(document, indent=2))
-    verdicts = [report(name, result) for name, result in results.items()]
+    verdicts = [report(name, result) for name, result in document.get("cases", {}).items()]
+    if "fsdp" in document:
+        verdicts.append(report_fsdp(document["fsdp"]))
+    if "sharding" in document:
+        verdicts.append(report_sharding(document["sharding"]))
     return 0 if all(verdicts) else 1
 
 
