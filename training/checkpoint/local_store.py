@@ -14,6 +14,7 @@ from typing import BinaryIO, cast
 
 from core.errors import CheckpointError
 from training.checkpoint.store import ObjectExistsError, ObjectNotFoundError, check_object_name
+from training.checkpoint.writeback import WritebackFile
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class LocalCheckpointStore:
         temp_file = self._create_temp_file(temp_path)
         try:
             with temp_file:
-                yield temp_file
+                yield cast(BinaryIO, WritebackFile(temp_file))
                 temp_file.flush()
                 os.fsync(temp_file.fileno())
             self._publish(temp_path, final_path)
