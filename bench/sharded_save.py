@@ -13,8 +13,10 @@ Every rank builds the training objects as `retrain train` does (training/engine/
    gradient buckets, activations, FSDP's transient all-gathered units and the interpreter are not in it.
    The process's peak RSS growth from before the model was built is printed beside it, for scale only.
 2. the whole save path: a barrier, then our save as the trainer makes it (`checkpoint_state`, then
-   `Checkpointer.save`: plan, stage, serialise with its checksum, write, fsync, publish, the commit record,
-   pruning) until `wait_until_durable` returns, on every rank that saves; the slowest rank's time. Back to
+   `Checkpointer.save` with the trainer's check of the weights: plan, stage, the check of the staged
+   weights, serialise with its checksum, write, fsync, publish, the commit record) until
+   `wait_until_durable` returns, on every rank that saves; the slowest rank's time. The pruning that
+   follows a save's handover is let finish before the baseline runs, so the two never overlap. Back to
    back with it, the baseline: each of those ranks writes the very bytes it wrote (its shard, the
    coordinator also the DCP metadata; the single layout rank 0's file) with os.write and one os.fsync into
    a new file in the same folder, in parallel; the slowest rank's time. Then, printed only, rank 0 alone
@@ -22,11 +24,11 @@ Every rank builds the training objects as `retrain train` does (training/engine/
    thread's priority (nice 19), so that other load on the shared machine slows both sides alike. All rates
    are the checkpoint's total bytes over the time; the ratio is the median of each save's pair. The first
    saves (into fresh pages, before pruning starts) are not counted, as in the steady state of training.
-3. (sharded layout) blocked: training's cost per checkpoint as the trainer pays it: the weights' finiteness
-   check, `checkpoint_state`, `Checkpointer.save` and `wait_until_staged` before the next optimizer step
-   (a whole training step runs meanwhile, as in training); the slowest rank's. The baseline: a synchronous
-   `torch.distributed.checkpoint.save` of the same live state with torch's own `FileSystemWriter`
-   (fsyncing its files) into the same file system; the slowest rank's time.
+3. (sharded layout) blocked: training's cost per checkpoint as the trainer pays it: `checkpoint_state`,
+   `Checkpointer.save` (the weights' check runs in its staging thread) and `wait_until_staged` before the
+   next optimizer step (a whole training step runs meanwhile, as in training); the slowest rank's. The
+   baseline: a synchronous `torch.distributed.checkpoint.save` of the same live state with torch's own
+   `FileSystemWriter` (fsyncing its files) into the same file system; the slowest rank's time.
 
 Rank 0 prints one JSON line. Nothing here changes what it measures: it calls the engine's own functions.
 """
@@ -55,6 +57,7 @@ from torch.distributed.tensor import DTensor
 
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
 from training.checkpoint.local_store import LocalCheckpointStore
+from training.checkpoint.manager import finite_weights_check
 from training.checkpoint.records import CheckpointRecord
 from training.checkpoint.sharded import METADATA_SUFFIX, ShardGroup, shard_object
 from training.engine.batches import BatchSource
@@ -177,6 +180,7 @@ class Bench:
         self.indices = order[context.rank * per_rank : (context.rank + 1) * per_rank]
         self.run = RunState()
         self.run.begin_attempt("bench", context.world_size, None)
+        self.finite_weights = finite_weights_check(self.objects.model)  # the check the trainer's saves run
         self.saved = 0
 
     def train(self, before_update: Callable[[], None] = lambda: None) -> None:
@@ -218,11 +222,13 @@ class Bench:
                 state = checkpoint_state(
                     self.objects, self.run, self.config, self.data.data_version, self.sharded
                 )
-                checkpointer.save(state, self.meta())
+                checkpointer.save(state, self.meta(), verify=self.finite_weights)
                 result = checkpointer.wait_until_durable()
                 assert result is not None and result.record is not None
                 record, write_seconds = result.record, result.write_seconds or 0.0
             ours_seconds = slowest(time.perf_counter() - started)
+            if checkpointer is not None:
+                checkpointer.wait_until_idle()  # the pruning after the handover: not beside the baseline
             record = gathered(record)[0]  # rank 0 saves in either layout
             mine = b"".join((store_root / name).read_bytes() for name in my_objects(record, rank))
             dist.barrier()
@@ -259,22 +265,20 @@ class Bench:
 
     def blocked(self, checkpointer: Checkpointer, group: Any, repeats: int) -> dict[str, Any]:
         """Training's cost per checkpoint against a synchronous DCP save of the same state."""
-        finite, building, checkpointer_blocked, whole, synchronous = [], [], [], [], []
+        building, checkpointer_blocked, whole, synchronous = [], [], [], []
         for number in range(repeats):
             dist.barrier()
             started = time.perf_counter()
-            self.strategy.weights_finite(self.objects.model)  # the trainer's check before every save
-            checked = time.perf_counter()
             state = checkpoint_state(
                 self.objects, self.run, self.config, self.data.data_version, self.sharded
             )
             built = time.perf_counter()
-            checkpointer.save(state, self.meta())
+            checkpointer.save(state, self.meta(), verify=self.finite_weights)
             self.train(before_update=checkpointer.wait_until_staged)  # training goes on meanwhile
             result = checkpointer.wait_until_durable()
-            assert result is not None
-            finite.append(slowest(checked - started))
-            building.append(slowest(built - checked))
+            assert result is not None and result.record is not None
+            checkpointer.wait_until_idle()
+            building.append(slowest(built - started))
             checkpointer_blocked.append(slowest(result.blocked_seconds))
             whole.append(slowest((built - started) + result.blocked_seconds))
 
@@ -292,7 +296,6 @@ class Bench:
                 shutil.rmtree(target, ignore_errors=True)
         sync_median = statistics.median(synchronous)
         return {
-            "weights_finite_seconds_each": [round(value, 5) for value in finite],
             "checkpoint_state_seconds_each": [round(value, 5) for value in building],
             "checkpointer_blocked_seconds_each": [round(value, 5) for value in checkpointer_blocked],
             "whole_blocked_seconds_each": [round(value, 5) for value in whole],

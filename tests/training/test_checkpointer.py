@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,7 @@ def _state(value: float) -> dict:
 def _save(checkpointer: Checkpointer, step: int) -> None:
     checkpointer.save(_state(float(step)), _meta(step))
     checkpointer.wait_until_durable()
+    checkpointer.wait_until_idle()  # and pruned
 
 
 def test_saved_state_loads_back_equal(target: StoreUnderTest) -> None:
@@ -178,3 +180,69 @@ def test_a_failed_write_commits_nothing_and_is_reported(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="checkpoint at step 2 failed"):
         checkpointer.wait_until_durable()
     assert checkpointer.stats.failed == 1 and checkpointer.stats.saved == 1
+
+
+# -- after the handover: pruning, and the snapshot's own check (issue 23) ------------------------------
+
+
+class HeldDeletes:
+    """A store whose deletes wait until the test lets them go: what happens while pruning is under way."""
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        self._inner = inner
+        self.released = threading.Event()
+        self.deleting = threading.Event()
+
+    def delete(self, name: str) -> None:
+        self.deleting.set()
+        assert self.released.wait(timeout=60), "the test never released the deletes"
+        self._inner.delete(name)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+def test_a_save_is_handed_over_before_the_old_checkpoints_are_pruned_and_the_next_write_waits_for_them(
+    tmp_path: Path,
+) -> None:
+    store = HeldDeletes(LocalCheckpointStore(tmp_path / "ckpt"))
+    checkpointer = Checkpointer(store, keep_last=2)  # type: ignore[arg-type]
+    _save(checkpointer, 1)
+    _save(checkpointer, 2)
+    checkpointer.save(_state(3.0), _meta(3))
+    result = checkpointer.wait_until_durable()  # while the deletes of step 1 are held
+    assert result is not None and result.record is not None and result.record.step == 3
+    assert store.deleting.wait(timeout=60)  # pruning has begun, and cannot end
+    assert committed_checkpoints(store.names())[-1] == checkpoint_name(1, 1)  # not yet pruned
+    checkpointer.save(_state(4.0), _meta(4))  # its write queues behind the pruning
+    assert not checkpointer.wait_until_written(timeout=0.2)
+    store.released.set()
+    assert checkpointer.wait_until_durable().record.step == 4
+    checkpointer.wait_until_idle()
+    assert committed_checkpoints(store.names()) == [checkpoint_name(4, 1), checkpoint_name(3, 1)]
+    checkpointer.close()
+
+
+def _refuse_non_finite(staged) -> str | None:
+    weight = staged["model"]["weight"]
+    return None if bool(torch.isfinite(weight).all()) else "the weights it left are not finite"
+
+
+def test_a_snapshot_its_check_refuses_is_not_written_and_is_not_a_failed_save(target: StoreUnderTest) -> None:
+    checkpointer = Checkpointer(target.store, keep_last=2)
+    checkpointer.save(_state(1.0), _meta(1), verify=_refuse_non_finite)
+    assert checkpointer.wait_until_durable().record is not None
+    poisoned = _state(2.0)
+    poisoned["model"]["weight"][3, 5] = float("nan")
+    checkpointer.save(poisoned, _meta(2), verify=_refuse_non_finite)
+    result = checkpointer.wait_until_durable(raise_on_failure=False)
+    checkpointer.wait_until_idle()
+
+    assert result is not None and result.record is None and result.refused
+    assert result.failure == "the weights it left are not finite"
+    assert committed_checkpoints(target.store.names()) == [checkpoint_name(1, 1)]
+    assert len(target.store.names()) == 2  # nothing of step 2, not even a partial file
+    stats = checkpointer.stats
+    assert (stats.saved, stats.refused, stats.failed, stats.failed_since_last_saved) == (1, 1, 0, 0)
+    assert checkpointer.newest_valid().record.step == 1
+    checkpointer.close()

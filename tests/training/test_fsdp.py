@@ -219,17 +219,23 @@ def test_a_ddp_run_on_the_sharded_layout_spreads_its_writes_and_resumes_exactly(
     assert metadata["strategy"] == "ddp" and metadata["checkpoints"]["layout"] == LAYOUT_SHARDED
 
 
-def test_one_ranks_non_finite_loss_under_fsdp_stops_every_rank_before_any_shard_of_it_is_saved(
-    start_training, folders
+@pytest.mark.parametrize(("poison", "stopped_at"), [("inf", 20), ("gradient", 21)])
+def test_one_ranks_non_finite_step_under_fsdp_stops_every_rank_before_any_shard_of_it_is_saved(
+    start_training, folders, poison, stopped_at
 ):
     """Step 20's save is due when rank 1's loss turns infinite: every rank settles that step's verdict
-    before saving its shard, so none saves it, and all stop together (test_nonfinite_loss.py, under DDP)."""
+    before saving its shard, so none saves it, and all stop together (test_nonfinite_loss.py, under DDP).
+    Or rank 1's loss stays finite but its gradients are NaN: every shard of the weights the update leaves
+    is, each rank's save checks its staged shard in its writer and refuses, so no shard is left, and the
+    next step's loss stops the run."""
     task = str(Path(__file__).parents[1] / "helpers" / "training" / "diverging_task.py") + ":DivergingTabular"
     diverging = ["--task", task, "--task-option", "diverge_at_step=20", "--task-option", "ranks=[1]"]
-    process = start_training(nproc=2, extra=[*FSDP, *diverging])
+    process = start_training(nproc=2, extra=[*FSDP, *diverging, "--task-option", f"poison={poison}"])
     assert process.finish() == 65
     diverged = next(event for event in process.events_seen if event["event"] == "diverged")
-    assert diverged["step"] == 20
+    assert diverged["step"] == stopped_at
+    log = (folders.logs / "attempt-1.log").read_text()
+    assert log.count("step 20 is not checkpointed: ") == 1  # rank 0 reports it, once
     assert not (folders.out / "model.pt").exists()
     names = LocalCheckpointStore(Path(folders.checkpoints)).names()
     assert committed_checkpoints(names) == ["step-0000000010-a001"]

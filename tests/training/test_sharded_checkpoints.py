@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import io
 import logging
+from pathlib import Path
 
 import pytest
 import torch
 from helpers.training.filling_disk import FillingStore
+from helpers.training.gloo_ranks import run_on_ranks
 
 from core.errors import CheckpointError
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
@@ -57,6 +59,7 @@ def _save(checkpointer: Checkpointer, step: int, seed: int = 0) -> CheckpointRec
     checkpointer.save(_state(seed), _meta(step))
     result = checkpointer.wait_until_durable(raise_on_failure=False)
     assert result is not None
+    checkpointer.wait_until_idle()  # and pruned
     return result.record
 
 
@@ -182,6 +185,22 @@ def test_keep_two_prunes_every_object_of_an_older_sharded_checkpoint(inner_store
     checkpointer.close()
 
 
+def test_a_save_whose_plan_fails_still_finishes_its_copy_and_writes_nothing(inner_store):
+    """The copy waits for the ranks' write plan; a plan that cannot be made (two entries that flatten to
+    one name) must still let it end, or training would wait for it forever before its next step."""
+    store = inner_store
+    checkpointer = Checkpointer(store, shards=ONE_PROCESS)
+    clashing = {"model.weight": torch.ones(4), "model": {"weight": torch.zeros(4)}}
+    checkpointer.save(clashing, _meta(10))
+    checkpointer.wait_until_staged()
+    result = checkpointer.wait_until_durable(raise_on_failure=False)
+    assert result is not None and result.record is None and not result.refused
+    assert "duplicated flatten key model.weight" in result.failure
+    assert store.names() == []
+    assert _save(checkpointer, 20) is not None  # the next save plans afresh
+    checkpointer.close()
+
+
 def test_a_record_listing_another_checkpoints_object_is_unreadable():
     record = CheckpointRecord(
         name="step-0000000010-a001", step=10, epoch=0, position=0, reason="interval", attempt=1,
@@ -191,3 +210,54 @@ def test_a_record_listing_another_checkpoints_object_is_unreadable():
     )  # fmt: skip
     with pytest.raises(CheckpointError, match="listing its own objects"):
         CheckpointRecord.from_bytes(record.to_bytes(), record.name)
+
+
+# -- the snapshot's own check (issue 23) ---------------------------------------------------------------
+
+
+def _refuse_nan(staged) -> str | None:
+    weight = staged["model"]["weight"]
+    return None if bool(torch.isfinite(weight).all()) else "the weights it left are not finite"
+
+
+def test_a_refused_sharded_snapshot_writes_nothing_and_the_next_save_is_whole(inner_store):
+    store = inner_store
+    checkpointer = Checkpointer(store, shards=ONE_PROCESS)
+    poisoned = _state(1)
+    poisoned["model"]["weight"][0, 0] = float("inf")
+    checkpointer.save(poisoned, _meta(10), verify=_refuse_nan)
+    result = checkpointer.wait_until_durable(raise_on_failure=False)
+    assert result is not None and result.refused and result.failure == "the weights it left are not finite"
+    assert store.names() == []
+    checkpointer.save(_state(2), _meta(20), verify=_refuse_nan)
+    assert checkpointer.wait_until_durable().record.name == "step-0000000020-a001"
+    assert (checkpointer.stats.refused, checkpointer.stats.failed) == (1, 0)
+    checkpointer.close()
+
+
+def _one_rank_refuses(rank: int, world_size: int, folder: str) -> None:
+    """Rank 1's shard holds a NaN, rank 0's does not: rank 0 writes its shard, and still no record comes,
+    every rank hears the refusal, and nothing is left; then a save with finite shards commits."""
+    store = LocalCheckpointStore(Path(folder))
+    checkpointer = Checkpointer(store, shards=ShardGroup.create(rank, world_size))
+    poisoned = _state(rank)
+    if rank == 1:
+        poisoned["model"]["weight"][1, 1] = float("nan")
+    checkpointer.save(poisoned, _meta(10), verify=_refuse_nan)
+    result = checkpointer.wait_until_durable(raise_on_failure=False)
+    assert result is not None and result.record is None and result.refused, result
+    assert result.failure == "the weights it left are not finite"
+    checkpointer.wait_until_idle()
+    torch.distributed.barrier()
+    assert store.names() == []  # rank 0's shard went with the save
+    checkpointer.save(_state(rank), _meta(20), verify=_refuse_nan)
+    record = checkpointer.wait_until_durable().record
+    assert record is not None and record.name == "step-0000000020-a001"
+    assert sorted(record.objects) == [
+        "step-0000000020-a001.dcp", "step-0000000020-a001.shard-00000", "step-0000000020-a001.shard-00001",
+    ]  # fmt: skip
+    checkpointer.close()
+
+
+def test_one_ranks_refusal_refuses_the_sharded_save_on_every_rank_and_leaves_nothing(tmp_path):
+    run_on_ranks(2, tmp_path, _one_rank_refuses, str(tmp_path / "ckpt"))

@@ -1,10 +1,18 @@
 """The checkpointer: asynchronous, checksummed, never-overwriting saves and a verified resume.
 
 A save is three phases. `save()` plans the snapshot (references only) and returns at once; a background
-thread copies the tensors into staging buffers, then serialises them straight into the store while
-hashing, then writes the commit record and prunes what is no longer needed. Training only has to wait
-before it next mutates the state (`wait_until_staged`, called before the optimizer step), and a new save
-waits for the previous one to be durable, so at most one save is ever in flight.
+thread copies the tensors into staging buffers, while another serialises each staged tensor straight into
+the store, hashing as it goes, then writes the commit record. Training only has to wait before it next
+mutates the state (`wait_until_staged`, called before the optimizer step), and a new save waits for the
+previous one to be durable, so at most one save is ever in flight. Once a save is durable and its result
+handed over, the writer prunes what is no longer needed: nobody waits for that, and the next save's write
+queues behind it, so it still finds the space the pruning frees (`wait_until_idle` waits for it too).
+
+A save may carry a check of the snapshot (`verify`), run in the background on the staged copy: the
+trainer's "are the weights finite", which would otherwise stop training for a pass over every weight at
+each save. A snapshot the check refuses never gets a commit record (`SaveRefused`). In the single-file
+layout nothing of it is written; in the sharded layout the check runs while the shards are written, one
+rank's refusal refuses the save on every rank, and what was written is removed.
 
 In the single-file layout rank 0 alone saves, serialising everything into one object. In the sharded layout
 (`shards` given: training/checkpoint/sharded.py) every rank has a checkpointer, and they save together: each
@@ -12,6 +20,12 @@ stages and writes its own shard in its background thread, `torch.distributed.che
 shard is durable, and only then does the coordinator (rank 0) write the commit record, listing each shard's
 size and checksum, and tell the others. The collectives of a save run on a gloo group of their own
 (`ShardGroup`), so they never interleave with training's on the default group.
+
+In the sharded layout the copy waits for the ranks' write plan (who writes which chunk, agreed in a round of
+collectives), which needs only the snapshot's shapes. Planning first costs the copy a few milliseconds that
+training does not notice (it waits for the copy only before its next optimizer step, a step later); planning
+beside the copy, which saturates the cores, made every rank wait for the slowest rank's starved planner, a
+third of the whole save. The writer then follows the copy tensor by tensor.
 
 A save that fails (a full disk, a read-only mount, a storage outage) leaves nothing that takes space: the
 store removes its partial file, and a data object it published before its commit record failed is deleted,
@@ -57,11 +71,19 @@ from training.checkpoint.sharded import (
     object_sums,
     save_shards,
 )
-from training.checkpoint.staging import SnapshotStager
+from training.checkpoint.staging import Snapshot, SnapshotStager, StagingPlan
 from training.checkpoint.store import CheckpointStore, ObjectExistsError, ObjectNotFoundError, storage_failure
 from training.checkpoint.stores import newest_record
 
 log = logging.getLogger(__name__)
+
+
+class SaveRefused(CheckpointError):
+    """The save's own check refused its snapshot (its weights are not finite): nothing of it is written."""
+
+
+# A check of a staged snapshot: None to write it, or why not, in words that finish "not checkpointed: ...".
+SnapshotCheck = Callable[[Mapping[str, Any]], str | None]
 
 
 @dataclass(frozen=True)
@@ -91,6 +113,7 @@ class CheckpointStats:
 
     saved: int = 0
     failed: int = 0
+    refused: int = 0  # saves whose snapshot their check refused: not failures of the storage
     failed_since_last_saved: int = 0  # the newest saves that failed, one after another
     last_failure: str | None = None
     blocked_seconds: list[float] = field(default_factory=list)
@@ -105,6 +128,7 @@ class CheckpointStats:
         return {
             "saved": self.saved,
             "failed": self.failed,
+            "refused": self.refused,
             "failed_since_last_saved": self.failed_since_last_saved,
             "last_failure": self.last_failure,
             "blocked_seconds_mean": mean(self.blocked_seconds),
@@ -156,12 +180,13 @@ class SaveResult:
     write_seconds: float | None
     error: BaseException | None
     failure: str | None = None
+    refused: bool = False  # the save's check refused the snapshot (`failure` says why); nothing was written
 
 
 @dataclass
 class _InFlight:
     meta: CheckpointMeta
-    staged: Future[dict[str, Any]]
+    staged: Future[None]
     future: Future[tuple[CheckpointRecord, float]]
     blocked_seconds: float
 
@@ -206,16 +231,26 @@ class Checkpointer:
 
     # -- saving -------------------------------------------------------------------------------------
 
-    def save(self, state: Mapping[str, Any], meta: CheckpointMeta) -> SaveResult | None:
-        """Begin saving `state`, which must not be mutated until `wait_until_staged` returns.
+    def save(
+        self, state: Mapping[str, Any], meta: CheckpointMeta, verify: SnapshotCheck | None = None
+    ) -> SaveResult | None:
+        """Begin saving `state`, which must not be mutated until `wait_until_staged` returns; `verify`, if
+        given, checks the staged copy first (see the module's docstring).
 
         A save still in flight is waited for first; its result is returned (None if there was none).
         """
         started = self._clock()
         previous = self.wait_until_durable(raise_on_failure=False)
         plan = self._stager.plan(state)
-        staged = self._staging.submit(self._stager.copy, plan)
-        future = self._writing.submit(self._write, staged, meta)
+        snapshot: Future[Snapshot] = Future()
+        planned = threading.Event()  # set by the writer once its plan is agreed, or once it has ended
+        if self.shards is None:
+            planned.set()  # nothing to agree: the single file is written after the copy
+        staged = self._staging.submit(self._stage, plan, snapshot, planned)
+        checked = self._staging.submit(self._check, staged, snapshot, verify)  # after the copy, same thread
+        future = self._writing.submit(self._write, snapshot, checked, meta, planned)
+        if self.shards is None or self.shards.coordinator:
+            self._writing.submit(self._prune_after, future)  # after the handover: queued behind the write
         self._in_flight = _InFlight(meta, staged, future, blocked_seconds=self._clock() - started)
         return previous
 
@@ -240,6 +275,11 @@ class Checkpointer:
         in_flight = self._in_flight
         return in_flight is None or bool(wait([in_flight.future], timeout=timeout).done)
 
+    def wait_until_idle(self) -> None:
+        """Block until the writer has nothing left to do: the in-flight save (its result stays for `poll`
+        or `wait_until_durable`) and the pruning after it."""
+        self._writing.submit(lambda: None).result()
+
     def wait_until_durable(self, raise_on_failure: bool = True) -> SaveResult | None:
         """Block until the in-flight save is committed (None if nothing was saving)."""
         in_flight, self._in_flight = self._in_flight, None
@@ -253,36 +293,78 @@ class Checkpointer:
             self.stats.failed_since_last_saved = 0
             return SaveResult(meta.step, meta.reason, record, in_flight.blocked_seconds, write_seconds, None)
         failure = storage_failure(error, self.store.location)
-        self.stats.failed += 1
-        self.stats.failed_since_last_saved += 1
-        self.stats.last_failure = failure
+        refused = isinstance(error, SaveRefused)
+        if refused:
+            self.stats.refused += 1
+        else:
+            self.stats.failed += 1
+            self.stats.failed_since_last_saved += 1
+            self.stats.last_failure = failure
         # Not logged here: the caller reports the failure once, in words that say what happens next.
         log.debug("checkpoint at step %d failed", meta.step, exc_info=error)
         if raise_on_failure:
             raise CheckpointError(f"checkpoint at step {meta.step} failed: {failure}") from error
-        return SaveResult(meta.step, meta.reason, None, in_flight.blocked_seconds, None, error, failure)
+        return SaveResult(
+            meta.step, meta.reason, None, in_flight.blocked_seconds, None, error, failure, refused
+        )
 
     def close(self) -> None:
-        """Wait for the save in flight (a failure nobody awaited is logged), then stop the threads."""
+        """Wait for the save in flight (a failure or refusal nobody awaited is logged), then stop the
+        threads."""
         result = self.wait_until_durable(raise_on_failure=False)
-        if result is not None and result.failure is not None:
-            log.warning("checkpoint at step %d was not saved: %s", result.step, result.failure)
+        # Every rank of a sharded save has the same outcome: the coordinator reports it.
+        reports = self.shards is None or self.shards.coordinator
+        if reports and result is not None and result.failure is not None:
+            if result.refused:
+                log.warning("step %d is not checkpointed: %s", result.step, result.failure)
+            else:
+                log.warning("checkpoint at step %d was not saved: %s", result.step, result.failure)
         self._staging.shutdown(wait=True)
         self._writing.shutdown(wait=True)
 
-    def _write(self, staged: Future[dict[str, Any]], meta: CheckpointMeta) -> tuple[CheckpointRecord, float]:
-        state = staged.result()
+    def _stage(self, plan: StagingPlan, snapshot: Future[Snapshot], planned: threading.Event) -> None:
+        """The staging thread: hand the writer the snapshot, then fill it once the writer has planned."""
+        try:
+            staged = self._stager.snapshot(plan)
+        except BaseException as error:
+            snapshot.set_exception(error)
+            raise
+        snapshot.set_result(staged)
+        planned.wait()  # the writer sets it on every way out, so this never outlives the write
+        self._stager.copy(plan, staged)
+
+    @staticmethod
+    def _check(staged: Future[None], snapshot: Future[Snapshot], verify: SnapshotCheck | None) -> str | None:
+        """The staging thread, once the copy is done: why the snapshot must not be saved, or None."""
+        staged.result()  # a failed copy fails the save with its own error
+        return verify(snapshot.result().state) if verify is not None else None
+
+    def _write(
+        self,
+        snapshot: Future[Snapshot],
+        checked: Future[str | None],
+        meta: CheckpointMeta,
+        planned: threading.Event,
+    ) -> tuple[CheckpointRecord, float]:
         started = self._clock()
         name = checkpoint_name(meta.step, meta.attempt)
         if self.shards is not None:
-            record = self._write_shards(state, meta, name, self.shards)
+            try:
+                record = self._write_shards(snapshot, checked, meta, name, self.shards, planned.set)
+            finally:
+                planned.set()  # a save that failed before its plan was agreed still lets the copy end
         else:
-            record = self._write_single(state, meta, name)
+            refusal = checked.result()  # the copy is done, and checked
+            if refusal is not None:
+                raise SaveRefused(refusal)
+            record = self._write_single(snapshot.result().state, meta, name)
         seconds = self._clock() - started
         self._record_write(record, seconds)
-        if self.shards is None or self.shards.coordinator:
-            self._prune(record.name)
         return record, seconds
+
+    def _prune_after(self, write: Future[tuple[CheckpointRecord, float]]) -> None:
+        if write.exception() is None:
+            self._prune(write.result()[0].name)
 
     def _write_single(self, state: dict[str, Any], meta: CheckpointMeta, name: str) -> CheckpointRecord:
         try:
@@ -297,13 +379,32 @@ class Checkpointer:
             raise
 
     def _write_shards(
-        self, state: dict[str, Any], meta: CheckpointMeta, name: str, shards: ShardGroup
+        self,
+        snapshot: Future[Snapshot],
+        checked: Future[str | None],
+        meta: CheckpointMeta,
+        name: str,
+        shards: ShardGroup,
+        planned: Callable[[], None],
     ) -> CheckpointRecord:
-        """Every rank writes its shard; once all are durable the coordinator writes the record last, and
-        every rank learns how that went (the record, or the one line of why not)."""
+        """Every rank writes its shard, each tensor as soon as it is staged (`planned()` starts the copy
+        once the plan is agreed); once all are durable the
+        coordinator writes the record last, and every rank learns how that went (the record, or the one line
+        of why not). A rank whose check refused its snapshot still takes part, so that the refusal reaches
+        every rank as the save's failure (`SaveRefused`), and no record is written."""
+
+        def refusal() -> BaseException | None:
+            reason = checked.result()  # raises the staging's error, if it failed
+            return SaveRefused(reason) if reason is not None else None
+
+        try:
+            staged = snapshot.result()
+            state, ready = staged.state, staged.wait
+        except Exception:  # no buffers: take part with nothing, and fail every rank with the error
+            state, ready = {}, lambda tensor: None
         outcome: CheckpointRecord | str
         try:
-            objects = save_shards(self.store, name, state, shards)
+            objects = save_shards(self.store, name, state, shards, ready, refusal, planned)
             outcome = self._commit_shards(meta, name, objects) if shards.coordinator else ""
         except BaseException as error:
             if shards.coordinator and not isinstance(error, ObjectExistsError):

@@ -19,6 +19,11 @@ What a user sees:
 - **When to save**: every `--checkpoint-every-steps` steps, and every `--checkpoint-every-seconds`, or with
   `auto` at the interval chosen from what this attempt's first saves cost (training/checkpoint/interval.py);
   at once on eviction; and at the end.
+- **A snapshot whose weights are not finite** is never saved: each save checks the weights of its staged copy
+  in the background writer, off the training thread, before anything is written (under FSDP each rank its
+  shard, and one rank's refusal refuses the save on all). It is reported as one warning line, `step 20 is
+  not checkpointed: the weights it left are not finite`, and is not counted as a failed save; the newest
+  checkpoint stays the last good one, and the divergence stop follows from the step's loss.
 - **A save that fails** is reported once, in one warning line with the operating system's reason:
   `checkpoint at step 40 was not saved: no space left on device on /mnt/ckpt; training goes on and tries
   again at the next interval`. Its partial files are removed. `metadata.json` counts the failed saves
@@ -34,13 +39,22 @@ What a user sees:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+import torch
+from torch.distributed.tensor import DTensor
+
 from core.errors import CheckpointError
 from core.train_rules import AUTO_INTERVAL
-from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta, LoadedCheckpoint, SaveResult
+from training.checkpoint.checkpointer import (
+    Checkpointer,
+    CheckpointMeta,
+    LoadedCheckpoint,
+    SaveResult,
+    SnapshotCheck,
+)
 from training.checkpoint.estimate import ESTIMATE_BASIS, estimate_checkpoint_bytes
 from training.checkpoint.interval import IntervalCalibration, IntervalChoice
 from training.checkpoint.lease import check_lease
@@ -55,6 +69,7 @@ from training.checkpoint.room import check_room
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, broadcast_from_primary
 from training.engine.resume_policy import check_resumable
+from training.engine.strategy import tensors_finite
 from training.engine.tracking import Tracker
 from training.engine.train_state import RunState, TrainingObjects, checkpoint_state, restore, restore_sharded
 
@@ -111,6 +126,7 @@ class CheckpointManager:
         self._last_save = clock()  # restarted by `begin_attempt`, once the checkpoint is loaded
         self.every_rank_saves = checkpointer.shards is not None
         self._vote_cast = False  # rank 0's time vote, cast into a step exchange, not yet saved
+        self._finite_weights = finite_weights_check(objects.model)
 
     # -- before the first step ------------------------------------------------------------------------
 
@@ -241,7 +257,7 @@ class CheckpointManager:
             trajectory=self._config.trajectory(),
         )
         state = checkpoint_state(self._objects, run, self._config, self._data_version, self.every_rank_saves)
-        previous = self.checkpointer.save(state, meta)
+        previous = self.checkpointer.save(state, meta, verify=self._finite_weights)
         self._report_durable(previous, run)
         if self._calibration is not None and reason == REASON_INTERVAL:
             self._calibration.save_started()
@@ -277,6 +293,8 @@ class CheckpointManager:
             return
         if result.record is not None:
             self._report_checkpoint(result)
+        elif result.refused:
+            log.warning("step %d is not checkpointed: %s", result.step, result.failure)
         else:
             self._report_failed_save(result, run)
         if self._calibration is not None and result.reason == REASON_INTERVAL:
@@ -349,3 +367,18 @@ class CheckpointManager:
             "layout": self.checkpointer.layout,
             **self.checkpointer.stats.summary(),
         }
+
+
+def finite_weights_check(model: torch.nn.Module) -> SnapshotCheck:
+    """The check every save runs on its staged snapshot: are the model's parameters finite? A replica's
+    whole weights, or under FSDP this rank's shard of them (the checkpointer makes one rank's refusal
+    every rank's). Buffers are not checked: a model may keep an infinite one on purpose (a causal mask)."""
+    names = frozenset(name for name, _ in model.named_parameters())
+
+    def check(staged: Mapping[str, Any]) -> str | None:
+        weights = staged["model"]
+        local = (value.to_local() if isinstance(value, DTensor) else value for value in weights.values())
+        parameters = (tensor for name, tensor in zip(weights, local, strict=True) if name in names)
+        return None if tensors_finite(parameters) else "the weights it left are not finite"
+
+    return check

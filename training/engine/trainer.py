@@ -249,18 +249,19 @@ class Trainer:
         The verdict on a step arrives one step late, so an interval save due now would be made before any
         rank knew whether this step's loss was finite, and a poisoned optimizer step would become the
         newest checkpoint. So rank 0 settles this step's exchange first: every rank has started it, so only
-        rank 0 waits, and only when a save is due. It also checks its weights, which show a non-finite
-        gradient of any rank (DDP averages them) even when every loss was finite. A step failing either is
-        not saved; its verdict stops every rank at the end of the next step (or a non-finite weight at the
-        end, in `_last_step`), so the newest checkpoint stays the last good one. In the sharded layout every
-        rank settles and checks alike (under FSDP the check spans every shard), so all save or none does.
+        rank 0 waits, and only when a save is due. In the sharded layout every rank settles alike, so all
+        save or none does. A step whose loss was not finite is not saved; its verdict stops every rank at
+        the end of the next step, so the newest checkpoint stays the last good one.
+
+        The weights are checked too, as they show a non-finite gradient of any rank (DDP averages them) even
+        when every loss was finite, but not here: the save checks its staged copy in the background writer
+        and refuses to write it (training/checkpoint/manager.py), and the next step's loss, or `_last_step`
+        at the end, stops the run.
         """
-        if verdict is not None and is_finite(verdict.mean_loss) and self._weights_finite():
+        if verdict is not None and is_finite(verdict.mean_loss):
             return True
         if self.context.is_primary:
-            log.warning(
-                "step %d is not checkpointed: its loss or the weights it left are not finite", self._run.step
-            )
+            log.warning("step %d is not checkpointed: its loss is not finite", self._run.step)
         return False
 
     def _weights_finite(self) -> bool:
