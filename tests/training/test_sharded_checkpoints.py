@@ -17,7 +17,7 @@ from core.errors import CheckpointError
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import LAYOUT_SHARDED, RECORD_SUFFIX, CheckpointRecord
-from training.checkpoint.sharded import CHECKSUM, ShardGroup
+from training.checkpoint.sharded import CHECKSUM, ShardGroup, forget_plans
 from training.checkpoint.store import CheckpointStore
 
 ONE_PROCESS = ShardGroup(rank=0, world_size=1)
@@ -216,8 +216,10 @@ def test_a_record_listing_another_checkpoints_object_is_unreadable():
 
 
 def _refuse_nan(staged) -> str | None:
-    weight = staged["model"]["weight"]
-    return None if bool(torch.isfinite(weight).all()) else "the weights it left are not finite"
+    """The trainer's check in small: every floating tensor of the model that this rank staged is finite."""
+    floating = [tensor for tensor in staged["model"].values() if tensor.is_floating_point()]
+    finite = all(bool(torch.isfinite(tensor).all()) for tensor in floating)
+    return None if finite else "the weights it left are not finite"
 
 
 def test_a_refused_sharded_snapshot_writes_nothing_and_the_next_save_is_whole(inner_store):
@@ -237,12 +239,14 @@ def test_a_refused_sharded_snapshot_writes_nothing_and_the_next_save_is_whole(in
 
 def _one_rank_refuses(rank: int, world_size: int, folder: str) -> None:
     """Rank 1's shard holds a NaN, rank 0's does not: rank 0 writes its shard, and still no record comes,
-    every rank hears the refusal, and nothing is left; then a save with finite shards commits."""
+    every rank hears the refusal, and nothing is left; then a save with finite shards commits. (Each rank
+    checks what it writes: a tensor only it holds is its own to write.)"""
     store = LocalCheckpointStore(Path(folder))
     checkpointer = Checkpointer(store, shards=ShardGroup.create(rank, world_size))
     poisoned = _state(rank)
+    poisoned["model"][f"rank{rank}"] = torch.ones(4)
     if rank == 1:
-        poisoned["model"]["weight"][1, 1] = float("nan")
+        poisoned["model"]["rank1"][1] = float("nan")
     checkpointer.save(poisoned, _meta(10), verify=_refuse_nan)
     result = checkpointer.wait_until_durable(raise_on_failure=False)
     assert result is not None and result.record is None and result.refused, result
@@ -261,3 +265,106 @@ def _one_rank_refuses(rank: int, world_size: int, folder: str) -> None:
 
 def test_one_ranks_refusal_refuses_the_sharded_save_on_every_rank_and_leaves_nothing(tmp_path):
     run_on_ranks(2, tmp_path, _one_rank_refuses, str(tmp_path / "ckpt"))
+
+
+def _replicas_stage_their_share(rank: int, world_size: int, folder: str) -> None:
+    """Both ranks hold the same replica (DDP's): each stages, and checks, only the tensors it writes, and
+    between them every tensor once; the checkpoint loads back whole."""
+    store = LocalCheckpointStore(Path(folder))
+    checkpointer = Checkpointer(store, shards=ShardGroup.create(rank, world_size))
+    replica = _state(7)
+    replica["model"].update({f"layer{i}": torch.full((16, 16), float(i)) for i in range(6)})
+    seen: list[str] = []
+
+    def check(staged) -> str | None:
+        seen.extend(staged["model"])
+        return None
+
+    checkpointer.save(replica, _meta(10), verify=check)
+    record = checkpointer.wait_until_durable().record
+    assert record is not None
+    every: list[list[str]] = [[] for _ in range(world_size)]
+    torch.distributed.all_gather_object(every, sorted(seen))
+    mine, theirs = set(every[0]), set(every[1])
+    holding_bytes = {key for key, value in replica["model"].items() if value.numel()}
+    assert mine and theirs and not (mine & theirs - {"empty"}), every  # a share each, none twice
+    assert (mine | theirs) >= holding_bytes  # every tensor with bytes staged by one of them
+    target = {"model": {key: torch.zeros_like(value) for key, value in replica["model"].items()}, "run": b""}
+    checkpointer.load_shards(record, checkpointer.sharded_metadata(record), target)
+    for key, value in replica["model"].items():
+        assert torch.equal(target["model"][key], value), key
+    checkpointer.close()
+
+
+def test_replicated_ranks_each_stage_only_the_share_they_write(tmp_path):
+    run_on_ranks(2, tmp_path, _replicas_stage_their_share, str(tmp_path / "ckpt"))
+
+
+# -- plans reused between saves ----------------------------------------------------------------------------
+
+
+def _saves_reuse_plans_until_the_state_changes(rank: int, world_size: int, folder: str) -> None:
+    """Saves of one structure reuse the first save's plans (each rank writes its shard under the new
+    checkpoint's name); a new entry or a new dtype makes a new plan; every checkpoint loads back as saved."""
+    store = LocalCheckpointStore(Path(folder))
+    checkpointer = Checkpointer(store, shards=ShardGroup.create(rank, world_size))
+
+    def state(step: int, dtype: torch.dtype = torch.float32, extra: bool = False) -> dict:
+        model = {f"layer{i}": torch.full((8, 8), float(step + i), dtype=dtype) for i in range(4)}
+        if extra:
+            model["extra"] = torch.full((3,), float(step), dtype=dtype)
+        return {"model": model, "run": f"step {step}".encode()}
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    for step, dtype, extra in [
+        (10, f32, False),
+        (20, f32, False),
+        (30, f32, True),
+        (40, bf16, True),
+        (50, bf16, True),
+    ]:
+        saved = state(step, dtype, extra)
+        checkpointer.save(saved, _meta(step))
+        record = checkpointer.wait_until_durable().record
+        assert record is not None and record.name == f"step-{step:010d}-a001"
+        assert sorted(record.objects) == [f"{record.name}.dcp"] + [
+            f"{record.name}.shard-{index:05d}" for index in range(world_size)
+        ]
+        target = state(0, dtype, extra)
+        checkpointer.load_shards(record, checkpointer.sharded_metadata(record), target)
+        for key, value in saved["model"].items():
+            assert torch.equal(target["model"][key], value) and target["model"][key].dtype == dtype, (
+                step,
+                key,
+            )
+        assert target["run"] == saved["run"]
+    checkpointer.close()
+
+
+def test_saves_reuse_their_plans_and_replan_when_the_state_changes(tmp_path):
+    run_on_ranks(2, tmp_path, _saves_reuse_plans_until_the_state_changes, str(tmp_path / "ckpt"))
+
+
+def _a_coordinator_that_lost_its_plans(rank: int, world_size: int, folder: str) -> None:
+    """Rank 1 reuses its plan, but rank 0 (the coordinator) no longer has the plans it matched: the save
+    fails on both ranks, naming why, with nothing committed, and the next save plans afresh."""
+    store = LocalCheckpointStore(Path(folder))
+    checkpointer = Checkpointer(store, shards=ShardGroup.create(rank, world_size))
+    checkpointer.save(_state(rank), _meta(10))
+    assert checkpointer.wait_until_durable().record is not None
+    if rank == 0:
+        forget_plans("")  # every plan this process kept, as if it had restarted
+    checkpointer.save(_state(rank), _meta(20))
+    result = checkpointer.wait_until_durable(raise_on_failure=False)
+    assert result is not None and result.record is None
+    assert "save plans are out of step" in result.failure
+    checkpointer.save(_state(rank), _meta(30))
+    assert checkpointer.wait_until_durable().record.name == "step-0000000030-a001"
+    checkpointer.wait_until_idle()
+    torch.distributed.barrier()
+    assert {name.split(".")[0] for name in store.names()} == {"step-0000000010-a001", "step-0000000030-a001"}
+    checkpointer.close()
+
+
+def test_ranks_whose_reused_plans_are_out_of_step_fail_the_save_and_replan(tmp_path):
+    run_on_ranks(2, tmp_path, _a_coordinator_that_lost_its_plans, str(tmp_path / "ckpt"))

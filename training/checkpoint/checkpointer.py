@@ -25,7 +25,9 @@ In the sharded layout the copy waits for the ranks' write plan (who writes which
 collectives), which needs only the snapshot's shapes. Planning first costs the copy a few milliseconds that
 training does not notice (it waits for the copy only before its next optimizer step, a step later); planning
 beside the copy, which saturates the cores, made every rank wait for the slowest rank's starved planner, a
-third of the whole save. The writer then follows the copy tensor by tensor.
+third of the whole save. The copy then fills only what this rank writes, in the order it writes it (under
+DDP, its share of the replica), and the writer follows it tensor by tensor; the check sees what was copied,
+and every rank's refusal is every rank's, so together they check every weight once.
 
 A save that fails (a full disk, a read-only mount, a storage outage) leaves nothing that takes space: the
 store removes its partial file, and a data object it published before its commit record failed is deleted,
@@ -42,6 +44,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -67,6 +70,7 @@ from training.checkpoint.sharded import (
     CHECKSUM,
     ShardedMetadata,
     ShardGroup,
+    forget_plans,
     load_shards,
     object_sums,
     save_shards,
@@ -228,6 +232,8 @@ class Checkpointer:
             max_workers=1, thread_name_prefix="checkpoint-writer", initializer=_yield_cpu_to_training
         )
         self._in_flight: _InFlight | None = None
+        # DCP's plans of this checkpointer's saves, reused while the state keeps its structure (sharded.py)
+        self._plans = f"checkpointer-{uuid.uuid4().hex}"
 
     # -- saving -------------------------------------------------------------------------------------
 
@@ -243,9 +249,10 @@ class Checkpointer:
         previous = self.wait_until_durable(raise_on_failure=False)
         plan = self._stager.plan(state)
         snapshot: Future[Snapshot] = Future()
-        planned = threading.Event()  # set by the writer once its plan is agreed, or once it has ended
+        # What the writer will write, once its plan is agreed (or nothing, if it ended before that).
+        planned: Future[list[torch.Tensor] | None] = Future()
         if self.shards is None:
-            planned.set()  # nothing to agree: the single file is written after the copy
+            planned.set_result(None)  # nothing to agree: the single file is everything, after the copy
         staged = self._staging.submit(self._stage, plan, snapshot, planned)
         checked = self._staging.submit(self._check, staged, snapshot, verify)  # after the copy, same thread
         future = self._writing.submit(self._write, snapshot, checked, meta, planned)
@@ -321,38 +328,42 @@ class Checkpointer:
                 log.warning("checkpoint at step %d was not saved: %s", result.step, result.failure)
         self._staging.shutdown(wait=True)
         self._writing.shutdown(wait=True)
+        forget_plans(self._plans)
 
-    def _stage(self, plan: StagingPlan, snapshot: Future[Snapshot], planned: threading.Event) -> None:
-        """The staging thread: hand the writer the snapshot, then fill it once the writer has planned."""
+    def _stage(
+        self, plan: StagingPlan, snapshot: Future[Snapshot], planned: Future[list[torch.Tensor] | None]
+    ) -> None:
+        """The staging thread: hand the writer the snapshot, then fill what it writes once it has planned."""
         try:
             staged = self._stager.snapshot(plan)
         except BaseException as error:
             snapshot.set_exception(error)
             raise
         snapshot.set_result(staged)
-        planned.wait()  # the writer sets it on every way out, so this never outlives the write
-        self._stager.copy(plan, staged)
+        written = planned.result()  # the writer sets it on every way out, so this never outlives the write
+        self._stager.copy(plan, staged, None if written is None else staged.buffers_of(written))
 
     @staticmethod
     def _check(staged: Future[None], snapshot: Future[Snapshot], verify: SnapshotCheck | None) -> str | None:
         """The staging thread, once the copy is done: why the snapshot must not be saved, or None."""
         staged.result()  # a failed copy fails the save with its own error
-        return verify(snapshot.result().state) if verify is not None else None
+        return verify(snapshot.result().filled_state()) if verify is not None else None
 
     def _write(
         self,
         snapshot: Future[Snapshot],
         checked: Future[str | None],
         meta: CheckpointMeta,
-        planned: threading.Event,
+        planned: Future[list[torch.Tensor] | None],
     ) -> tuple[CheckpointRecord, float]:
         started = self._clock()
         name = checkpoint_name(meta.step, meta.attempt)
         if self.shards is not None:
             try:
-                record = self._write_shards(snapshot, checked, meta, name, self.shards, planned.set)
+                record = self._write_shards(snapshot, checked, meta, name, self.shards, planned.set_result)
             finally:
-                planned.set()  # a save that failed before its plan was agreed still lets the copy end
+                if not planned.done():  # failed before its plan was agreed: the copy ends with nothing
+                    planned.set_result([])
         else:
             refusal = checked.result()  # the copy is done, and checked
             if refusal is not None:
@@ -385,10 +396,10 @@ class Checkpointer:
         meta: CheckpointMeta,
         name: str,
         shards: ShardGroup,
-        planned: Callable[[], None],
+        planned: Callable[[list[torch.Tensor]], None],
     ) -> CheckpointRecord:
-        """Every rank writes its shard, each tensor as soon as it is staged (`planned()` starts the copy
-        once the plan is agreed); once all are durable the
+        """Every rank writes its shard, each tensor as soon as it is staged (`planned(tensors)` starts the
+        copy of what it writes once the plan is agreed); once all are durable the
         coordinator writes the record last, and every rank learns how that went (the record, or the one line
         of why not). A rank whose check refused its snapshot still takes part, so that the refusal reaches
         every rank as the save's failure (`SaveRefused`), and no record is written."""
@@ -404,7 +415,7 @@ class Checkpointer:
             state, ready = {}, lambda tensor: None
         outcome: CheckpointRecord | str
         try:
-            objects = save_shards(self.store, name, state, shards, ready, refusal, planned)
+            objects = save_shards(self.store, name, state, shards, ready, refusal, planned, self._plans)
             outcome = self._commit_shards(meta, name, objects) if shards.coordinator else ""
         except BaseException as error:
             if shards.coordinator and not isinstance(error, ObjectExistsError):

@@ -28,7 +28,7 @@ weights-only unpickler, as the single-file layout reads its checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import io
 import warnings
 from collections.abc import Callable, Mapping
@@ -51,7 +51,7 @@ from torch.distributed.checkpoint import (
 )
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
     _MEM_FORMAT_ENCODING,
     BytesStorageMetadata,
@@ -62,6 +62,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
+from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from core.errors import CheckpointError
@@ -135,8 +136,9 @@ class StoreWriter(StorageWriter):
     """DCP's storage writer for checkpoint `name` in `store`; every rank has one, the coordinator (rank 0)
     writes the metadata. After `dcp.save` returns, the coordinator's `objects` lists what was written.
 
-    The state may still be being staged as DCP plans and writes: `planned()` is called once the plan is
-    agreed (the stager may copy from then on), and `ready(tensor)` blocks until a tensor's bytes are there.
+    The state may still be being staged as DCP plans and writes: `planned(tensors)` is called once the plan
+    is agreed, with the tensors this rank will write, in order (the stager copies those from then on), and
+    `ready(tensor)` blocks until a tensor's bytes are there.
     `refusal()`, asked once this rank's shard is written, is this rank's reason not to save (None to save),
     raised there, so that DCP fails the save on every rank (a rank that left `dcp.save` early would leave
     the others in its collectives)."""
@@ -147,7 +149,7 @@ class StoreWriter(StorageWriter):
         name: str,
         ready: Callable[[torch.Tensor], None] = lambda tensor: None,
         refusal: Callable[[], BaseException | None] = lambda: None,
-        planned: Callable[[], None] = lambda: None,
+        planned: Callable[[list[torch.Tensor]], None] = lambda tensors: None,
     ) -> None:
         super().__init__()
         self._store = store
@@ -161,23 +163,22 @@ class StoreWriter(StorageWriter):
         self.objects = {}
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        return None  # only the coordinator's `finish` is called: nothing else differs by rank
+        # Each rank's shard is its own object, named by its rank in the group (its place in the global
+        # plan). Not from the plan's `storage_data`: a reused plan carries an earlier checkpoint's name.
+        self._rank = int(kwargs.get("rank", 0))
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        # Each rank's shard is its own object, named by its place in the global plan.
-        return [
-            dataclasses.replace(plan, storage_data=shard_object(self._name, i))
-            for i, plan in enumerate(plans)
-        ]
+        return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        self._planned()
+        tensors = (planner.resolve_data(item) for item in plan.items if item.type != WriteItemType.BYTE_IO)
+        self._planned([tensor for tensor in tensors if isinstance(tensor, torch.Tensor)])
         results: list[WriteResult] = []
         if plan.items:
-            results = self._write_shard(str(plan.storage_data), plan.items, planner)
+            results = self._write_shard(shard_object(self._name, self._rank), plan.items, planner)
         refused = self._refusal()
         if refused is not None:
             raise refused
@@ -367,6 +368,89 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
+class _ReusingSavePlanner(DefaultSavePlanner):
+    """DCP's default save planner with its plan caching on, under `key`: when no rank's local plan changed
+    since the last save under the same key, the ranks send the coordinator an empty plan instead of theirs,
+    and the coordinator neither rebuilds nor validates the global plan; each rank writes by the final plan
+    it kept. A checkpointer saves the same structure at every step, so only its first save plans in full.
+
+    The cache is DCP's, per process and key; DCP compares plans by names, offsets and sizes, not dtypes,
+    so the key carries the state's dtypes. Should the ranks' caches ever fall out of step (a rank reusing a
+    plan the coordinator does not have), the coordinator refuses the save rather than write metadata that
+    misses that rank's part, and `save_shards` forgets the key on every rank, so the next save plans afresh.
+    """
+
+    def __init__(self, key: str) -> None:
+        super().__init__(enable_plan_caching=True)
+        self._cached_plans_key = key
+        self._layout: tuple[Any, ...] = ()
+
+    def create_local_plan(self) -> SavePlan:
+        # DCP builds the local plan (a DTensor's chunk and offsets, milliseconds for a model) only to find it
+        # unchanged. The state's layout says as much for a fraction of that: the same entries, each of the
+        # same kind, shape and dtype (a DTensor's placement is fixed for a checkpointer's life: the group is).
+        self._layout = tuple(
+            (fqn, type(value).__name__, tuple(value.shape), value.dtype, _local_shape(value))
+            if isinstance(value, torch.Tensor)
+            else (fqn, "bytes")
+            for fqn, value in self.state_dict.items()
+        )
+        if (
+            _LAYOUTS.get(self._cached_plans_key) == self._layout
+            and self._cached_plans_key in SavePlanner._cached_final_save_plan
+        ):
+            return SavePlan([], usable=False)
+        return super().create_local_plan()
+
+    def finish_plan(self, new_plan: SavePlan) -> SavePlan:
+        finished = super().finish_plan(new_plan)
+        _LAYOUTS[self._cached_plans_key] = self._layout  # the plan for this layout is now the cached one
+        return finished
+
+    def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        cached = self._cached_plans_key in SavePlanner._cached_all_plans
+        if not cached and not all(plan.usable for plan in all_plans):
+            raise CheckpointError(
+                "the ranks' save plans are out of step (a rank reused a plan the coordinator does not have); "
+                "this save fails and the next one plans afresh"
+            )
+        return super().create_global_plan(all_plans)
+
+
+def _local_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(tensor._local_tensor.shape) if isinstance(tensor, DTensor) else tuple(tensor.shape)
+
+
+_LAYOUTS: dict[str, tuple[Any, ...]] = {}  # the state's layout each key's cached plans were made for
+
+_PLAN_CACHES: tuple[dict[str, Any], ...] = (
+    _LAYOUTS,
+    SavePlanner._cached_save_plan,
+    SavePlanner._cached_final_save_plan,
+    SavePlanner._cached_all_plans,
+    SavePlanner._cached_global_plan,
+    SavePlanner._cached_metadata,
+)
+
+
+def forget_plans(prefix: str) -> None:
+    """Drop every plan DCP keeps under a key starting with `prefix` (a checkpointer's, when it closes)."""
+    for cache in _PLAN_CACHES:
+        for key in [key for key in cache if key.startswith(prefix)]:
+            del cache[key]
+
+
+def _dtypes(node: Any) -> str:
+    """The dtypes of the tensors in `node`, in order: what DCP's plan comparison does not look at."""
+    if isinstance(node, torch.Tensor):
+        return str(node.dtype).removeprefix("torch.")
+    if isinstance(node, Mapping):
+        return ",".join(_dtypes(value) for value in node.values())
+    if isinstance(node, list | tuple):
+        return ",".join(_dtypes(value) for value in node)
+    return "-"
+
+
 @dataclass(frozen=True)
 class ShardGroup:
     """The ranks that write a sharded checkpoint together, and the process group of their collectives.
@@ -443,19 +527,34 @@ def save_shards(
     shards: ShardGroup,
     ready: Callable[[torch.Tensor], None] = lambda tensor: None,
     refusal: Callable[[], BaseException | None] = lambda: None,
-    planned: Callable[[], None] = lambda: None,
+    planned: Callable[[list[torch.Tensor]], None] = lambda tensors: None,
+    plans: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every rank together: write `state` (staged: host buffers and DTensors around them, `ready` when each
-    is filled, once `planned()` has been called) as checkpoint `name`'s shards and metadata. Returns, on
-    the coordinator, every object written with its size and checksum ({} elsewhere); a failure on any rank
-    (`refusal()`, if this rank brings one) raises that rank's error on every rank."""
+    is filled, once `planned(tensors)` has named what this rank writes) as checkpoint `name`'s shards and
+    metadata. Returns, on the coordinator, every object written with its size and checksum ({} elsewhere);
+    a failure on any rank (`refusal()`, if this rank brings one) raises that rank's error on every rank.
+    `plans`, if given, keys the plans this save may reuse from this process's last save under it
+    (`_ReusingSavePlanner`): one key per checkpointer."""
     writer = StoreWriter(store, name, ready, refusal, planned)
+    key = None if plans is None else f"{plans}/{hashlib.sha256(_dtypes(state).encode()).hexdigest()[:16]}"
+    planner = DefaultSavePlanner() if key is None else _ReusingSavePlanner(key)
     try:
         with warnings.catch_warnings():  # one process: DCP warns that it saves without a process group
             warnings.simplefilter("ignore", UserWarning)
-            dcp.save(state, storage_writer=writer, process_group=shards.group, no_dist=not shards.distributed)
-    except CheckpointException as error:
-        raise _first_failure(error) from None
+            dcp.save(
+                state,
+                storage_writer=writer,
+                planner=planner,
+                process_group=shards.group,
+                no_dist=not shards.distributed,
+            )
+    except BaseException as error:
+        if key is not None:
+            forget_plans(key)  # every rank sees the failure: all of them plan the next save afresh
+        if isinstance(error, CheckpointException):
+            raise _first_failure(error) from None
+        raise
     return {key: value.to_dict() for key, value in writer.objects.items()}
 
 
