@@ -229,6 +229,9 @@ def test_two_runs_at_once_on_a_fresh_home_complete_each_with_its_own_epochs(samp
     by_epochs = {}
     for record in records:
         for step in record.steps:
+            if step.reused:  # made by whichever run got there first, which ran it and holds its log
+                assert step.log is None and step.cache_key
+                continue
             log = Path(step.log).read_text()
             assert "Traceback" not in log, f"{step.name} of run {record.run_id}:\n{log[-3000:]}"
         metadata = json.loads((Path(record.step("train").outputs["model"]) / "metadata.json").read_text())
