@@ -331,7 +331,11 @@ def _saves_reuse_plans_until_the_state_changes(rank: int, world_size: int, folde
             f"{record.name}.shard-{index:05d}" for index in range(world_size)
         ]
         target = state(0, dtype, extra)
-        checkpointer.load_shards(record, checkpointer.sharded_metadata(record), target)
+        metadata = checkpointer.sharded_metadata(record)
+        described = {fqn: entry.properties.dtype for fqn, entry in metadata.dcp.state_dict_metadata.items()
+                     if fqn.startswith("model.")}  # fmt: skip
+        assert described == {f"model.{key}": dtype for key in saved["model"]}, (step, described)
+        checkpointer.load_shards(record, metadata, target)
         for key, value in saved["model"].items():
             assert torch.equal(target["model"][key], value) and target["model"][key].dtype == dtype, (
                 step,

@@ -20,10 +20,10 @@ What a user sees:
   `auto` at the interval chosen from what this attempt's first saves cost (training/checkpoint/interval.py);
   at once on eviction; and at the end.
 - **A snapshot whose weights are not finite** is never saved: each save checks the weights of its staged copy
-  in the background writer, off the training thread, before anything is written (under FSDP each rank its
-  shard, and one rank's refusal refuses the save on all). It is reported as one warning line, `step 20 is
-  not checkpointed: the weights it left are not finite`, and is not counted as a failed save; the newest
-  checkpoint stays the last good one, and the divergence stop follows from the step's loss.
+  in the background, off the training thread, before a commit record is written (in the sharded layout each
+  rank what it writes, and one rank's refusal refuses the save on all). It is reported as one warning line,
+  `step 20 is not checkpointed: the weights it left are not finite`, and is not counted as a failed save;
+  the newest checkpoint stays the last good one, and the divergence stop follows from the step's loss.
 - **A save that fails** is reported once, in one warning line with the operating system's reason:
   `checkpoint at step 40 was not saved: no space left on device on /mnt/ckpt; training goes on and tries
   again at the next interval`. Its partial files are removed. `metadata.json` counts the failed saves
@@ -370,9 +370,10 @@ class CheckpointManager:
 
 
 def finite_weights_check(model: torch.nn.Module) -> SnapshotCheck:
-    """The check every save runs on its staged snapshot: are the model's parameters finite? A replica's
-    whole weights, or under FSDP this rank's shard of them (the checkpointer makes one rank's refusal
-    every rank's). Buffers are not checked: a model may keep an infinite one on purpose (a causal mask)."""
+    """The check every save runs on its staged snapshot: are the model's parameters finite? The parameters
+    this rank staged: a replica's whole weights in the single-file layout, what this rank writes in the
+    sharded one (the checkpointer makes one rank's refusal every rank's). Buffers are not checked: a model
+    may keep an infinite one on purpose (a causal mask)."""
     names = frozenset(name for name, _ in model.named_parameters())
 
     def check(staged: Mapping[str, Any]) -> str | None:

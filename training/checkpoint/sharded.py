@@ -28,7 +28,6 @@ weights-only unpickler, as the single-file layout reads its checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import warnings
 from collections.abc import Callable, Mapping
@@ -374,8 +373,9 @@ class _ReusingSavePlanner(DefaultSavePlanner):
     and the coordinator neither rebuilds nor validates the global plan; each rank writes by the final plan
     it kept. A checkpointer saves the same structure at every step, so only its first save plans in full.
 
-    The cache is DCP's, per process and key; DCP compares plans by names, offsets and sizes, not dtypes,
-    so the key carries the state's dtypes. Should the ranks' caches ever fall out of step (a rank reusing a
+    The cache is DCP's, per process and key. DCP compares plans by names, offsets and sizes, not dtypes, so
+    a rank whose state's layout changed (dtypes included) drops its kept local plan and sends a new one,
+    and the coordinator makes new metadata. Should the ranks' caches ever fall out of step (a rank reusing a
     plan the coordinator does not have), the coordinator refuses the save rather than write metadata that
     misses that rank's part, and `save_shards` forgets the key on every rank, so the next save plans afresh.
     """
@@ -400,6 +400,8 @@ class _ReusingSavePlanner(DefaultSavePlanner):
             and self._cached_plans_key in SavePlanner._cached_final_save_plan
         ):
             return SavePlan([], usable=False)
+        # A new layout: DCP's comparison, blind to dtypes, must not find the old local plan "unchanged".
+        SavePlanner._cached_save_plan.pop(self._cached_plans_key, None)
         return super().create_local_plan()
 
     def finish_plan(self, new_plan: SavePlan) -> SavePlan:
@@ -438,17 +440,6 @@ def forget_plans(prefix: str) -> None:
     for cache in _PLAN_CACHES:
         for key in [key for key in cache if key.startswith(prefix)]:
             del cache[key]
-
-
-def _dtypes(node: Any) -> str:
-    """The dtypes of the tensors in `node`, in order: what DCP's plan comparison does not look at."""
-    if isinstance(node, torch.Tensor):
-        return str(node.dtype).removeprefix("torch.")
-    if isinstance(node, Mapping):
-        return ",".join(_dtypes(value) for value in node.values())
-    if isinstance(node, list | tuple):
-        return ",".join(_dtypes(value) for value in node)
-    return "-"
 
 
 @dataclass(frozen=True)
@@ -537,8 +528,7 @@ def save_shards(
     `plans`, if given, keys the plans this save may reuse from this process's last save under it
     (`_ReusingSavePlanner`): one key per checkpointer."""
     writer = StoreWriter(store, name, ready, refusal, planned)
-    key = None if plans is None else f"{plans}/{hashlib.sha256(_dtypes(state).encode()).hexdigest()[:16]}"
-    planner = DefaultSavePlanner() if key is None else _ReusingSavePlanner(key)
+    planner = DefaultSavePlanner() if plans is None else _ReusingSavePlanner(plans)
     try:
         with warnings.catch_warnings():  # one process: DCP warns that it saves without a process group
             warnings.simplefilter("ignore", UserWarning)
@@ -550,8 +540,8 @@ def save_shards(
                 no_dist=not shards.distributed,
             )
     except BaseException as error:
-        if key is not None:
-            forget_plans(key)  # every rank sees the failure: all of them plan the next save afresh
+        if plans is not None:
+            forget_plans(plans)  # every rank sees the failure: all of them plan the next save afresh
         if isinstance(error, CheckpointException):
             raise _first_failure(error) from None
         raise
