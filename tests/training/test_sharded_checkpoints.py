@@ -17,7 +17,7 @@ from core.errors import CheckpointError
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import LAYOUT_SHARDED, RECORD_SUFFIX, CheckpointRecord
-from training.checkpoint.sharded import CHECKSUM, ShardGroup, forget_plans
+from training.checkpoint.sharded import CHECKSUM, ShardGroup
 from training.checkpoint.store import CheckpointStore
 
 ONE_PROCESS = ShardGroup(rank=0, world_size=1)
@@ -55,8 +55,10 @@ def _meta(step: int) -> CheckpointMeta:
     )  # fmt: skip
 
 
-def _save(checkpointer: Checkpointer, step: int, seed: int = 0) -> CheckpointRecord | None:
-    checkpointer.save(_state(seed), _meta(step))
+def _save(
+    checkpointer: Checkpointer, step: int, seed: int = 0, saved: dict | None = None
+) -> CheckpointRecord | None:
+    checkpointer.save(_state(seed) if saved is None else saved, _meta(step))
     result = checkpointer.wait_until_durable(raise_on_failure=False)
     assert result is not None
     checkpointer.wait_until_idle()  # and pruned
@@ -158,6 +160,23 @@ def test_a_sharded_save_on_a_full_disk_fails_with_the_reason_and_leaves_nothing(
     assert result.failure == f"no space left on device on {store.location}"
     assert sorted(store.names()) == before
     assert (checkpointer.stats.failed, checkpointer.stats.failed_since_last_saved) == (1, 1)
+    checkpointer.close()
+
+
+def test_a_save_whose_metadata_written_ahead_fails_leaves_only_the_checkpoint_before(inner_store):
+    """A save like the last writes its metadata while the shards are written; on a full disk that write
+    fails the save, and nothing of it is left."""
+    store = inner_store
+    filling = FillingStore(store, fails=lambda name: name.endswith(".dcp"))
+    checkpointer = Checkpointer(filling, shards=ONE_PROCESS)
+    assert _save(checkpointer, 10) is not None
+    before = sorted(store.names())
+    filling.fill_up()
+    checkpointer.save(_state(), _meta(20))
+    result = checkpointer.wait_until_durable(raise_on_failure=False)
+    assert result is not None and result.record is None
+    assert result.failure == f"no space left on device on {store.location}"
+    assert sorted(store.names()) == before
     checkpointer.close()
 
 
@@ -349,15 +368,46 @@ def test_saves_reuse_their_plans_and_replan_when_the_state_changes(tmp_path):
     run_on_ranks(2, tmp_path, _saves_reuse_plans_until_the_state_changes, str(tmp_path / "ckpt"))
 
 
+def test_a_save_like_the_last_reuses_its_metadata_and_one_whose_values_changed_length_writes_its_own(
+    inner_store,
+):
+    """A save whose state has the last one's layout writes by the kept plan, and its metadata, written
+    ahead of time, is the last one's byte for byte (no checkpoint's name is in it). A non-tensor value of
+    another length lies elsewhere in the shard, so the metadata written ahead makes way for a new one.
+    Every checkpoint loads back as saved."""
+    store = inner_store
+    checkpointer = Checkpointer(store, shards=ONE_PROCESS)
+    metadata_sums = []
+    for step, run in [(10, b"short"), (20, b"other"), (30, b"a longer value"), (40, b"a longer one!!")]:
+        saved = {**_state(step), "run": run}
+        record = _save(checkpointer, step, saved=saved)
+        assert record is not None
+        assert sorted(record.objects) == [f"{record.name}.dcp", f"{record.name}.shard-00000"]
+        metadata_sums.append(record.objects[f"{record.name}.dcp"][CHECKSUM])
+        target = _target()
+        checkpointer.load_shards(record, checkpointer.sharded_metadata(record), target)
+        for key, tensor in saved["model"].items():
+            assert torch.equal(target["model"][key], tensor), (step, key)
+        assert target["run"] == run
+    assert metadata_sums[0] == metadata_sums[1] != metadata_sums[2] == metadata_sums[3]
+    assert [name.split(".")[0] for name in store.names() if name.endswith(".dcp")] == [
+        "step-0000000030-a001", "step-0000000040-a001",
+    ]  # fmt: skip
+    checkpointer.close()
+
+
 def _a_coordinator_that_lost_its_plans(rank: int, world_size: int, folder: str) -> None:
-    """Rank 1 reuses its plan, but rank 0 (the coordinator) no longer has the plans it matched: the save
-    fails on both ranks, naming why, with nothing committed, and the next save plans afresh."""
+    """Rank 1 reuses its plan, but rank 0 (the coordinator) has a new checkpointer, without the plans they
+    made together: the save fails on both ranks, naming why, with nothing of it left, and the next save
+    plans afresh."""
     store = LocalCheckpointStore(Path(folder))
-    checkpointer = Checkpointer(store, shards=ShardGroup.create(rank, world_size))
+    shards = ShardGroup.create(rank, world_size)
+    checkpointer = Checkpointer(store, shards=shards)
     checkpointer.save(_state(rank), _meta(10))
     assert checkpointer.wait_until_durable().record is not None
     if rank == 0:
-        forget_plans("")  # every plan this process kept, as if it had restarted
+        checkpointer.close()
+        checkpointer = Checkpointer(store, shards=shards)  # as if it had restarted
     checkpointer.save(_state(rank), _meta(20))
     result = checkpointer.wait_until_durable(raise_on_failure=False)
     assert result is not None and result.record is None

@@ -21,13 +21,12 @@ shard is durable, and only then does the coordinator (rank 0) write the commit r
 size and checksum, and tell the others. The collectives of a save run on a gloo group of their own
 (`ShardGroup`), so they never interleave with training's on the default group.
 
-In the sharded layout the copy waits for the ranks' write plan (who writes which chunk, agreed in a round of
-collectives), which needs only the snapshot's shapes. Planning first costs the copy a few milliseconds that
-training does not notice (it waits for the copy only before its next optimizer step, a step later); planning
-beside the copy, which saturates the cores, made every rank wait for the slowest rank's starved planner, a
-third of the whole save. The copy then fills only what this rank writes, in the order it writes it (under
-DDP, its share of the replica), and the writer follows it tensor by tensor; the check sees what was copied,
-and every rank's refusal is every rank's, so together they check every weight once.
+In the sharded layout the copy waits for this rank's write plan: who writes which chunk, agreed in a round
+of collectives at the checkpointer's first save, and kept for the next ones while the state keeps its
+layout (training/checkpoint/sharded.py: `SavePlans`). The copy then fills only what this rank writes, in
+the order it writes it (under DDP, its share of the replica), and the writer follows it tensor by tensor;
+the check sees what was copied, and every rank's refusal is every rank's, so together they check every
+weight once.
 
 A save that fails (a full disk, a read-only mount, a storage outage) leaves nothing that takes space: the
 store removes its partial file, and a data object it published before its commit record failed is deleted,
@@ -44,7 +43,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -68,9 +66,10 @@ from training.checkpoint.records import (
 )
 from training.checkpoint.sharded import (
     CHECKSUM,
+    Commit,
+    SavePlans,
     ShardedMetadata,
     ShardGroup,
-    forget_plans,
     load_shards,
     object_sums,
     save_shards,
@@ -232,8 +231,7 @@ class Checkpointer:
             max_workers=1, thread_name_prefix="checkpoint-writer", initializer=_yield_cpu_to_training
         )
         self._in_flight: _InFlight | None = None
-        # DCP's plans of this checkpointer's saves, reused while the state keeps its structure (sharded.py)
-        self._plans = f"checkpointer-{uuid.uuid4().hex}"
+        self._plans = SavePlans()  # the sharded layout's write plan, reused while the state keeps its layout
 
     # -- saving -------------------------------------------------------------------------------------
 
@@ -328,7 +326,6 @@ class Checkpointer:
                 log.warning("checkpoint at step %d was not saved: %s", result.step, result.failure)
         self._staging.shutdown(wait=True)
         self._writing.shutdown(wait=True)
-        forget_plans(self._plans)
 
     def _stage(
         self, plan: StagingPlan, snapshot: Future[Snapshot], planned: Future[list[torch.Tensor] | None]
@@ -399,37 +396,33 @@ class Checkpointer:
         planned: Callable[[list[torch.Tensor]], None],
     ) -> CheckpointRecord:
         """Every rank writes its shard, each tensor as soon as it is staged (`planned(tensors)` starts the
-        copy of what it writes once the plan is agreed); once all are durable the
-        coordinator writes the record last, and every rank learns how that went (the record, or the one line
-        of why not). A rank whose check refused its snapshot still takes part, so that the refusal reaches
-        every rank as the save's failure (`SaveRefused`), and no record is written."""
+        copy of what it writes once its plan is known); once all are durable the coordinator writes the
+        record last, and every rank learns how that went (the record, or the one line of why not). A rank
+        whose check refused its snapshot still takes part, so that the refusal reaches every rank as the
+        save's failure (`SaveRefused`), and no record is written."""
 
         def refusal() -> BaseException | None:
             reason = checked.result()  # raises the staging's error, if it failed
             return SaveRefused(reason) if reason is not None else None
 
+        unstaged: BaseException | None = None
         try:
             staged = snapshot.result()
             state, ready = staged.state, staged.wait
-        except Exception:  # no buffers: take part with nothing, and fail every rank with the error
-            state, ready = {}, lambda tensor: None
-        outcome: CheckpointRecord | str
-        try:
-            objects = save_shards(self.store, name, state, shards, ready, refusal, planned, self._plans)
-            outcome = self._commit_shards(meta, name, objects) if shards.coordinator else ""
-        except BaseException as error:
-            if shards.coordinator and not isinstance(error, ObjectExistsError):
-                self._discard_uncommitted()  # every rank's writes have ended: DCP gathered them
-            outcome = storage_failure(error, self.store.location)
-            failed: BaseException | None = error
-        else:
-            failed = None
-        agreed = shards.broadcast(outcome)
-        if failed is not None:
-            raise failed
-        if isinstance(agreed, str):
-            raise CheckpointError(agreed)
-        return agreed
+        except Exception as error:  # no buffers: take part with nothing, and fail every rank with the error
+            state, ready, unstaged = {}, lambda tensor: None, error
+        commit = Commit(
+            record=lambda objects: self._commit_shards(meta, name, objects), abandon=self._abandon
+        )
+        record: CheckpointRecord = save_shards(
+            self.store, name, state, shards, commit,
+            ready=ready, refusal=refusal, planned=planned, plans=self._plans, unstaged=unstaged,
+        )  # fmt: skip
+        return record
+
+    def _abandon(self, error: BaseException) -> None:
+        if not isinstance(error, ObjectExistsError):  # the name is someone else's: nothing of it is ours
+            self._discard_uncommitted()  # every rank's writes have ended
 
     def _commit_shards(
         self, meta: CheckpointMeta, name: str, objects: dict[str, dict[str, Any]]

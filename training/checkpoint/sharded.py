@@ -11,8 +11,8 @@ through a local disk.
 A sharded checkpoint `step-…-aNNN` is these objects:
 - `<name>.shard-RRRRR`: rank R's write items, raw tensor bytes back to back (no per-tensor pickling), with a
   checksum computed while they stream to the store;
-- `<name>.dcp`: DCP's metadata (which chunk of which tensor lies where), written by the coordinator once
-  every rank's shard is durable;
+- `<name>.dcp`: DCP's metadata (which chunk of which tensor lies where), written by the coordinator (while
+  the shards are written, when it is the last save's, as it is at most steps: `SavePlans`);
 - `<name>.json`: the commit record, written last by the checkpointer; it lists every object above with its
   size and checksum (training/checkpoint/records.py).
 
@@ -28,7 +28,10 @@ weights-only unpickler, as the single-file layout reads its checkpoint.
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import io
+import threading
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -93,10 +96,12 @@ class ObjectSum:
 
 @dataclass(frozen=True)
 class Piece:
-    """Where one write item's bytes lie: in `object`, at `offset`, `length` bytes; a tensor's dtype and
-    shape, so that its raw bytes become a tensor again (None for a pickled non-tensor value)."""
+    """Where one write item's bytes lie: in the checkpoint's shard number `shard`, at `offset`, `length`
+    bytes; a tensor's dtype and shape, so that its raw bytes become a tensor again (None for a pickled
+    non-tensor value). No checkpoint's name is in it: a save that lays its items out as the last one did
+    has the same metadata, byte for byte, and reuses it."""
 
-    object: str
+    shard: int
     offset: int
     length: int
     dtype: str | None
@@ -125,6 +130,18 @@ def checksum(data: bytes | memoryview) -> ObjectSum:
     return ObjectSum(len(data), f"{crc32(data):08x}")
 
 
+@dataclass(frozen=True)
+class _MetadataBytes:
+    """A checkpoint's serialised DCP metadata, and where it says each item lies."""
+
+    pieces: dict[MetadataIndex, Piece]
+    data: bytes
+
+    @property
+    def sum(self) -> ObjectSum:
+        return checksum(self.data)
+
+
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes without a copy when it is a contiguous CPU tensor (a staged buffer is)."""
     flat = tensor.detach().cpu().contiguous().reshape(-1)
@@ -133,14 +150,15 @@ def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
 
 class StoreWriter(StorageWriter):
     """DCP's storage writer for checkpoint `name` in `store`; every rank has one, the coordinator (rank 0)
-    writes the metadata. After `dcp.save` returns, the coordinator's `objects` lists what was written.
+    writes the metadata. Once the metadata is written, the coordinator's `objects` lists what was written.
+    `save_shards` also drives it without DCP's `save`, by a kept plan.
 
-    The state may still be being staged as DCP plans and writes: `planned(tensors)` is called once the plan
-    is agreed, with the tensors this rank will write, in order (the stager copies those from then on), and
-    `ready(tensor)` blocks until a tensor's bytes are there.
+    The state may still be being staged as the writer plans and writes: `planned(tensors)` is called once
+    the plan is known, with the tensors this rank will write, in order (the stager copies those from then
+    on), and `ready(tensor)` blocks until a tensor's bytes are there.
     `refusal()`, asked once this rank's shard is written, is this rank's reason not to save (None to save),
-    raised there, so that DCP fails the save on every rank (a rank that left `dcp.save` early would leave
-    the others in its collectives)."""
+    raised there, so that the save fails on every rank (a rank that left early would leave the others in
+    their collectives)."""
 
     def __init__(
         self,
@@ -156,14 +174,20 @@ class StoreWriter(StorageWriter):
         self._ready = ready
         self._refusal = refusal
         self._planned = planned
+        self._sums: dict[str, ObjectSum] = {}
         self.objects: dict[str, ObjectSum] = {}
+        self.metadata: _MetadataBytes | None = None
+
+    @property
+    def location(self) -> str:
+        return self._store.location
 
     def reset(self, checkpoint_id: Any = None) -> None:
-        self.objects = {}
+        self._sums, self.objects, self.metadata = {}, {}, None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         # Each rank's shard is its own object, named by its rank in the group (its place in the global
-        # plan). Not from the plan's `storage_data`: a reused plan carries an earlier checkpoint's name.
+        # plan): the plan is reused from save to save, and names no checkpoint.
         self._rank = int(kwargs.get("rank", 0))
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
@@ -173,11 +197,15 @@ class StoreWriter(StorageWriter):
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        tensors = (planner.resolve_data(item) for item in plan.items if item.type != WriteItemType.BYTE_IO)
+        # Tensors first, then the pickled values, whose lengths change from save to save: so that the
+        # tensors' offsets, most of the metadata, stay the same.
+        items = [item for item in plan.items if item.type != WriteItemType.BYTE_IO]
+        items += [item for item in plan.items if item.type == WriteItemType.BYTE_IO]
+        tensors = (planner.resolve_data(item) for item in items if item.type != WriteItemType.BYTE_IO)
         self._planned([tensor for tensor in tensors if isinstance(tensor, torch.Tensor)])
         results: list[WriteResult] = []
-        if plan.items:
-            results = self._write_shard(shard_object(self._name, self._rank), plan.items, planner)
+        if items:
+            results = self._write_shard(items, planner)
         refused = self._refusal()
         if refused is not None:
             raise refused
@@ -185,9 +213,10 @@ class StoreWriter(StorageWriter):
         future.set_result(results)
         return future
 
-    def _write_shard(self, name: str, items: list[WriteItem], planner: SavePlanner) -> list[WriteResult]:
+    def _write_shard(self, items: list[WriteItem], planner: SavePlanner) -> list[WriteResult]:
         pieces: list[tuple[WriteItem, Piece]] = []
-        with self._store.writer(name) as target:
+        shard = self._rank
+        with self._store.writer(shard_object(self._name, shard)) as target:
             out = _Checksummed(target)
             for item in items:
                 data = planner.resolve_data(item)
@@ -195,12 +224,12 @@ class StoreWriter(StorageWriter):
                 if item.type == WriteItemType.BYTE_IO:
                     assert isinstance(data, io.BytesIO)
                     out.write(data.getbuffer())
-                    piece = Piece(name, offset, out.size - offset, None, None)
+                    piece = Piece(shard, offset, out.size - offset, None, None)
                 else:
                     assert isinstance(data, torch.Tensor)
                     self._ready(data)
                     out.write(_tensor_bytes(data))
-                    piece = Piece(name, offset, out.size - offset, str(data.dtype), tuple(data.shape))
+                    piece = Piece(shard, offset, out.size - offset, str(data.dtype), tuple(data.shape))
                 pieces.append((item, piece))
             total = out.result()
         # Every piece carries its object's sum too, so that the coordinator learns it from the results.
@@ -210,21 +239,41 @@ class StoreWriter(StorageWriter):
         ]
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        storage: dict[MetadataIndex, Piece] = {}
-        objects: dict[str, ObjectSum] = {}
+        """The coordinator, once every rank's shard is durable: the metadata, with where each item lies."""
+        pieces = self.pieces(results)
+        metadata.storage_data = pieces
+        buffer = io.BytesIO()
+        torch.save(metadata, buffer)
+        written = _MetadataBytes(pieces, buffer.getvalue())
+        self.write_metadata(written.data)
+        self.wrote_metadata(written)
+
+    def pieces(self, results: list[list[WriteResult]]) -> dict[MetadataIndex, Piece]:
+        """Where each item of every rank's `results` lies; every shard's sum is noted for `objects`."""
+        pieces: dict[MetadataIndex, Piece] = {}
         for rank_results in results:
             for result in rank_results:
                 piece, total = result.storage_data
-                storage[result.index] = piece
-                objects[piece.object] = total
-        metadata.storage_data = storage
-        buffer = io.BytesIO()
-        torch.save(metadata, buffer)
-        data = buffer.getbuffer()
-        with self._store.writer(self._name + METADATA_SUFFIX) as target:
+                pieces[result.index] = piece
+                self._sums[shard_object(self._name, piece.shard)] = total
+        return pieces
+
+    def write_metadata(self, data: bytes) -> None:
+        with self._store.writer(self.metadata_object) as target:
             target.write(data)
-        objects[self._name + METADATA_SUFFIX] = checksum(data)
-        self.objects = dict(sorted(objects.items()))
+
+    def remove_metadata(self) -> None:
+        self._store.delete(self.metadata_object)
+
+    def wrote_metadata(self, metadata: _MetadataBytes) -> None:
+        """The metadata object, written, holds `metadata`: `objects` lists it with the shards `pieces`
+        noted."""
+        self.metadata = metadata
+        self.objects = dict(sorted({**self._sums, self.metadata_object: metadata.sum}.items()))
+
+    @property
+    def metadata_object(self) -> str:
+        return self._name + METADATA_SUFFIX
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
@@ -312,7 +361,8 @@ class StoreReader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         by_object: dict[str, list[ReadItem]] = {}
         for item in plan.items:
-            by_object.setdefault(self._pieces[item.storage_index].object, []).append(item)
+            piece = self._pieces[item.storage_index]
+            by_object.setdefault(shard_object(self._name, piece.shard), []).append(item)
         # One object at a time, checked whole before any of its bytes is used, then dropped: a rank holds
         # at most one object beside the state it fills. A corrupt object fails the load on every rank
         # (DCP gathers the failure); what earlier objects filled is overwritten by the next checkpoint tried.
@@ -367,79 +417,52 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
-class _ReusingSavePlanner(DefaultSavePlanner):
-    """DCP's default save planner with its plan caching on, under `key`: when no rank's local plan changed
-    since the last save under the same key, the ranks send the coordinator an empty plan instead of theirs,
-    and the coordinator neither rebuilds nor validates the global plan; each rank writes by the final plan
-    it kept. A checkpointer saves the same structure at every step, so only its first save plans in full.
-
-    The cache is DCP's, per process and key. DCP compares plans by names, offsets and sizes, not dtypes, so
-    a rank whose state's layout changed (dtypes included) drops its kept local plan and sends a new one,
-    and the coordinator makes new metadata. Should the ranks' caches ever fall out of step (a rank reusing a
-    plan the coordinator does not have), the coordinator refuses the save rather than write metadata that
-    misses that rank's part, and `save_shards` forgets the key on every rank, so the next save plans afresh.
-    """
-
-    def __init__(self, key: str) -> None:
-        super().__init__(enable_plan_caching=True)
-        self._cached_plans_key = key
-        self._layout: tuple[Any, ...] = ()
-
-    def create_local_plan(self) -> SavePlan:
-        # DCP builds the local plan (a DTensor's chunk and offsets, milliseconds for a model) only to find it
-        # unchanged. The state's layout says as much for a fraction of that: the same entries, each of the
-        # same kind, shape and dtype (a DTensor's placement is fixed for a checkpointer's life: the group is).
-        self._layout = tuple(
-            (fqn, type(value).__name__, tuple(value.shape), value.dtype, _local_shape(value))
-            if isinstance(value, torch.Tensor)
-            else (fqn, "bytes")
-            for fqn, value in self.state_dict.items()
-        )
-        if (
-            _LAYOUTS.get(self._cached_plans_key) == self._layout
-            and self._cached_plans_key in SavePlanner._cached_final_save_plan
-        ):
-            return SavePlan([], usable=False)
-        # A new layout: DCP's comparison, blind to dtypes, must not find the old local plan "unchanged".
-        SavePlanner._cached_save_plan.pop(self._cached_plans_key, None)
-        return super().create_local_plan()
-
-    def finish_plan(self, new_plan: SavePlan) -> SavePlan:
-        finished = super().finish_plan(new_plan)
-        _LAYOUTS[self._cached_plans_key] = self._layout  # the plan for this layout is now the cached one
-        return finished
-
-    def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
-        cached = self._cached_plans_key in SavePlanner._cached_all_plans
-        if not cached and not all(plan.usable for plan in all_plans):
-            raise CheckpointError(
-                "the ranks' save plans are out of step (a rank reused a plan the coordinator does not have); "
-                "this save fails and the next one plans afresh"
-            )
-        return super().create_global_plan(all_plans)
+def _layout(flat_state: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a save's plan depends on, of a flattened state: its entries, each one's kind, and a tensor's
+    shape, dtype and local shape (a DTensor's placement is fixed for a checkpointer's life: its group is)."""
+    return tuple(
+        (fqn, type(value).__name__, tuple(value.shape), value.dtype, _local_shape(value))
+        if isinstance(value, torch.Tensor)
+        else (fqn, "bytes")
+        for fqn, value in flat_state.items()
+    )
 
 
 def _local_shape(tensor: torch.Tensor) -> tuple[int, ...]:
     return tuple(tensor._local_tensor.shape) if isinstance(tensor, DTensor) else tuple(tensor.shape)
 
 
-_LAYOUTS: dict[str, tuple[Any, ...]] = {}  # the state's layout each key's cached plans were made for
-
-_PLAN_CACHES: tuple[dict[str, Any], ...] = (
-    _LAYOUTS,
-    SavePlanner._cached_save_plan,
-    SavePlanner._cached_final_save_plan,
-    SavePlanner._cached_all_plans,
-    SavePlanner._cached_global_plan,
-    SavePlanner._cached_metadata,
-)
+@dataclass(frozen=True)
+class _KeptPlan:
+    layout: tuple[Any, ...]
+    local: SavePlan  # what this rank writes
+    metadata: Metadata | None  # the coordinator's: which chunk of which tensor every rank writes
+    written: _MetadataBytes | None  # the coordinator's: the metadata the last save wrote
 
 
-def forget_plans(prefix: str) -> None:
-    """Drop every plan DCP keeps under a key starting with `prefix` (a checkpointer's, when it closes)."""
-    for cache in _PLAN_CACHES:
-        for key in [key for key in cache if key.startswith(prefix)]:
-            del cache[key]
+class SavePlans:
+    """The plan of a checkpointer's last sharded save, which its next saves reuse while the state keeps its
+    layout: one per checkpointer, on every rank.
+
+    Planning is a round of collectives: the coordinator gathers every rank's plan, gives each replicated
+    tensor to one rank, checks the whole and sends each rank its part. A checkpointer saves a state of the
+    same layout at every step, so each rank keeps its part and the coordinator the metadata, and a later
+    save whose state has the layout its kept plan was made for writes by it at once (`save_shards`). A
+    rank whose layout changed says so in the gather that ends the save, and the ranks plan again together.
+    """
+
+    def __init__(self) -> None:
+        self._kept: _KeptPlan | None = None
+
+    def kept_for(self, layout: tuple[Any, ...]) -> _KeptPlan | None:
+        kept = self._kept
+        return kept if kept is not None and kept.layout == layout else None
+
+    def keep(self, plan: _KeptPlan) -> None:
+        self._kept = plan
+
+    def forget(self) -> None:
+        self._kept = None
 
 
 @dataclass(frozen=True)
@@ -467,6 +490,14 @@ class ShardGroup:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    def gather(self, value: Any) -> list[Any] | None:
+        """Every rank's `value`, in rank order, on the coordinator (None on the others)."""
+        if not self.distributed:
+            return [value]
+        values: list[Any] | None = [None] * self.world_size if self.coordinator else None
+        dist.gather_object(value, values, group=self.group, group_dst=0)
+        return values
 
     def broadcast(self, value: Any) -> Any:
         """The coordinator's `value`, on every rank."""
@@ -511,24 +542,155 @@ def _first_failure(error: CheckpointException) -> BaseException:
     return failure[0] if isinstance(failure, tuple) else failure
 
 
+@dataclass(frozen=True)
+class _Failure:
+    """A failed rank's error in a form every rank can rebuild: its type when it is one of ours (a refusal
+    stays a refusal everywhere), and its one line, secrets masked."""
+
+    kind: type[CheckpointError]
+    line: str
+
+    @classmethod
+    def of(cls, error: BaseException, location: str) -> _Failure:
+        kind = type(error) if isinstance(error, CheckpointError) else CheckpointError
+        return cls(kind, storage_failure(error, location))
+
+    def error(self) -> CheckpointError:
+        try:
+            return self.kind(self.line)
+        except TypeError:  # a subclass that takes other arguments
+            return CheckpointError(self.line)
+
+
+@dataclass(frozen=True)
+class _Report:
+    """What a rank tells the coordinator at the end of a save by kept plans."""
+
+    reused: bool  # it had a plan for its state's layout, and wrote by it
+    results: list[WriteResult] | None = None
+    failure: _Failure | None = None
+
+
+@dataclass(frozen=True)
+class _Replan:
+    """The coordinator's word when no rank had a plan for its state's layout: plan together, then save."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The coordinator's part in ending a sharded save. `record(objects)` runs once every object is durable
+    (each with its size and checksum) and writes the commit record; what it returns reaches every rank as
+    the save's result. `abandon(error)` runs when a rank failed, before any rank hears of it (so before
+    another save can start), to remove what the save wrote."""
+
+    record: Callable[[dict[str, dict[str, Any]]], Any]
+    abandon: Callable[[BaseException], None]
+
+
 def save_shards(
     store: CheckpointStore,
     name: str,
     state: dict[str, Any],
     shards: ShardGroup,
+    commit: Commit,
+    *,
     ready: Callable[[torch.Tensor], None] = lambda tensor: None,
     refusal: Callable[[], BaseException | None] = lambda: None,
     planned: Callable[[list[torch.Tensor]], None] = lambda tensors: None,
-    plans: str | None = None,
-) -> dict[str, dict[str, Any]]:
+    plans: SavePlans | None = None,
+    unstaged: BaseException | None = None,
+) -> Any:
     """Every rank together: write `state` (staged: host buffers and DTensors around them, `ready` when each
     is filled, once `planned(tensors)` has named what this rank writes) as checkpoint `name`'s shards and
-    metadata. Returns, on the coordinator, every object written with its size and checksum ({} elsewhere);
-    a failure on any rank (`refusal()`, if this rank brings one) raises that rank's error on every rank.
-    `plans`, if given, keys the plans this save may reuse from this process's last save under it
-    (`_ReusingSavePlanner`): one key per checkpointer."""
+    metadata; the coordinator then commits (`commit`). Returns `commit.record`'s result on every rank. A
+    failure on any rank (`refusal()`, if this rank brings one) raises on every rank: its own error on the
+    rank that failed, the same kind of error with the same line on the others. A rank that could not stage
+    its state at all (`unstaged`, with `state` empty) still takes part, and fails the save with that error.
+
+    With `plans` (one per checkpointer), a save whose state keeps the layout of the last one skips planning:
+    each rank writes by its kept plan straight away, and the one gather that tells the coordinator every
+    shard is durable also tells it every rank reused its plan. Otherwise the ranks first learn, in that
+    same exchange, that nobody wrote, and plan together (DCP's `save`), keeping the new plan. Ranks out of
+    step (one reused a plan while another had none for its layout) fail the save, and all of them forget
+    their plans, so the next save plans afresh."""
     writer = StoreWriter(store, name, ready, refusal, planned)
-    planner = DefaultSavePlanner() if plans is None else _ReusingSavePlanner(plans)
+    if plans is not None:
+        outcome = _save_by_kept_plans(writer, state, shards, commit, plans, unstaged)
+        if not isinstance(outcome, _Replan):
+            return outcome
+    return _save_planned(writer, state, shards, commit, plans)
+
+
+def _save_by_kept_plans(
+    writer: StoreWriter,
+    state: dict[str, Any],
+    shards: ShardGroup,
+    commit: Commit,
+    plans: SavePlans,
+    unstaged: BaseException | None,
+) -> Any:
+    report, error, kept, ahead = _Report(reused=False), None, None, None
+    try:  # nothing may leave before the gather: the other ranks would wait in it forever
+        if unstaged is not None:
+            raise unstaged
+        planner = DefaultSavePlanner()
+        planner.set_up_planner(state, None, shards.coordinator)
+        kept = plans.kept_for(_layout(planner.state_dict))
+        if kept is not None:
+            if kept.written is not None:  # the coordinator: this save's metadata, very likely the last one's
+                ahead = _in_thread(writer.write_metadata, kept.written.data)
+            writer.set_up_storage_writer(shards.coordinator, rank=shards.rank)
+            report = _Report(reused=True, results=writer.write_data(kept.local, planner).value())
+    except BaseException as caught:
+        error = caught
+        report = _Report(reused=kept is not None, failure=_Failure.of(caught, writer.location))
+    reports = shards.gather(report)
+    outcome: Any = None
+    if reports is not None:  # the coordinator
+        ahead_error = ahead.exception() if ahead is not None else None  # written (or failed) before any end
+        failures = [each.failure for each in reports if each.failure is not None]
+        reused = [each.reused for each in reports]
+        error = error or ahead_error
+        if error is not None or failures:
+            outcome = _abandoned(error or failures[0].error(), writer, commit)
+        elif not any(reused):
+            outcome = _Replan()
+        elif not all(reused):
+            outcome = _abandoned(
+                CheckpointError(
+                    "the ranks' save plans are out of step (a rank reused a plan while another had none for "
+                    "its state); this save fails and the next one plans afresh"
+                ),
+                writer,
+                commit,
+            )
+        else:
+            assert kept is not None
+            outcome = _committed(writer, kept, [each.results or [] for each in reports], ahead, commit, plans)
+    return _agreed(shards.broadcast(outcome), error, plans)
+
+
+def _in_thread(work: Callable[..., None], *args: Any) -> concurrent.futures.Future[None]:
+    """`work(*args)` in a thread of its own; the future ends with it."""
+    done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            work(*args)
+        except BaseException as error:
+            done.set_exception(error)
+        else:
+            done.set_result(None)
+
+    threading.Thread(target=run, name="checkpoint-metadata", daemon=True).start()
+    return done
+
+
+def _save_planned(
+    writer: StoreWriter, state: dict[str, Any], shards: ShardGroup, commit: Commit, plans: SavePlans | None
+) -> Any:
+    planner = DefaultSavePlanner()
+    error: BaseException | None = None
     try:
         with warnings.catch_warnings():  # one process: DCP warns that it saves without a process group
             warnings.simplefilter("ignore", UserWarning)
@@ -539,13 +701,68 @@ def save_shards(
                 process_group=shards.group,
                 no_dist=not shards.distributed,
             )
+    except BaseException as caught:  # DCP raises every rank's failures on every rank
+        error = _first_failure(caught) if isinstance(caught, CheckpointException) else caught
+    outcome: Any = None
+    if shards.coordinator:
+        if error is not None:
+            outcome = _abandoned(error, writer, commit)
+        else:
+            outcome = _record(writer.objects, writer, commit)
+    agreed = _agreed(shards.broadcast(outcome), error, plans)
+    if plans is not None:  # DCP's planner holds this rank's final plan, and the coordinator's the metadata
+        metadata = planner.metadata if shards.coordinator else None
+        plans.keep(_KeptPlan(_layout(planner.state_dict), planner.plan, metadata, writer.metadata))
+    return agreed
+
+
+def _committed(
+    writer: StoreWriter,
+    kept: _KeptPlan,
+    results: list[list[WriteResult]],
+    ahead: concurrent.futures.Future[None] | None,
+    commit: Commit,
+    plans: SavePlans,
+) -> Any:
+    """The coordinator, once every rank's shard is durable by the kept plans: the metadata (the one written
+    ahead of time, if every item lies where it did in the last save; otherwise new), then the record."""
+    try:
+        pieces = writer.pieces(results)
+        if ahead is not None and kept.written is not None and kept.written.pieces == pieces:
+            writer.wrote_metadata(kept.written)
+        else:
+            if ahead is not None:  # a pickled value's length changed: the metadata written ahead is not
+                writer.remove_metadata()  # this save's (no record names it yet), so it makes way for it
+            assert kept.metadata is not None
+            writer.finish(kept.metadata, results)
+            plans.keep(dataclasses.replace(kept, written=writer.metadata))
     except BaseException as error:
+        return _abandoned(error, writer, commit)
+    return _record(writer.objects, writer, commit)
+
+
+def _record(objects: Mapping[str, ObjectSum], writer: StoreWriter, commit: Commit) -> Any:
+    try:
+        return commit.record({key: value.to_dict() for key, value in objects.items()})
+    except BaseException as error:
+        return _abandoned(error, writer, commit)
+
+
+def _abandoned(error: BaseException, writer: StoreWriter, commit: Commit) -> _Failure:
+    commit.abandon(error)
+    return _Failure.of(error, writer.location)
+
+
+def _agreed(outcome: Any, error: BaseException | None, plans: SavePlans | None) -> Any:
+    """This rank's end of a save whose outcome every rank now has: the commit's result, or the failure
+    raised (this rank's own error, if it had one). A failed save leaves no plan kept."""
+    if isinstance(outcome, _Failure):
         if plans is not None:
-            forget_plans(plans)  # every rank sees the failure: all of them plan the next save afresh
-        if isinstance(error, CheckpointException):
-            raise _first_failure(error) from None
-        raise
-    return {key: value.to_dict() for key, value in writer.objects.items()}
+            plans.forget()
+        if error is not None:
+            raise error
+        raise outcome.error()
+    return outcome
 
 
 def load_shards(
