@@ -326,6 +326,7 @@ class Checkpointer:
                 log.warning("checkpoint at step %d was not saved: %s", result.step, result.failure)
         self._staging.shutdown(wait=True)
         self._writing.shutdown(wait=True)
+        self._plans.close()
 
     def _stage(
         self, plan: StagingPlan, snapshot: Future[Snapshot], planned: Future[list[torch.Tensor] | None]

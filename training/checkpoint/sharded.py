@@ -31,7 +31,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import io
-import threading
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -453,6 +452,20 @@ class SavePlans:
 
     def __init__(self) -> None:
         self._kept: _KeptPlan | None = None
+        self._beside: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def beside(self, work: Callable[..., None], *args: Any) -> concurrent.futures.Future[None]:
+        """`work(*args)` in a thread beside the save's (the coordinator's metadata, written meanwhile). The
+        thread is kept: starting one per save costs milliseconds when the cores are busy."""
+        if self._beside is None:
+            self._beside = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-metadata")
+        return self._beside.submit(work, *args)
+
+    def close(self) -> None:
+        """Forget the plan and stop the thread (after what it was given)."""
+        self._kept = None
+        if self._beside is not None:
+            self._beside.shutdown(wait=True)
 
     def kept_for(self, layout: tuple[Any, ...]) -> _KeptPlan | None:
         kept = self._kept
@@ -638,7 +651,7 @@ def _save_by_kept_plans(
         kept = plans.kept_for(_layout(planner.state_dict))
         if kept is not None:
             if kept.written is not None:  # the coordinator: this save's metadata, very likely the last one's
-                ahead = _in_thread(writer.write_metadata, kept.written.data)
+                ahead = plans.beside(writer.write_metadata, kept.written.data)
             writer.set_up_storage_writer(shards.coordinator, rank=shards.rank)
             report = _Report(reused=True, results=writer.write_data(kept.local, planner).value())
     except BaseException as caught:
@@ -668,22 +681,6 @@ def _save_by_kept_plans(
             assert kept is not None
             outcome = _committed(writer, kept, [each.results or [] for each in reports], ahead, commit, plans)
     return _agreed(shards.broadcast(outcome), error, plans)
-
-
-def _in_thread(work: Callable[..., None], *args: Any) -> concurrent.futures.Future[None]:
-    """`work(*args)` in a thread of its own; the future ends with it."""
-    done: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            work(*args)
-        except BaseException as error:
-            done.set_exception(error)
-        else:
-            done.set_result(None)
-
-    threading.Thread(target=run, name="checkpoint-metadata", daemon=True).start()
-    return done
 
 
 def _save_planned(
