@@ -319,7 +319,7 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, required=True, help="an empty folder on the disk to measure")
     parser.add_argument("--warmup-saves", type=int, default=3)
     # Measured pairs. The disk has busy spells: single pairs range from 0.4 to 1.3 within one run, and the
-    # median of 15 pairs moved by up to 0.15 between back-to-back runs; of 30, by 0.01-0.02 (2026-12-04).
+    # median of 15 pairs ranged 0.72-0.88 across runs of one code; of 30, 0.01-0.02 apart back to back.
     parser.add_argument("--saves", type=int, default=30)
     parser.add_argument("--blocked-saves", type=int, default=3)
     args = parser.parse_args()

@@ -147,9 +147,16 @@ def test_a_checkpoint_missing_a_shard_is_skipped_with_a_warning(tmp_path, caplog
     checkpointer.close()
 
 
-def test_a_sharded_save_on_a_full_disk_fails_with_the_reason_and_leaves_nothing(inner_store):
+@pytest.mark.parametrize(
+    "fails",
+    [lambda name: True, lambda name: name.endswith(".dcp")],
+    ids=["every-object", "the-metadata-written-beside-the-shards"],
+)
+def test_a_sharded_save_on_a_full_disk_fails_with_the_reason_and_leaves_nothing(inner_store, fails):
+    """The second save is like the first, so the coordinator writes its metadata while the shards are
+    written: that write failing alone fails the save too, and nothing of it is left."""
     store = inner_store
-    filling = FillingStore(store)
+    filling = FillingStore(store, fails=fails)
     checkpointer = Checkpointer(filling, shards=ONE_PROCESS)
     assert _save(checkpointer, 10) is not None
     before = sorted(store.names())
@@ -160,23 +167,6 @@ def test_a_sharded_save_on_a_full_disk_fails_with_the_reason_and_leaves_nothing(
     assert result.failure == f"no space left on device on {store.location}"
     assert sorted(store.names()) == before
     assert (checkpointer.stats.failed, checkpointer.stats.failed_since_last_saved) == (1, 1)
-    checkpointer.close()
-
-
-def test_a_save_whose_metadata_written_ahead_fails_leaves_only_the_checkpoint_before(inner_store):
-    """A save like the last writes its metadata while the shards are written; on a full disk that write
-    fails the save, and nothing of it is left."""
-    store = inner_store
-    filling = FillingStore(store, fails=lambda name: name.endswith(".dcp"))
-    checkpointer = Checkpointer(filling, shards=ONE_PROCESS)
-    assert _save(checkpointer, 10) is not None
-    before = sorted(store.names())
-    filling.fill_up()
-    checkpointer.save(_state(), _meta(20))
-    result = checkpointer.wait_until_durable(raise_on_failure=False)
-    assert result is not None and result.record is None
-    assert result.failure == f"no space left on device on {store.location}"
-    assert sorted(store.names()) == before
     checkpointer.close()
 
 
