@@ -41,6 +41,22 @@ def test_pruning_keeps_the_newest_and_removes_records_before_data_and_orphans():
     assert doomed == [f"{old}.json", f"{old}.pt", f"{orphan}.pt"]
 
 
+def test_pruning_spares_a_later_save_of_the_same_attempt_that_another_rank_is_writing():
+    """In the sharded layout rank 1 may publish the next save's shard while rank 0 prunes after the last
+    one: that shard is no leftover. An uncommitted save of another attempt, or an earlier one, is."""
+    old, middle, written = checkpoint_name(10, 2), checkpoint_name(20, 2), checkpoint_name(30, 2)
+    in_flight, dead_attempt, earlier = checkpoint_name(40, 2), checkpoint_name(50, 1), checkpoint_name(25, 2)
+    names = [
+        *_objects(old, middle, written),
+        f"{in_flight}.shard-00001",
+        f"{dead_attempt}.dcp",
+        f"{earlier}.pt",
+    ]
+    doomed = objects_to_prune(names, keep_last=2, written=written)
+    assert doomed == [f"{old}.json", f"{old}.pt", f"{earlier}.pt", f"{dead_attempt}.dcp"]
+    assert f"{in_flight}.shard-00001" in objects_to_prune(names, keep_last=2)  # without `written`: a leftover
+
+
 def test_pruning_with_fewer_checkpoints_than_kept_removes_nothing():
     assert objects_to_prune(_objects(checkpoint_name(10, 1)), keep_last=2) == []
 

@@ -475,7 +475,7 @@ class Checkpointer:
         try:
             names = self.store.names()
             unreadable = self._unreadable_records(names, written)
-            for name in objects_to_prune(names, self.keep_last, unreadable):
+            for name in objects_to_prune(names, self.keep_last, unreadable, written):
                 self.store.delete(name)
         except Exception as error:
             log.warning("old checkpoints were not removed: %s", storage_failure(error, self.store.location))

@@ -148,15 +148,17 @@ def uncommitted_data(object_names: Iterable[str]) -> list[str]:
 
 
 def objects_to_prune(
-    object_names: Iterable[str], keep_last: int, unreadable: Iterable[str] = ()
+    object_names: Iterable[str], keep_last: int, unreadable: Iterable[str] = (), written: str | None = None
 ) -> list[str]:
-    """Objects that may go once the newest checkpoint is durable, records before their data.
+    """Objects that may go once the newest checkpoint (`written`, if given) is durable, records before their
+    data.
 
     Keeps the `keep_last` newest committed checkpoints, not counting those in `unreadable` (checkpoints
     whose commit record does not parse): a junk record kept as one of two would leave one real
     checkpoint, so it goes, with its data. Records are written atomically and appear only once complete,
     so an unreadable one is no write in progress. Data objects without a record are leftovers of saves that
-    never committed (the writer runs one save at a time, so none is in flight here).
+    never committed, except those of a later save of `written`'s attempt: in the sharded layout the other
+    ranks may already be writing the next save's shards while the coordinator prunes.
     """
     names = list(object_names)
     junk = set(unreadable)
@@ -165,5 +167,19 @@ def objects_to_prune(
     present = set(names)
     doomed_records = [name + RECORD_SUFFIX for name in committed[keep_last:]]
     doomed_records += sorted(name + RECORD_SUFFIX for name in junk if name + RECORD_SUFFIX in present)
-    doomed_data = [name for name in names if (stem := data_stem(name)) is not None and stem not in kept]
+    doomed_data = [
+        name
+        for name in names
+        if (stem := data_stem(name)) is not None
+        and stem not in kept
+        and not (stem + RECORD_SUFFIX not in present and _later_save(stem, written))
+    ]
     return doomed_records + sorted(doomed_data)
+
+
+def _later_save(name: str, written: str | None) -> bool:
+    """Whether checkpoint `name` is a later save of the attempt that wrote `written`: maybe in flight."""
+    if written is None:
+        return False
+    mine, theirs = _order_key(name), _order_key(written)
+    return mine is not None and theirs is not None and mine[1] == theirs[1] and mine[0] > theirs[0]
