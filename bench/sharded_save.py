@@ -321,7 +321,10 @@ def main() -> None:
     # Measured pairs. The disk has busy spells: single pairs range from 0.4 to 1.3 within one run, and the
     # median of 15 pairs ranged 0.72-0.88 across runs of one code; of 30, 0.01-0.02 apart back to back.
     parser.add_argument("--saves", type=int, default=30)
-    parser.add_argument("--blocked-saves", type=int, default=3)
+    # Blocked time per save is about 0.1-3 ms, but one save in a few can block 5-20 ms
+    # when the machine is busy: a median of 3 saves read 0.17, 17.4 and 6.4 ms once (a ratio of 0.065) and
+    # 0.1-0.6 ms in all of 15 saves right after. Each costs under a second here.
+    parser.add_argument("--blocked-saves", type=int, default=9)
     args = parser.parse_args()
 
     torch.set_flush_denormal(True)  # as the trainer does
