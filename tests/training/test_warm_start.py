@@ -183,7 +183,7 @@ def test_a_step_that_ends_while_the_starter_imports_is_reported_before_the_impor
     modules = [f"{HELD}.first", f"{HELD}.second"]
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER_WITH_MODULES, *modules],
-        cwd=TESTS, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        cwd=TESTS, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
     )  # fmt: skip
     # Read and write, a FIFO opens without waiting for its reader; the line waits there for the import.
     released = [os.open(gate, os.O_RDWR) for gate in gates.values()]
@@ -214,7 +214,7 @@ def test_a_starter_forks_no_step_from_code_changed_since_it_imported_it(environ,
     module.write_text("import sys\n\nif __name__ == '__main__':\n    sys.exit(4)\n")
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER_WITH_MODULES, "stale_probe"],
-        cwd=code, env=environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        cwd=code, env=environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
     )  # fmt: skip
     log = str(tmp_path / "log.txt")
 
@@ -243,7 +243,11 @@ def test_a_starter_forks_no_step_from_code_changed_since_it_imported_it(environ,
 
 
 def _message(starter: subprocess.Popen[bytes]) -> dict:
-    """The starter's next message; a failure, not a hang, if it never comes."""
+    """The starter's next message; a failure, not a hang, if it never comes.
+
+    The starter's stdout must be unbuffered (`bufsize=0`), so that `readline` takes one line and leaves
+    the next in the pipe, where `select` sees it: a buffered reader takes every line already written, and
+    a second message written before the test read the first (under load) would be waited for in vain."""
     assert starter.stdout is not None
     ready, _, _ = select.select([starter.stdout], [], [], 120)
     assert ready, "the starter said nothing in 120 s"
