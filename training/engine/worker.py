@@ -54,6 +54,7 @@ from training.engine.divergence import (
     report_divergence_to_launcher,
 )
 from training.engine.failure_report import report_to_launcher
+from training.engine.heap import keep_freed_heap
 from training.engine.parent_watch import ParentWatch, expected_parent
 from training.engine.preemption import (
     LAUNCH_ID_VARIABLE,
@@ -95,6 +96,7 @@ def run_worker(
 
     `watch_parent`: stop as if evicted when the process that started this one dies (parent_watch.py).
     """
+    keep_freed_heap(environ)  # before the model and the data are allocated
     notice = PreemptionNotice().install()
     watch = ParentWatch(notice, expected_parent(environ)).start() if watch_parent else None
     context = init_distributed(config.device, environ)
