@@ -63,6 +63,7 @@ from training.checkpoint.sharded import METADATA_SUFFIX, ShardGroup, shard_objec
 from training.engine.batches import BatchSource
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, init_distributed
+from training.engine.heap import keep_freed_heap
 from training.engine.strategy import make_strategy
 from training.engine.train_state import RunState, TrainingObjects, build_training_objects, checkpoint_state
 from training.engine.train_step import TrainStep
@@ -328,6 +329,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_flush_denormal(True)  # as the trainer does
+    keep_freed_heap(os.environ)  # as the worker does (training/engine/heap.py)
     context = init_distributed("cpu")
     bench = Bench(args, context)
     result: dict[str, Any] = {
