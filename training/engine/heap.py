@@ -26,7 +26,6 @@ operator's choice stands. On a C library without `mallopt` (macOS, musl) nothing
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 from collections.abc import Mapping
@@ -56,8 +55,9 @@ def keep_freed_heap(environ: Mapping[str, str]) -> bool:
     False where the environment chose for itself or the C library is not glibc."""
     if _operator_chose(environ) or not _glibc():
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    mallopt = getattr(libc, "mallopt", None)
+    # The symbols this process already has (glibc's among them): no library search, which on Linux runs
+    # ldconfig in a subprocess at every worker's start.
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
