@@ -54,7 +54,7 @@ from components.local.plan import (
     step_argv,
     step_input_values,
 )
-from components.local.resumes import resume_lines
+from components.local.resumes import resume_lines, warning_lines
 from components.local.runs import RunRecord, RunStore, StepAttempt, StepRecord
 from components.request import CANCELED, COMPLETED, FAILED, RUNNING, RunRequest
 from components.run_inputs import TASK_INPUT
@@ -417,7 +417,7 @@ class PipelineExecution:
         )
         self.context.say(step.name, f"completed in {duration:.1f} s")
         for name in cached_outputs:  # a training's resumes, this run's and earlier runs' of it
-            for line in resume_lines(paths[name]):
+            for line in resume_lines(paths[name]) + warning_lines(paths[name]):
                 self.context.say(step.name, line)
         return _Produced(paths, hashes)
 

@@ -1,4 +1,5 @@
-"""What a training's metadata.json says of its resumes, in words: `resumed at step 3000 after an eviction`.
+"""What a training's metadata.json says of its resumes, in words: `resumed at step 3000 after an eviction`;
+and its warnings (checkpoint saves that did not happen), which the run says too, not only the step's log.
 
 The trainer keeps every attempt of one training in its checkpoints, and once done writes them into the
 model's metadata.json (training/engine/trainer.py): the step an attempt started at, the checkpoint it
@@ -26,16 +27,29 @@ _CAUSES = {
 _LOST = "after its process ended unannounced (killed, or its node lost)"
 
 
-def resume_lines(folder: Path) -> list[str]:
-    """One line per resume of the training whose outputs are in `folder`; none when it holds no training's
-    metadata (another step's output) or it cannot be read: telling never fails a step."""
+def _training_metadata(folder: Path) -> Mapping[str, Any]:
+    """The metadata of the training whose outputs are in `folder`; empty when it holds no training's
+    (another step's output) or it cannot be read: telling never fails a step."""
     try:
         metadata = json.loads((folder / METADATA_FILE).read_text())
     except (OSError, ValueError):
-        return []
+        return {}
     if not isinstance(metadata, Mapping) or metadata.get("format") != TRAINING_FORMAT:
+        return {}
+    return metadata
+
+
+def warning_lines(folder: Path) -> list[str]:
+    """The warnings the training whose outputs are in `folder` wrote into its metadata, each one line."""
+    warnings = _training_metadata(folder).get("warnings")
+    if not isinstance(warnings, list):
         return []
-    attempts = metadata.get("attempts")
+    return [f"warning: {' '.join(str(each).split())}" for each in warnings]
+
+
+def resume_lines(folder: Path) -> list[str]:
+    """One line per resume of the training whose outputs are in `folder`."""
+    attempts = _training_metadata(folder).get("attempts")
     if not isinstance(attempts, list):
         return []
     return [

@@ -102,9 +102,12 @@ def test_a_store_of_only_corrupt_checkpoints_gets_a_new_attempt_whose_save_is_re
         target.damage(name + ".pt", damage)
     assert checkpointer.newest_valid() is None
 
-    # What a fresh start would have done before: attempt 1 again, whose name at step 20 is taken.
+    # What a fresh start would have done before: attempt 1 again, whose name at step 20 is taken. (A
+    # checkpointer that found them corrupt prunes them before its next write, so a fresh one tries it.)
+    earlier = Checkpointer(target.store)
     with pytest.raises(CheckpointError, match="already exists"):
-        _save(checkpointer, 20, attempt=1)
+        _save(earlier, 20, attempt=1)
+    earlier.close()
     assert checkpointer.next_attempt() == 2
     _save(checkpointer, 20, attempt=2)
     loaded = checkpointer.newest_valid()

@@ -49,11 +49,11 @@ RUN = [
 ]  # fmt: skip
 
 
-def _config(prepared_data: Path, tmp_path: Path, checkpoints: Path, *extra: str):
+def _config(prepared_data: Path, tmp_path: Path, checkpoints: Path, *extra: str, run: list[str] = RUN):
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
     places = ["--data", str(prepared_data), "--out", str(tmp_path / "out"), "--checkpoints", str(checkpoints)]
-    return config_from_args(parser.parse_args([*places, *RUN, *extra]), {}, tmp_path)
+    return config_from_args(parser.parse_args([*places, *run, *extra]), {}, tmp_path)
 
 
 class FillOnFirstCheckpoint(logging.Handler):
@@ -78,10 +78,10 @@ def _train_in_process_on(store: FillingStore, config: Any) -> int:
     checkpointer = Checkpointer(store, keep_last=config.keep_checkpoints)
     task = load_task(config.task, config.task_options)
     notice = PreemptionNotice().install()
+    tracker = make_tracker(config.mlflow_tracking_uri, config.mlflow_experiment, None, is_primary=True)
     trainer = Trainer(
-        config, init_distributed("cpu", {}), task, task.load(config.data), checkpointer,
-        make_tracker(None, config.mlflow_experiment, None, is_primary=True), LogRenderer(),
-        launch_id="fills", notice=notice,
+        config, init_distributed("cpu", {}), task, task.load(config.data), checkpointer, tracker,
+        LogRenderer(), launch_id="fills", notice=notice,
     )  # fmt: skip
     try:
         return 0 if trainer.run().status == COMPLETED else PREEMPTED_EXIT_CODE
@@ -158,6 +158,41 @@ def test_a_disk_that_fills_up_mid_run_keeps_the_model_and_reports_every_failed_s
         f"{run.newest}"
     ]
     assert warnings[0] in caplog.messages
+
+
+def test_a_save_that_failed_mid_run_is_in_the_runs_summary_not_only_in_the_log(
+    prepared_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 41: the save at step 20 fails (its disk is full for it alone), the later ones are durable. The
+    run's summary says so: metadata.json (which save, why, and a warning), the `done` line, and the MLflow
+    run's tag; not only the warning in the train log."""
+    checkpoints = tmp_path / "ckpt"
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracked = [each for each in RUN if each != "--no-mlflow"]
+    extra = ["--progress", "log", "--mlflow-tracking-uri", tracking]
+    config = _config(prepared_data, tmp_path, checkpoints, *extra, run=tracked)
+    full_for_20 = FillingStore(
+        LocalCheckpointStore(checkpoints), fails=lambda name: name.startswith("step-0000000020-")
+    )
+    full_for_20.fill_up()
+    caplog.set_level(logging.INFO)
+    assert _train_in_process_on(full_for_20, config) == 0
+
+    failure = f"no space left on device on {checkpoints}"
+    metadata = json.loads((config.out / "metadata.json").read_text())
+    summary = metadata["checkpoints"]
+    assert (summary["saved"], summary["failed"], summary["failed_since_last_saved"]) == (4, 1, 0)
+    assert summary["not_saved"] == [{"step": 20, "reason": "interval", "failure": failure, "refused": False}]
+    assert metadata["warnings"] == [
+        f"1 earlier checkpoint save(s) at step(s) 20 failed ({failure}); the saves after them in "
+        f"{checkpoints} are durable"
+    ]
+    done = [line for line in caplog.messages if line.startswith("done: ")]
+    assert len(done) == 1 and done[0].endswith("; checkpoints not saved: step 20 (metadata.json says why)")
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(tracking).get_run(metadata["mlflow_run_id"])
+    assert run.data.tags["retrain.checkpoints_not_saved"] == "step 20"
 
 
 def test_an_eviction_whose_save_fails_still_exits_preempted_and_says_where_a_restart_resumes(

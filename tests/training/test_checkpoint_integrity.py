@@ -3,6 +3,7 @@ for the previous one, a half-finished save is ignored and cleared. Blob Storage 
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 from pathlib import Path
@@ -105,3 +106,53 @@ def test_training_checkpoints_to_blob_storage_and_resumes_from_it(
     assert metadata["weights_sha256"] == uninterrupted_run["weights_sha256"]
     assert metadata["checkpoints"]["location"].startswith("http://127.0.0.1")
     assert azurite.connection_string not in (folders.logs / "attempt-2.log").read_text()
+
+
+# -- a checkpoint that cannot be trusted costs itself only (issue 41) ----------------------------------
+
+NO_INTERVAL_SAVES = ("--checkpoint-every-steps", "1000")  # the restart's only save is its final one
+
+
+def test_a_record_whose_state_is_another_steps_is_refused_and_the_one_before_resumes(
+    killed_copy, start_training, folders
+):
+    """Step 20's record over step 10's data (its size and sha256 in the record, so the data verifies): the
+    state it holds says step 10, the record step 20. It is refused, saying so, and step 10's checkpoint
+    resumes, at its own step."""
+    newest, previous = committed_checkpoints(LocalCheckpointStore(killed_copy).names())[:2]
+    (killed_copy / f"{newest}.pt").write_bytes((killed_copy / f"{previous}.pt").read_bytes())
+    record = json.loads((killed_copy / f"{newest}.json").read_text())
+    older = json.loads((killed_copy / f"{previous}.json").read_text())
+    record.update(sha256=older["sha256"], size=older["size"])
+    (killed_copy / f"{newest}.json").write_text(json.dumps(record))
+
+    restart = start_training(nproc=1, extra=NO_INTERVAL_SAVES)
+    assert restart.finish() == 0
+    resumed = resumed_event(restart)
+    assert (resumed["checkpoint"], resumed["step"]) == (previous, older["step"])
+    log = (folders.logs / "attempt-1.log").read_text()
+    assert (
+        f"skipping checkpoint {newest} in {killed_copy}: checkpoint {newest} holds a state that disagrees "
+        f"with its record: step {older['step']} (its record: {record['step']})"
+    ) in log
+
+
+def test_a_checkpoint_found_corrupt_is_never_kept_in_place_of_a_valid_one(
+    killed_copy, start_training, folders
+):
+    """Keep two: step 20's checkpoint is damaged, so the restart resumes step 10's. Its own save (the final)
+    makes three; the two kept are the new one and step 10's, never the damaged one, so one more fault does
+    not leave nothing to resume from."""
+    newest, previous = committed_checkpoints(LocalCheckpointStore(killed_copy).names())[:2]
+    data_file = killed_copy / f"{newest}.pt"
+    data_file.write_bytes(_flip_one_bit(data_file.read_bytes()))
+
+    restart = start_training(nproc=1, extra=NO_INTERVAL_SAVES)
+    assert restart.finish() == 0
+    assert resumed_event(restart)["checkpoint"] == previous
+    final = newest_record(folders.checkpoints)
+    assert final.reason == "final" and final.attempt == 2
+    assert committed_checkpoints(LocalCheckpointStore(killed_copy).names()) == [final.name, previous]
+    assert not list(killed_copy.glob(f"{newest}.*"))
+    log = (folders.logs / "attempt-1.log").read_text()
+    assert f"removing checkpoint {newest} in {killed_copy}: it failed to load (" in log

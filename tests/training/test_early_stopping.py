@@ -218,7 +218,7 @@ def test_the_validation_state_and_the_best_weights_ride_in_every_checkpoint_past
     try:
         for step in (5, 6, 7):  # three saves: keep-two has evicted the first, the best is in the others
             run.step = step
-            meta = CheckpointMeta(step, 0, step, "interval", 1, "launch", 2, "dv-1", config.trajectory())
+            meta = CheckpointMeta(step, 0, 0, "interval", 1, "launch", 2, "dv-1", config.trajectory())
             checkpointer.save(checkpoint_state(objects, run, config, "dv-1"), meta)
         checkpointer.wait_until_durable()
         loaded = checkpointer.newest_valid()

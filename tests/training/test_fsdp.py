@@ -3,6 +3,7 @@ of the whole process tree, resumes on another world size, and Blob Storage (Azur
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 from pathlib import Path
@@ -10,12 +11,21 @@ from pathlib import Path
 import pytest
 from helpers.training.run_outputs import newest_record, read_metadata
 from helpers.training.small_run import NO_TRACKING, STEPS_PER_EPOCH, TOTAL_STEPS
-from helpers.training.training_process import is_step, kill_twice_then_finish, resumed_event, train_to_end
+from helpers.training.training_process import (
+    is_checkpoint,
+    is_step,
+    kill_process_tree,
+    kill_twice_then_finish,
+    resumed_event,
+    train_to_end,
+)
 from helpers.training.warm_training import WarmStarts
+from torch.distributed.checkpoint.metadata import MetadataIndex
 
+from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.records import LAYOUT_SHARDED, committed_checkpoints
-from training.checkpoint.sharded import CHECKSUM
+from training.checkpoint.records import LAYOUT_SHARDED, CheckpointRecord, committed_checkpoints
+from training.checkpoint.sharded import CHECKSUM, SHARD_SUFFIX, checksum
 from training.checkpoint.stores import CONNECTION_STRING_VARIABLE
 from training.engine.preemption import PREEMPTED_EXIT_CODE
 
@@ -254,3 +264,69 @@ def test_saves_due_by_time_are_rank_0s_vote_and_every_rank_saves_the_same_step(s
     assert intervals and intervals[0] == 2 and len(intervals) == len(set(intervals))
     record = newest_record(folders.checkpoints)
     assert record.reason == "final" and len([name for name in record.objects if ".shard-" in name]) == 2
+
+
+@pytest.mark.parametrize(
+    "strategy", [FSDP, ("--strategy", "ddp", "--checkpoint-layout", "sharded")], ids=["fsdp", "ddp-sharded"]
+)
+def test_validation_every_epoch_loses_no_sharded_save(
+    prepared_data: Path, tmp_path: Path, warm_starts: WarmStarts, strategy: tuple[str, ...]
+):
+    """Issue 41: the best validated weights appear in rank 0's state alone, at the first validation that
+    improves (step 44), so from then on rank 0's state has another layout than rank 1's. Every save planned
+    (every 10 steps, and the final one) has its commit record all the same, those after step 44 with the
+    best weights in them, and the run's summary says no save was lost."""
+    validated = [*strategy, "--validate-every-epochs", "1", "--keep-checkpoints", "20"]
+    process = train_to_end(warm_starts, prepared_data, tmp_path, extra=validated)
+    store = LocalCheckpointStore(tmp_path / "checkpoints")
+    checkpointer = Checkpointer(store, keep_last=20)
+    records = [each for each in checkpointer.resume_candidates() if isinstance(each, CheckpointRecord)]
+    planned = [*range(10, TOTAL_STEPS, 10), TOTAL_STEPS]
+    assert sorted(record.step for record in records) == planned
+    for record in records:
+        holds_best = checkpointer.sharded_metadata(record).holds("best.")
+        assert holds_best == (record.step > STEPS_PER_EPOCH), record.name
+    metadata = read_metadata(tmp_path / "out")
+    summary = metadata["checkpoints"]
+    assert (summary["saved"], summary["failed"], summary["not_saved"]) == (len(planned), 0, [])
+    assert metadata["warnings"] == [] and metadata["validation"]["validations"] == 2
+    done = next(event for event in process.events_seen if event["event"] == "done")
+    assert done["checkpoints_not_saved"] is None
+    assert "not saved" not in (tmp_path / "stderr.log").read_text()
+    checkpointer.close()
+
+
+def test_an_fsdp_record_over_another_steps_shard_is_refused_and_the_one_before_resumes(
+    fsdp_uninterrupted, start_training, folders
+):
+    """Issue 41: the newest checkpoint holds, as its own, the shard of the checkpoint before it that holds the
+    run's progress, and its record that shard's size and checksum under its new name (as a tool that
+    rewrote the record would), so every object verifies. Loaded, its state says the older step and its
+    weights are half of each: it is refused on every rank, the checkpoint before it resumes, and the run
+    ends with the uninterrupted run's weights."""
+    process = start_training(extra=FSDP)
+    process.wait_for(is_checkpoint(20))
+    kill_process_tree(process)
+    checkpoints = Path(folders.checkpoints)
+    store = LocalCheckpointStore(checkpoints)
+    newest, previous = committed_checkpoints(store.names())[:2]
+    reader = Checkpointer(store)
+    layout = reader.sharded_metadata(newest_record(folders.checkpoints))
+    reader.close()
+    shard = layout.dcp.storage_data[MetadataIndex("run")].shard  # the shard holding the progress
+    swapped = f"{newest}{SHARD_SUFFIX}{shard:05d}"
+    data = (checkpoints / f"{previous}{SHARD_SUFFIX}{shard:05d}").read_bytes()
+    (checkpoints / swapped).write_bytes(data)
+    record = json.loads((checkpoints / f"{newest}.json").read_text())
+    record["objects"][swapped] = checksum(data, swapped).to_dict()
+    record["size"] = sum(entry["size"] for entry in record["objects"].values())
+    (checkpoints / f"{newest}.json").write_text(json.dumps(record))
+
+    restart = start_training(extra=FSDP)
+    assert restart.finish() == 0
+    resumed = resumed_event(restart)
+    assert resumed["checkpoint"] == previous and resumed["step"] == int(previous[5:15])
+    log = (folders.logs / "attempt-2.log").read_text()
+    assert f"checkpoint {newest} holds a state that disagrees with its record: step {resumed['step']}" in log
+    assert f"removing checkpoint {newest} in {checkpoints}: it failed to load (" in log  # never kept
+    assert read_metadata(folders.out)["weights_sha256"] == fsdp_uninterrupted["weights_sha256"]

@@ -5,19 +5,27 @@ the single-file layout (a full disk leaves nothing, a failed record takes its da
 from __future__ import annotations
 
 import io
+import json
 import logging
+import os
+import select
+import signal
+import zlib
+from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
 from helpers.training.filling_disk import FillingStore
-from helpers.training.gloo_ranks import run_on_ranks
+from helpers.training.gloo_ranks import run_on_ranks, start_on_ranks
 
 from core.errors import CheckpointError
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.records import LAYOUT_SHARDED, RECORD_SUFFIX, CheckpointRecord
-from training.checkpoint.sharded import CHECKSUM, ShardGroup
+from training.checkpoint.records import LAYOUT_SHARDED, RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
+from training.checkpoint.sharded import CHECKSUM, PLAIN_CHECKSUM, ShardGroup
 from training.checkpoint.store import CheckpointStore
 
 ONE_PROCESS = ShardGroup(rank=0, world_size=1)
@@ -367,48 +375,192 @@ def test_a_save_like_the_last_reuses_its_metadata_and_one_whose_values_changed_l
     Every checkpoint loads back as saved."""
     store = inner_store
     checkpointer = Checkpointer(store, shards=ONE_PROCESS)
-    metadata_sums = []
+    metadata_bytes = []
     for step, run in [(10, b"short"), (20, b"other"), (30, b"a longer value"), (40, b"a longer one!!")]:
         saved = {**_state(step), "run": run}
         record = _save(checkpointer, step, saved=saved)
         assert record is not None
         assert sorted(record.objects) == [f"{record.name}.dcp", f"{record.name}.shard-00000"]
-        metadata_sums.append(record.objects[f"{record.name}.dcp"][CHECKSUM])
+        metadata_bytes.append(store.read(f"{record.name}.dcp"))
         target = _target()
         checkpointer.load_shards(record, checkpointer.sharded_metadata(record), target)
         for key, tensor in saved["model"].items():
             assert torch.equal(target["model"][key], tensor), (step, key)
         assert target["run"] == run
-    assert metadata_sums[0] == metadata_sums[1] != metadata_sums[2] == metadata_sums[3]
+    assert metadata_bytes[0] == metadata_bytes[1] != metadata_bytes[2] == metadata_bytes[3]
     assert [name.split(".")[0] for name in store.names() if name.endswith(".dcp")] == [
         "step-0000000030-a001", "step-0000000040-a001",
     ]  # fmt: skip
     checkpointer.close()
 
 
-def _a_coordinator_that_lost_its_plans(rank: int, world_size: int, folder: str) -> None:
-    """Rank 1 reuses its plan, but rank 0 (the coordinator) has a new checkpointer, without the plans they
-    made together: the save fails on both ranks, naming why, with nothing of it left, and the next save
-    plans afresh."""
+def _plans_that_part_ways(rank: int, world_size: int, folder: str) -> None:
+    """A kept plan holds only while every rank's state keeps its layout; every save commits all the same.
+    First rank 0 (the coordinator) loses the plans they made together (a new checkpointer, as if it had
+    restarted) while rank 1 keeps its own. Then, as validation does (issue 41), rank 0's state alone gains an
+    entry: the best validated weights appear in rank 0's state only, at the first validation that
+    improves. Each time nobody writes by a kept plan: the ranks plan together, and the save after that
+    reuses the new plan. Every checkpoint loads back as saved (the best weights with it)."""
     store = LocalCheckpointStore(Path(folder))
     shards = ShardGroup.create(rank, world_size)
-    checkpointer = Checkpointer(store, shards=shards)
-    checkpointer.save(_state(rank), _meta(10))
-    assert checkpointer.wait_until_durable().record is not None
-    if rank == 0:
-        checkpointer.close()
-        checkpointer = Checkpointer(store, shards=shards)  # as if it had restarted
-    checkpointer.save(_state(rank), _meta(20))
-    result = checkpointer.wait_until_durable(raise_on_failure=False)
-    assert result is not None and result.record is None
-    assert "save plans are out of step" in result.failure
-    checkpointer.save(_state(rank), _meta(30))
-    assert checkpointer.wait_until_durable().record.name == "step-0000000030-a001"
+    checkpointer = Checkpointer(store, keep_last=10, shards=shards)
+    for step in (10, 20, 30, 40, 50):
+        if step == 20 and rank == 0:
+            checkpointer.close()
+            checkpointer = Checkpointer(store, keep_last=10, shards=shards)  # as if it had restarted
+        saved, target = _state(rank + step), _target()
+        if rank == 0 and step >= 40:
+            saved["best"] = {"weight": torch.full((64, 32), float(step))}
+            target["best"] = {"weight": torch.zeros(64, 32)}
+        checkpointer.save(saved, _meta(step))
+        result = checkpointer.wait_until_durable(raise_on_failure=False)
+        assert result is not None and result.failure is None, (step, result.failure)
+        assert result.record is not None and result.record.name == f"step-{step:010d}-a001"
+        metadata = checkpointer.sharded_metadata(result.record)
+        assert metadata.holds("best.") == (step >= 40)
+        checkpointer.load_shards(result.record, metadata, target)
+        assert torch.equal(target["model"]["weight"], _state(step)["model"]["weight"])  # rank 0's, written
+        if rank == 0 and step >= 40:
+            assert torch.equal(target["best"]["weight"], saved["best"]["weight"])
+    assert checkpointer.stats.failed == 0
     checkpointer.wait_until_idle()
     torch.distributed.barrier()
-    assert {name.split(".")[0] for name in store.names()} == {"step-0000000010-a001", "step-0000000030-a001"}
+    assert len(committed_checkpoints(store.names())) == 5
     checkpointer.close()
 
 
-def test_ranks_whose_reused_plans_are_out_of_step_fail_the_save_and_replan(tmp_path):
-    run_on_ranks(2, tmp_path, _a_coordinator_that_lost_its_plans, str(tmp_path / "ckpt"))
+def test_ranks_whose_plans_or_layouts_part_ways_plan_together_and_lose_no_save(tmp_path):
+    run_on_ranks(2, tmp_path, _plans_that_part_ways, str(tmp_path / "ckpt"))
+
+
+# -- a rank lost at the end of a save (issue 41) -------------------------------------------------------
+
+
+class _LosesRank1AtRecord:
+    """Rank 0's store: just before it writes the commit record `record`, rank 1 is SIGKILLed and its end
+    awaited, as losing rank 1's node after the ranks' last gather and before the coordinator's broadcast."""
+
+    def __init__(self, inner: CheckpointStore, rank_1_pid: int, record: str) -> None:
+        self._inner = inner
+        self._pid = rank_1_pid
+        self._record = record
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    @property
+    def location(self) -> str:
+        return self._inner.location
+
+    @contextmanager
+    def writer(self, name: str):
+        if name == self._record:
+            ended = os.pidfd_open(self._pid)
+            os.kill(self._pid, signal.SIGKILL)
+            select.select([ended], [], [])  # readable once the process has exited, its sockets closed
+            os.close(ended)
+        with self._inner.writer(name) as target:
+            yield target
+
+
+def _rank_1_lost_as_rank_0_commits(rank: int, world_size: int, folder: str, outcome: str) -> None:
+    """Two saves by every rank; rank 1 dies as rank 0 writes the second's record. Rank 0's save is then
+    committed, and rank 0 must say so (not "not saved"); it writes what it saw to `outcome`."""
+    pids: list[int | None] = [None] * world_size
+    torch.distributed.all_gather_object(pids, os.getpid())
+    store: CheckpointStore = LocalCheckpointStore(Path(folder))
+    if rank == 0:
+        store = _LosesRank1AtRecord(store, cast(int, pids[1]), "step-0000000020-a001" + RECORD_SUFFIX)
+    checkpointer = Checkpointer(store, shards=ShardGroup.create(rank, world_size))
+    checkpointer.save(_state(rank), _meta(10))
+    assert checkpointer.wait_until_durable().record is not None
+    checkpointer.save(_state(rank), _meta(20))  # by the plans kept: the path of every save but the first
+    result = checkpointer.wait_until_durable(raise_on_failure=False)  # rank 1 is killed in it
+    assert result is not None
+    checkpointer.close()
+    seen = {
+        "record": result.record.name if result.record is not None else None,
+        "failure": result.failure,
+        "saved": checkpointer.stats.saved,
+        "failed": checkpointer.stats.failed,
+        "records": committed_checkpoints(store.names()),
+    }
+    Path(outcome).write_text(json.dumps(seen))
+    os._exit(0)  # the group has lost rank 1: nothing to end together
+
+
+def test_a_save_committed_as_a_rank_dies_is_reported_saved_not_lost(tmp_path):
+    outcome = tmp_path / "rank-0.json"
+    ranks = start_on_ranks(2, tmp_path, _rank_1_lost_as_rank_0_commits, str(tmp_path / "ckpt"), str(outcome))
+    try:
+        for process in ranks:
+            process.join()
+    finally:
+        for process in ranks:
+            process.kill()
+    assert [process.exitcode for process in ranks] == [0, -signal.SIGKILL]
+    seen = json.loads(outcome.read_text())
+    assert seen["records"] == ["step-0000000020-a001", "step-0000000010-a001"]  # committed: a restart's
+    assert (seen["record"], seen["failure"]) == ("step-0000000020-a001", None)
+    assert (seen["saved"], seen["failed"]) == (2, 0)
+
+
+# -- an object is its checkpoint's (issue 41) ------------------------------------------------------------
+
+
+def test_a_shard_copied_from_another_checkpoint_with_its_sum_fails_and_the_checkpoint_before_loads(
+    inner_store,
+):
+    """Step 20's shard replaced by step 10's, and step 10's size and checksum copied into step 20's record
+    beside it: the checksum covers the object's name, so the shard fails it (before, it loaded step 10's
+    weights as step 20's). Step 10's checkpoint still loads."""
+    store = inner_store
+    checkpointer = Checkpointer(store, shards=ONE_PROCESS)
+    older = _save(checkpointer, 10, seed=1)
+    newest = _save(checkpointer, 20, seed=2)
+    assert older is not None and newest is not None
+    shard, its_original = "step-0000000020-a001.shard-00000", "step-0000000010-a001.shard-00000"
+    store.delete(shard)
+    with store.writer(shard) as target:
+        target.write(store.read(its_original))
+    forged = CheckpointRecord(
+        **{**asdict(newest), "objects": {**newest.objects, shard: older.objects[its_original]}}
+    )
+    store.delete(newest.record_object)
+    with store.writer(newest.record_object) as target:
+        target.write(forged.to_bytes())
+
+    record = _record(store, newest.name)
+    target = _target()
+    with pytest.raises(
+        CheckpointError, match=f"fails its checksum: {shard} {CHECKSUM} .* another checkpoint's"
+    ):
+        checkpointer.load_shards(record, checkpointer.sharded_metadata(record), target)
+    checkpointer.load_shards(older, checkpointer.sharded_metadata(older), target)
+    assert torch.equal(target["model"]["weight"], _state(seed=1)["model"]["weight"])
+    checkpointer.close()
+
+
+def test_a_record_of_plain_crc32_sums_from_before_the_names_still_verifies(tmp_path):
+    """Checkpoints written before the checksum covered the object's name name `crc32` in their record and
+    list each object's CRC-32 of its bytes alone: they load, and a damaged one still fails."""
+    store = LocalCheckpointStore(tmp_path / "ckpt")
+    checkpointer = Checkpointer(store, shards=ONE_PROCESS)
+    written = _save(checkpointer, 10, seed=4)
+    assert written is not None
+    plain = {
+        name: {"size": entry["size"], PLAIN_CHECKSUM: f"{zlib.crc32(store.read(name)):08x}"}
+        for name, entry in written.objects.items()
+    }
+    old = CheckpointRecord(**{**asdict(written), "checksum": PLAIN_CHECKSUM, "objects": plain})
+    (tmp_path / "ckpt" / written.record_object).write_bytes(old.to_bytes())
+
+    record = _record(store, written.name)
+    target = _target()
+    checkpointer.load_shards(record, checkpointer.sharded_metadata(record), target)
+    assert torch.equal(target["model"]["weight"], _state(seed=4)["model"]["weight"])
+    shard = tmp_path / "ckpt" / "step-0000000010-a001.shard-00000"
+    shard.write_bytes(_flip_one_bit(shard.read_bytes()))
+    with pytest.raises(CheckpointError, match=f"fails its checksum: {shard.name} {PLAIN_CHECKSUM} "):
+        checkpointer.load_shards(record, checkpointer.sharded_metadata(record), _target())
+    checkpointer.close()

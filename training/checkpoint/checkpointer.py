@@ -43,6 +43,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -87,6 +88,8 @@ class SaveRefused(CheckpointError):
 
 # A check of a staged snapshot: None to write it, or why not, in words that finish "not checkpointed: ...".
 SnapshotCheck = Callable[[Mapping[str, Any]], str | None]
+# A check of a loaded checkpoint's state against its record, raising `CheckpointError` to refuse it.
+StateCheck = Callable[[CheckpointRecord, Mapping[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -110,9 +113,25 @@ class LoadedCheckpoint:
     state: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class NotSaved:
+    """A save that did not happen: its step, why it was taken, and why it was not written (`refused`: its
+    own check refused the snapshot, rather than the storage failing it)."""
+
+    step: int
+    reason: str
+    failure: str
+    refused: bool = False
+
+
+# How many saves that did not happen a run's summary lists, newest last (the counts cover all of them).
+NOT_SAVED_LISTED = 20
+
+
 @dataclass
 class CheckpointStats:
-    """What checkpointing cost: time training was blocked, and time and bytes of the writes."""
+    """What checkpointing cost: time training was blocked, and time and bytes of the writes; and which
+    saves did not happen."""
 
     saved: int = 0
     failed: int = 0
@@ -123,6 +142,7 @@ class CheckpointStats:
     write_seconds: list[float] = field(default_factory=list)
     bytes_written: int = 0
     last_saved: str | None = None
+    not_saved: deque[NotSaved] = field(default_factory=lambda: deque(maxlen=NOT_SAVED_LISTED))
 
     def summary(self) -> dict[str, Any]:
         def mean(values: list[float]) -> float | None:
@@ -139,6 +159,7 @@ class CheckpointStats:
             "write_seconds_mean": mean(self.write_seconds),
             "bytes_per_checkpoint": self.bytes_written // self.saved if self.saved else None,
             "last_saved": self.last_saved,
+            "not_saved": [asdict(each) for each in self.not_saved],
         }
 
 
@@ -232,6 +253,8 @@ class Checkpointer:
         )
         self._in_flight: _InFlight | None = None
         self._plans = SavePlans()  # the sharded layout's write plan, reused while the state keeps its layout
+        # Checkpoints this checkpointer found corrupt (at resume): never counted among the kept ones.
+        self._corrupt: dict[str, str] = {}
 
     # -- saving -------------------------------------------------------------------------------------
 
@@ -305,6 +328,7 @@ class Checkpointer:
             self.stats.failed += 1
             self.stats.failed_since_last_saved += 1
             self.stats.last_failure = failure
+        self.stats.not_saved.append(NotSaved(meta.step, meta.reason, failure, refused))
         # Not logged here: the caller reports the failure once, in words that say what happens next.
         log.debug("checkpoint at step %d failed", meta.step, exc_info=error)
         if raise_on_failure:
@@ -475,10 +499,28 @@ class Checkpointer:
         try:
             names = self.store.names()
             unreadable = self._unreadable_records(names, written)
-            for name in objects_to_prune(names, self.keep_last, unreadable, written):
+            junk = unreadable + self._known_corrupt(names, set(unreadable))
+            for name in objects_to_prune(names, self.keep_last, junk, written):
                 self.store.delete(name)
         except Exception as error:
             log.warning("old checkpoints were not removed: %s", storage_failure(error, self.store.location))
+
+    def found_corrupt(self, name: str, reason: str) -> None:
+        """Checkpoint `name` failed to load (`reason`): from the next save on it is not counted among the
+        kept checkpoints, and goes with the pruning, so that the valid ones it would have displaced stay."""
+        self._corrupt[name] = reason
+
+    def _known_corrupt(self, names: list[str], reported: set[str]) -> list[str]:
+        """The committed checkpoints found corrupt, each removed with a warning (once: then it is gone) unless
+        `reported` already."""
+        present = set(committed_checkpoints(names)) - reported
+        corrupt = [name for name in self._corrupt if name in present]
+        for name in corrupt:
+            log.warning(
+                "removing checkpoint %s in %s: it failed to load (%s); not kept as a checkpoint",
+                name, self.store.location, self._corrupt[name],
+            )  # fmt: skip
+        return corrupt
 
     def _unreadable_records(self, names: list[str], written: str) -> list[str]:
         """The committed checkpoints, newest first until `keep_last` readable ones, whose record does not
@@ -541,11 +583,12 @@ class Checkpointer:
                 return candidate
         return None
 
-    def resume_candidates(self) -> list[LoadedCheckpoint | CheckpointRecord]:
+    def resume_candidates(self, check: StateCheck | None = None) -> list[LoadedCheckpoint | CheckpointRecord]:
         """What a resume tries, newest first (rank 0, before the others hear of it): sharded checkpoints whose
         record reads and whose objects are all present, as their records (their checksums are verified
-        where each rank reads them), down to the newest single-file checkpoint that verifies, loaded.
-        Unreadable, incomplete or corrupt checkpoints are skipped with a warning."""
+        where each rank reads them), down to the newest single-file checkpoint that verifies, loaded, and
+        whose state `check` accepts. Unreadable, incomplete, corrupt or refused checkpoints are skipped with
+        a warning, and counted corrupt (`found_corrupt`)."""
         candidates: list[LoadedCheckpoint | CheckpointRecord] = []
         names = self.store.names()
         present = set(names)
@@ -553,7 +596,10 @@ class Checkpointer:
             try:
                 record = CheckpointRecord.from_bytes(self.store.read(name + RECORD_SUFFIX), name)
                 if record.layout != LAYOUT_SHARDED:
-                    candidates.append(self._load_single(record))
+                    loaded = self._load_single(record)
+                    if check is not None:
+                        check(record, loaded.state)
+                    candidates.append(loaded)
                     break
                 missing = [key for key in record.data_objects if key not in present]
                 if missing:
@@ -561,11 +607,12 @@ class Checkpointer:
                 candidates.append(record)
             except CheckpointError as error:
                 log.warning("skipping checkpoint %s in %s: %s", name, self.store.location, error)
+                self.found_corrupt(name, str(error))
         return candidates
 
     def sharded_metadata(self, record: CheckpointRecord) -> ShardedMetadata:
         """The verified layout of a sharded checkpoint: which tensors and values it holds."""
-        return ShardedMetadata.read(self.store, record.name, object_sums(record.objects))
+        return ShardedMetadata.read(self.store, record.name, object_sums(record.objects, record.checksum))
 
     def load_shards(
         self, record: CheckpointRecord, metadata: ShardedMetadata, target: dict[str, Any]
@@ -573,7 +620,8 @@ class Checkpointer:
         """Every rank together: fill `target` (its tensors in place) from sharded checkpoint `record`, each
         object checked against the record before any of it is used. A failure on any rank raises one
         `CheckpointError` on every rank."""
-        load_shards(self.store, record.name, object_sums(record.objects), metadata, target, self.shards)
+        objects = object_sums(record.objects, record.checksum)
+        load_shards(self.store, record.name, objects, metadata, target, self.shards)
 
     def load(self, name: str) -> LoadedCheckpoint:
         record = CheckpointRecord.from_bytes(self.store.read(name + RECORD_SUFFIX), name)

@@ -27,11 +27,16 @@ What a user sees:
 - **A save that fails** is reported once, in one warning line with the operating system's reason:
   `checkpoint at step 40 was not saved: no space left on device on /mnt/ckpt; training goes on and tries
   again at the next interval`. Its partial files are removed. `metadata.json` counts the failed saves
-  (`checkpoints.failed`, `checkpoints.failed_since_last_saved`, `checkpoints.last_failure`), and so does the
-  MLflow metric `checkpoint_failures`.
+  (`checkpoints.failed`, `checkpoints.failed_since_last_saved`, `checkpoints.last_failure`) and lists each
+  save that did not happen (`checkpoints.not_saved`), and so does the MLflow metric `checkpoint_failures`;
+  the run's summary names their steps (the `done` line, the MLflow tag `retrain.checkpoints_not_saved`).
 - **A finished training** always writes model.pt and metadata.json to `--out` and exits 0. If its last
   save(s) failed, a warning line and `metadata.json`'s `warnings` say so: the model is complete, but a run
-  resumed from the checkpoint location would start from the newest durable checkpoint, not from it.
+  resumed from the checkpoint location would start from the newest durable checkpoint, not from it. If
+  earlier saves failed, whose later ones are durable, a warning says that too.
+- **A checkpoint that fails to load at a resume** (damaged, incomplete, or holding a state other than its
+  record's) is skipped for the one before, and never counted among the kept ones: the pruning after the
+  next durable save removes it, with a warning, so the valid one before it is kept.
 - **An eviction whose save fails** still exits with the preempted code (75), with a warning that the restart
   resumes from an earlier checkpoint (or from the start).
 """
@@ -71,7 +76,14 @@ from training.engine.distributed import DistContext, broadcast_from_primary
 from training.engine.resume_policy import check_resumable
 from training.engine.strategy import tensors_finite
 from training.engine.tracking import Tracker
-from training.engine.train_state import RunState, TrainingObjects, checkpoint_state, restore, restore_sharded
+from training.engine.train_state import (
+    RunState,
+    TrainingObjects,
+    check_agrees,
+    checkpoint_state,
+    restore,
+    restore_sharded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +147,15 @@ class CheckpointManager:
         checkpoint location can take the run's checkpoints; every rank uses the same, or refuses the same.
 
         A single-file checkpoint rank 0 has verified whole. A sharded one every rank loads together, each
-        checking the objects it reads; if any fails, every rank goes on to the next. A sharded load that
-        failed may have filled part of the state, so if none loads the attempt refuses to start rather
-        than train from half-restored weights."""
+        checking the objects it reads; if any fails, every rank goes on to the next. Either is refused if
+        its state disagrees with its record (`check_agrees`: its step, epoch, position, attempt, data). A
+        sharded load that failed may have filled part of the state, so if none loads the attempt refuses
+        to start rather than train from half-restored weights. A checkpoint that failed is never counted
+        among the kept ones (`Checkpointer.found_corrupt`)."""
         picked: tuple[list[CheckpointRecord], int, str | None] | None = None
         single: LoadedCheckpoint | None = None
         if self._context.is_primary:
-            candidates = self.checkpointer.resume_candidates()
+            candidates = self.checkpointer.resume_candidates(check=check_agrees)
             records = [each.record if isinstance(each, LoadedCheckpoint) else each for each in candidates]
             single = next((each for each in candidates if isinstance(each, LoadedCheckpoint)), None)
             refusal = self._room_refusal(records[0] if records else None)
@@ -169,6 +183,7 @@ class CheckpointManager:
                         self.checkpointer.store.location,
                         error,
                     )
+                self.checkpointer.found_corrupt(record.name, str(error))
                 failures.append(f"{record.name}: {error}")
                 continue
             return Resumption(run, LoadedCheckpoint(record, {}), attempt_number)
@@ -349,16 +364,40 @@ class CheckpointManager:
         return f"from checkpoint {durable}" if durable else "from the start"
 
     def warnings(self, run: RunState) -> list[str]:
-        """What metadata.json's `warnings` carries, each also logged: here, that the newest saves failed."""
+        """What metadata.json's `warnings` carries, each also logged: that the newest saves failed, and that
+        earlier ones did, whose later saves are durable."""
         stats = self.checkpointer.stats
-        if not stats.failed_since_last_saved:
-            return []
         location = self.checkpointer.store.location
-        return [
-            f"the last {stats.failed_since_last_saved} checkpoint save(s) failed ({stats.last_failure}); the "
-            f"model in {self._config.out} is complete, but a run resumed from {location} starts "
-            f"{self._restart_point(run)}"
-        ]
+        warnings = []
+        if stats.failed_since_last_saved:
+            warnings.append(
+                f"the last {stats.failed_since_last_saved} checkpoint save(s) failed ({stats.last_failure}); "
+                f"the model in {self._config.out} is complete, but a run resumed from {location} starts "
+                f"{self._restart_point(run)}"
+            )
+        earlier = stats.failed - stats.failed_since_last_saved
+        if earlier:
+            failed = [each for each in stats.not_saved if not each.refused]
+            listed = failed[: len(failed) - stats.failed_since_last_saved]
+            at = f" at step(s) {', '.join(str(each.step) for each in listed)}" if listed else ""
+            why = f" ({listed[-1].failure})" if listed else ""
+            warnings.append(
+                f"{earlier} earlier checkpoint save(s){at} failed{why}; the saves after them in {location} "
+                "are durable"
+            )
+        return warnings
+
+    def not_saved(self) -> str | None:
+        """This attempt's saves that did not happen, for the run's summary (the `done` line, an MLflow
+        tag): their steps, the newest ones if there were many; None if every save happened."""
+        stats = self.checkpointer.stats
+        count = stats.failed + stats.refused
+        if not count:
+            return None
+        steps = ", ".join(str(each.step) for each in stats.not_saved)
+        if count > len(stats.not_saved):
+            return f"{count} saves, the newest at steps {steps}"
+        return f"step {steps}" if count == 1 else f"steps {steps}"
 
     def summary(self) -> dict[str, Any]:
         """metadata.json's `checkpoints`: where they are, and what saving them cost."""

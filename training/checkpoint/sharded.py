@@ -18,9 +18,12 @@ A sharded checkpoint `step-…-aNNN` is these objects:
 
 The checksum is CRC-32, the one zlib computes, by ISA-L (the `isal` package: the same values at 8-25 GB/s
 on one core here, against zlib's 2-3 GB/s and sha256's 1.2 GB/s), so hashing costs a few milliseconds per
-shard and never holds the save below the disk's speed. It guards against corruption in storage and
-truncation, not against an adversary who can write the checkpoint location: that one could replace the
-record too. The record names the algorithm.
+shard and never holds the save below the disk's speed. It is taken over the object's name, then its bytes
+(`crc32-named`): an object copied under another checkpoint's name fails it, even with its own sum copied
+into that checkpoint's record. It guards against corruption in storage, truncation and objects mixed up
+between checkpoints, not against an adversary who can write the checkpoint location: that one could
+replace the record too. The record names the algorithm; records of plain `crc32` (before the name was in
+it) still verify by it.
 
 Loading never unpickles arbitrary objects: the metadata and every non-tensor value are read with torch's
 weights-only unpickler, as the single-file layout reads its checkpoint.
@@ -31,6 +34,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import io
+import logging
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -69,7 +73,11 @@ from torch.futures import Future
 from core.errors import CheckpointError
 from training.checkpoint.store import CheckpointStore, storage_failure
 
-CHECKSUM = "crc32"
+log = logging.getLogger(__name__)
+
+CHECKSUM = "crc32-named"  # CRC-32 of the object's name (UTF-8), then its bytes
+PLAIN_CHECKSUM = "crc32"  # CRC-32 of the bytes alone: records written before the name was in it
+CHECKSUMS = (CHECKSUM, PLAIN_CHECKSUM)
 METADATA_SUFFIX = ".dcp"
 SHARD_SUFFIX = ".shard-"
 
@@ -83,14 +91,20 @@ class ObjectSum:
     """One object of a sharded checkpoint as its record lists it."""
 
     size: int
-    checksum: str  # hex digits of `CHECKSUM`
+    checksum: str  # hex digits of `algorithm`
+    algorithm: str = CHECKSUM
 
     def to_dict(self) -> dict[str, Any]:
-        return {"size": self.size, CHECKSUM: self.checksum}
+        return {"size": self.size, self.algorithm: self.checksum}
 
     @classmethod
-    def from_dict(cls, fields: Mapping[str, Any]) -> ObjectSum:
-        return cls(size=int(fields["size"]), checksum=str(fields[CHECKSUM]))
+    def from_dict(cls, fields: Mapping[str, Any], algorithm: str = CHECKSUM) -> ObjectSum:
+        return cls(size=int(fields["size"]), checksum=str(fields[algorithm]), algorithm=algorithm)
+
+
+def _name_crc(name: str) -> int:
+    """Where an object's `CHECKSUM` starts: the CRC-32 of its name."""
+    return crc32(name.encode())
 
 
 @dataclass(frozen=True)
@@ -108,12 +122,12 @@ class Piece:
 
 
 class _Checksummed:
-    """Writes to `target`, counting and checksumming what passes (a file's `OSError` passes through: the
-    checkpointer reports its reason)."""
+    """Writes object `name` to `target`, counting and checksumming what passes (a file's `OSError` passes
+    through: the checkpointer reports its reason)."""
 
-    def __init__(self, target: BinaryIO) -> None:
+    def __init__(self, target: BinaryIO, name: str) -> None:
         self._target = target
-        self.crc = 0
+        self.crc = _name_crc(name)
         self.size = 0
 
     def write(self, data: memoryview) -> None:
@@ -125,20 +139,22 @@ class _Checksummed:
         return ObjectSum(self.size, f"{self.crc:08x}")
 
 
-def checksum(data: bytes | memoryview) -> ObjectSum:
-    return ObjectSum(len(data), f"{crc32(data):08x}")
+def checksum(data: bytes | memoryview, name: str, algorithm: str = CHECKSUM) -> ObjectSum:
+    """Object `name`'s sum, holding `data`, by `algorithm`."""
+    start = _name_crc(name) if algorithm == CHECKSUM else 0
+    return ObjectSum(len(data), f"{crc32(data, start):08x}", algorithm)
 
 
 @dataclass(frozen=True)
 class _MetadataBytes:
-    """A checkpoint's serialised DCP metadata, and where it says each item lies."""
+    """A checkpoint's serialised DCP metadata, and where it says each item lies. The same bytes serve
+    every save of the same layout; each checkpoint's metadata object has its own name, and so its own sum."""
 
     pieces: dict[MetadataIndex, Piece]
     data: bytes
 
-    @property
-    def sum(self) -> ObjectSum:
-        return checksum(self.data)
+    def sum_as(self, name: str) -> ObjectSum:
+        return checksum(self.data, name)
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
@@ -216,7 +232,7 @@ class StoreWriter(StorageWriter):
         pieces: list[tuple[WriteItem, Piece]] = []
         shard = self._rank
         with self._store.writer(shard_object(self._name, shard)) as target:
-            out = _Checksummed(target)
+            out = _Checksummed(target, shard_object(self._name, shard))
             for item in items:
                 data = planner.resolve_data(item)
                 offset = out.size
@@ -268,7 +284,8 @@ class StoreWriter(StorageWriter):
         """The metadata object, written, holds `metadata`: `objects` lists it with the shards `pieces`
         noted."""
         self.metadata = metadata
-        self.objects = dict(sorted({**self._sums, self.metadata_object: metadata.sum}.items()))
+        metadata_sum = metadata.sum_as(self.metadata_object)
+        self.objects = dict(sorted({**self._sums, self.metadata_object: metadata_sum}.items()))
 
     @property
     def metadata_object(self) -> str:
@@ -303,11 +320,11 @@ def _verified(store: CheckpointStore, name: str, expected: ObjectSum | None, che
         raise CheckpointError(
             f"checkpoint {checkpoint} is truncated: {name} has {len(data)} of {expected.size} bytes"
         )
-    found = checksum(data)
+    found = checksum(data, name, expected.algorithm)
     if found.checksum != expected.checksum:
         raise CheckpointError(
-            f"checkpoint {checkpoint} fails its checksum: {name} {CHECKSUM} {found.checksum} != "
-            f"{expected.checksum}"
+            f"checkpoint {checkpoint} fails its checksum: {name} {expected.algorithm} {found.checksum} != "
+            f"{expected.checksum} (damaged, or another checkpoint's object)"
         )
     return data
 
@@ -446,8 +463,9 @@ class SavePlans:
     Planning is a round of collectives: the coordinator gathers every rank's plan, gives each replicated
     tensor to one rank, checks the whole and sends each rank its part. A checkpointer saves a state of the
     same layout at every step, so each rank keeps its part and the coordinator the metadata, and a later
-    save whose state has the layout its kept plan was made for writes by it at once (`save_shards`). A
-    rank whose layout changed says so in the gather that ends the save, and the ranks plan again together.
+    save whose state has the layout its kept plan was made for writes by it at once (`save_shards`), once
+    every rank has said it has one. A rank whose layout changed says so in that vote, and the ranks plan
+    again together.
     """
 
     def __init__(self) -> None:
@@ -512,6 +530,14 @@ class ShardGroup:
         dist.gather_object(value, values, group=self.group, group_dst=0)
         return values
 
+    def every_rank(self, value: bool) -> bool:
+        """Whether `value` is true on every rank: one small all-reduce, every rank's answer the same."""
+        if not self.distributed:
+            return value
+        flag = torch.tensor([1 if value else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
+
     def broadcast(self, value: Any) -> Any:
         """The coordinator's `value`, on every rank."""
         if not self.distributed:
@@ -536,13 +562,18 @@ class ShardedMetadata:
         return any(key.startswith(prefix) for key in self.dcp.state_dict_metadata)
 
 
-def object_sums(objects: Mapping[str, Mapping[str, Any]]) -> dict[str, ObjectSum]:
-    """A record's `objects` as sums (a malformed entry is a `CheckpointError`)."""
+def object_sums(objects: Mapping[str, Mapping[str, Any]], algorithm: str = CHECKSUM) -> dict[str, ObjectSum]:
+    """A record's `objects` as sums by its `algorithm` (a malformed entry, or an algorithm of neither
+    `CHECKSUMS`, is a `CheckpointError`)."""
+    if algorithm not in CHECKSUMS:
+        raise CheckpointError(
+            f"checkpoint record names checksum {algorithm!r}; expected one of {', '.join(CHECKSUMS)}"
+        )
     try:
-        return {key: ObjectSum.from_dict(value) for key, value in objects.items()}
+        return {key: ObjectSum.from_dict(value, algorithm) for key, value in objects.items()}
     except (KeyError, TypeError, ValueError) as error:
         raise CheckpointError(
-            f"checkpoint record lists an object without its size and {CHECKSUM}: {error}"
+            f"checkpoint record lists an object without its size and {algorithm}: {error}"
         ) from None
 
 
@@ -577,16 +608,16 @@ class _Failure:
 
 @dataclass(frozen=True)
 class _Report:
-    """What a rank tells the coordinator at the end of a save by kept plans."""
+    """What a rank tells the coordinator at the end of a save by kept plans: what it wrote (None if the
+    ranks did not write by them), or why it failed."""
 
-    reused: bool  # it had a plan for its state's layout, and wrote by it
     results: list[WriteResult] | None = None
     failure: _Failure | None = None
 
 
 @dataclass(frozen=True)
 class _Replan:
-    """The coordinator's word when no rank had a plan for its state's layout: plan together, then save."""
+    """The coordinator's word when some rank had no plan for its state's layout: plan together, then save."""
 
 
 @dataclass(frozen=True)
@@ -621,11 +652,11 @@ def save_shards(
     its state at all (`unstaged`, with `state` empty) still takes part, and fails the save with that error.
 
     With `plans` (one per checkpointer), a save whose state keeps the layout of the last one skips planning:
-    each rank writes by its kept plan straight away, and the one gather that tells the coordinator every
-    shard is durable also tells it every rank reused its plan. Otherwise the ranks first learn, in that
-    same exchange, that nobody wrote, and plan together (DCP's `save`), keeping the new plan. Ranks out of
-    step (one reused a plan while another had none for its layout) fail the save, and all of them forget
-    their plans, so the next save plans afresh."""
+    the ranks first agree, in one small all-reduce, that every one of them has a plan for its state's
+    layout, then each writes by its kept plan, and one gather tells the coordinator every shard is durable.
+    If any rank's layout changed (or it has no plan), nobody writes by a kept plan: the ranks learn it from
+    that same all-reduce and plan together (DCP's `save`), keeping the new plan. A failed save leaves no
+    plan kept, so the next one plans afresh."""
     writer = StoreWriter(store, name, ready, refusal, planned)
     if plans is not None:
         outcome = _save_by_kept_plans(writer, state, shards, commit, plans, unstaged)
@@ -642,45 +673,44 @@ def _save_by_kept_plans(
     plans: SavePlans,
     unstaged: BaseException | None,
 ) -> Any:
-    report, error, kept, ahead = _Report(reused=False), None, None, None
-    try:  # nothing may leave before the gather: the other ranks would wait in it forever
+    error, kept, ahead, results = None, None, None, None
+    try:  # nothing may leave before the vote and the gather: the other ranks would wait in them forever
         if unstaged is not None:
             raise unstaged
         planner = DefaultSavePlanner()
         planner.set_up_planner(state, None, shards.coordinator)
         kept = plans.kept_for(_layout(planner.state_dict))
-        if kept is not None:
+    except BaseException as caught:
+        error = caught
+    # A kept plan is every rank's part of one plan: it holds only while every rank's state keeps the layout
+    # it was made for. One rank's layout may change alone (the best validated weights appear in rank 0's
+    # state only), so the ranks write by their kept plans only if all of them have one, and else plan
+    # together: decided before anyone writes, so that no rank has written by a plan the others dropped.
+    reusing = shards.every_rank(error is None and kept is not None)
+    if reusing:
+        assert kept is not None
+        try:
             if kept.written is not None:  # the coordinator: this save's metadata, very likely the last one's
                 ahead = plans.beside(writer.write_metadata, kept.written.data)
             writer.set_up_storage_writer(shards.coordinator, rank=shards.rank)
-            report = _Report(reused=True, results=writer.write_data(kept.local, planner).value())
-    except BaseException as caught:
-        error = caught
-        report = _Report(reused=kept is not None, failure=_Failure.of(caught, writer.location))
-    reports = shards.gather(report)
+            results = writer.write_data(kept.local, planner).value()
+        except BaseException as caught:
+            error = caught
+    failure = _Failure.of(error, writer.location) if error is not None else None
+    reports = shards.gather(_Report(results, failure))
     outcome: Any = None
     if reports is not None:  # the coordinator
         ahead_error = ahead.exception() if ahead is not None else None  # written (or failed) before any end
         failures = [each.failure for each in reports if each.failure is not None]
-        reused = [each.reused for each in reports]
         error = error or ahead_error
         if error is not None or failures:
             outcome = _abandoned(error or failures[0].error(), writer, commit)
-        elif not any(reused):
+        elif not reusing:
             outcome = _Replan()
-        elif not all(reused):
-            outcome = _abandoned(
-                CheckpointError(
-                    "the ranks' save plans are out of step (a rank reused a plan while another had none for "
-                    "its state); this save fails and the next one plans afresh"
-                ),
-                writer,
-                commit,
-            )
         else:
             assert kept is not None
             outcome = _committed(writer, kept, [each.results or [] for each in reports], ahead, commit, plans)
-    return _agreed(shards.broadcast(outcome), error, plans)
+    return _agreed(_told(shards, outcome), error, plans)
 
 
 def _save_planned(
@@ -706,7 +736,7 @@ def _save_planned(
             outcome = _abandoned(error, writer, commit)
         else:
             outcome = _record(writer.objects, writer, commit)
-    agreed = _agreed(shards.broadcast(outcome), error, plans)
+    agreed = _agreed(_told(shards, outcome), error, plans)
     if plans is not None:  # DCP's planner holds this rank's final plan, and the coordinator's the metadata
         metadata = planner.metadata if shards.coordinator else None
         plans.keep(_KeptPlan(_layout(planner.state_dict), planner.plan, metadata, writer.metadata))
@@ -748,6 +778,23 @@ def _record(objects: Mapping[str, ObjectSum], writer: StoreWriter, commit: Commi
 def _abandoned(error: BaseException, writer: StoreWriter, commit: Commit) -> _Failure:
     commit.abandon(error)
     return _Failure.of(error, writer.location)
+
+
+def _told(shards: ShardGroup, outcome: Any) -> Any:
+    """The coordinator's `outcome`, on every rank. A rank that died after the gather (the node lost, a
+    kill) cannot hear it; the coordinator's save is then still what its commit made it: a record written is
+    a checkpoint that a restart resumes from, and is never reported as not saved."""
+    try:
+        return shards.broadcast(outcome)
+    except BaseException as error:
+        if not shards.coordinator or outcome is None or isinstance(outcome, (_Failure, _Replan)):
+            raise
+        log.warning(
+            "checkpoint %s is committed, but not every rank could be told so: %s",
+            getattr(outcome, "name", "written"),
+            storage_failure(error),
+        )
+        return outcome
 
 
 def _agreed(outcome: Any, error: BaseException | None, plans: SavePlans | None) -> Any:

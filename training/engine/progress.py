@@ -71,7 +71,9 @@ def describe(event: Event) -> str:
             else ""
         )
         scored = _scores_text(event.get("validation") or {})
-        return f"done: {event['steps']} steps{ending}, validation {scored}{model}"
+        not_saved = event.get("checkpoints_not_saved")
+        lost = f"; checkpoints not saved: {not_saved} (metadata.json says why)" if not_saved else ""
+        return f"done: {event['steps']} steps{ending}, validation {scored}{model}{lost}"
     if kind == "validation":
         return _validation_text(event)
     return json.dumps(event)

@@ -173,8 +173,38 @@ def _sharded_state(objects: TrainingObjects, run: RunState, config: TrainConfig,
     return state
 
 
+def check_agrees(record: CheckpointRecord, state: Mapping[str, Any]) -> None:
+    """Refuse (`CheckpointError`) a checkpoint whose state stands elsewhere than its record says: which
+    checkpoint is the newest, and whether it may resume under this run's options, are decided by records,
+    and training then continues from the state (a record of step 66 over a shard of step 60's would resume
+    step 60's progress with weights of both)."""
+    progress = state.get("progress")
+    attempts = state.get("attempts")
+    if not isinstance(progress, Mapping) or not isinstance(attempts, list):
+        raise CheckpointError(f"checkpoint {record.name}: its state holds no progress; expected a training's")
+    found: dict[str, Any] = {
+        "step": progress.get("step"),
+        "epoch": progress.get("epoch"),
+        "position": progress.get("position"),
+        "data_version": state.get("data_version"),
+    }
+    if attempts and isinstance(attempts[-1], Mapping):  # the attempt that saved it
+        found["attempt"] = attempts[-1].get("attempt")
+    disagreeing = [
+        f"{key} {value!r} (its record: {getattr(record, key)!r})"
+        for key, value in found.items()
+        if value != getattr(record, key)
+    ]
+    if disagreeing:
+        raise CheckpointError(
+            f"checkpoint {record.name} holds a state that disagrees with its record: "
+            f"{', '.join(disagreeing)}; not resumed from"
+        )
+
+
 def restore(objects: TrainingObjects, loaded: LoadedCheckpoint, data_version: str) -> RunState:
     state = loaded.state
+    check_agrees(loaded.record, state)  # before anything is restored
     objects.model.load_state_dict(state["model"])
     objects.optimizer.load_state_dict(state["optimizer"])
     run = _restore_progress(objects, state, loaded.record, data_version)
@@ -201,16 +231,17 @@ def restore_sharded(
         tensors = cast(dict[str, torch.Tensor], model_state)
         target[BEST] = {name: torch.empty(value.shape, dtype=value.dtype) for name, value in tensors.items()}
     checkpointer.load_shards(record, metadata, target)
+    try:
+        state = torch.load(io.BytesIO(target["run"]), map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise CheckpointError(f"checkpoint {record.name}: its run state cannot be read: {error}") from error
+    check_agrees(record, state)  # every rank read the same run state: all refuse it, or none does
     set_state_dict(
         objects.model,
         objects.optimizer,
         model_state_dict=target["model"],
         optim_state_dict=target["optimizer"],
     )
-    try:
-        state = torch.load(io.BytesIO(target["run"]), map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise CheckpointError(f"checkpoint {record.name}: its run state cannot be read: {error}") from error
     run = _restore_progress(objects, state, record, data_version)
     run.best_weights = target.get(BEST)
     return run

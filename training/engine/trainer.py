@@ -370,6 +370,9 @@ class Trainer:
         }
         if outcome["validation"] is not None:
             tags["retrain.best_step"] = str(outcome["validation"]["best_step"])
+        not_saved = self._checkpoints.not_saved()  # in the run's summary, not only in the log
+        if not_saved is not None:
+            tags["retrain.checkpoints_not_saved"] = not_saved
         self.tracker.set_tags(tags)
         self.tracker.finish("FINISHED")
         self._emit(
@@ -380,6 +383,7 @@ class Trainer:
             stop_reason=outcome["stop_reason"],
             candidate=outcome["candidate"],
             candidate_step=outcome["candidate_step"],
+            checkpoints_not_saved=not_saved,
         )
 
     def _metadata(self, model: nn.Module, final_metrics: dict[str, float | None]) -> dict[str, Any]:

@@ -5,6 +5,8 @@ fails the call, with that rank's traceback."""
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.process
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,22 @@ def _rank(rank: int, world_size: int, rendezvous: str, work: Callable[..., None]
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def start_on_ranks(
+    world_size: int, folder: Path, work: Callable[..., None], *args: Any
+) -> list[multiprocessing.process.BaseProcess]:
+    """As `run_on_ranks`, but returns the started processes (rank order) for the caller to join: for tests
+    in which a rank dies (and the others cannot end together)."""
+    rendezvous = str(folder / "rendezvous")
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(target=_rank, args=(rank, world_size, rendezvous, work, args))
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        process.start()
+    return processes
 
 
 def run_on_ranks(world_size: int, folder: Path, work: Callable[..., None], *args: Any) -> None:
