@@ -40,7 +40,7 @@ from components.task_ref import (
     check_task_options,
     parse_task_reference,
 )
-from core.gate_rules import CONFIDENCE, GATE_RULES
+from core.gate_rules import CONFIDENCE, GATE_RULES, RESAMPLES, resampling_conflict
 from core.names import check_model_name
 from core.task_ref import TaskRef
 
@@ -390,7 +390,7 @@ def load_model_config(path: Path, pipeline: PipelineSpec | None = None) -> Model
     reader.known(document, _TOP_KEYS, "")
     name = document.get("name", path.stem)
     check_model_name(name, f"{path}: name" if "name" in document else f"{path}: the file's stem", ConfigError)
-    return ModelConfig(
+    config = ModelConfig(
         name=name,
         path=path,
         task=_task(reader, document),
@@ -398,6 +398,12 @@ def load_model_config(path: Path, pipeline: PipelineSpec | None = None) -> Model
         pipeline=MappingProxyType(_pipeline(reader, document, pipeline or load_pipeline_spec())),
         trigger=_trigger(reader, document),
     )
+    # A confidence the file's resample count (or the default) can never support: no run of it would certify.
+    names = (f"[gate] {CONFIDENCE}", f"[pipeline] {RESAMPLES}")
+    conflict = resampling_conflict(config.gate.confidence, config.pipeline.get(RESAMPLES), names)
+    if conflict is not None:
+        raise ConfigError(f"{path}: {conflict}")
+    return config
 
 
 def find_model_config(

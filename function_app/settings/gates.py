@@ -7,7 +7,8 @@ metrics. A user's task declares its metrics in a file that needs torch to import
 (function_app/task_check.py), once per version of the file, before anything is spent; on Azure ML the
 pipeline's first step checks it again before preparing data.
 
-The policy checked is what a run submits: the model's [gate] with RETRAIN_PIPELINE_PARAMETERS over it.
+The policy checked is what a run submits: the model's [gate] with RETRAIN_PIPELINE_PARAMETERS over it. Its
+confidence is checked against the resample count too, for every task (core/gate_rules.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Mapping
 
 from core.errors import InputError
 from core.metrics import BOUND_OPTIONS, BUILTIN_TASK_METRICS, check_policy_metrics, configured_metrics
+from core.gate_rules import CONFIDENCE, RESAMPLES, resampling_conflict
 from function_app.settings.models import ModelRoute
 from function_app.settings.storage import SettingsError
 
@@ -28,6 +30,12 @@ def check_gate_policies(
     """Raise SettingsError for the first built-in-task model whose policy names a metric its task lacks;
     `pipeline_parameters` (the app setting `setting`) override each model's [gate], as in its runs."""
     for route in models:
+        # Any task: a confidence its resample count can never support fails every run at register.
+        merged = {**route.parameters, **pipeline_parameters}
+        conflict = resampling_conflict(merged.get(CONFIDENCE), merged.get(RESAMPLES))
+        if conflict is not None:
+            given = " with " + setting if {CONFIDENCE, RESAMPLES} & set(pipeline_parameters) else ""
+            raise SettingsError(f"model {route.name!r} ({route.source}{given}): {conflict}")
         declared = BUILTIN_TASK_METRICS.get(route.task)
         if declared is None:
             continue  # a user's task: checked by the flush, once per version of its file

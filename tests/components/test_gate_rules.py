@@ -1,17 +1,19 @@
 """The gate's confidence is refused, by one rule (core/gate_rules.py), in one line at every room it enters:
 the model's configuration file ([gate] confidence), `--param confidence` and the app setting, the pre-run
 check, the step commands and the gate policy itself. The component inputs' bounds (min 0, max 1) are
-inclusive; the rule is not."""
+inclusive; the rule is not. So is a confidence its resample count (`bootstrap_resamples`) cannot support."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from helpers.function_app.front_door_settings import app_settings
 
 import retrain_cli
 from components.errors import ConfigError, SubmissionError
@@ -23,8 +25,16 @@ from components.request import DataRef, RunRequest
 from components.specs import load_pipeline_spec
 from core.errors import InputError
 from core.flags import add_flags, config_from_namespace
-from core.gate_rules import CONFIDENCE_EXPECTED, GATE_RULES
+from core.gate_rules import (
+    CONFIDENCE_EXPECTED,
+    GATE_RULES,
+    check_gate_parameters,
+    minimum_resamples,
+    resampling_conflict,
+)
+from function_app.settings.app import AppSettings, SettingsError
 from training.cli import main
+from training.gate.evaluate import GateInputs
 from training.gate.options import EvaluateConfig, RegisterConfig
 from training.gate.policy import GatePolicy
 
@@ -172,3 +182,107 @@ def test_the_confidence_and_the_resample_count_reach_the_steps_that_read_them():
         SubmissionError, match=r"^parameter bootstrap_resamples is '0'; expected a whole number >= 1"
     ):
         check_parameter_texts(PIPELINE, {"bootstrap_resamples": "0"})
+
+
+# -- a confidence its resample count cannot support ------------------------------------------------------
+# A 95% lower bound is the 5% quantile of the resamples: fewer than 19 hold no value that low (a lone one
+# sits at the median). Such a setting could never certify a candidate, so every room refuses it up front.
+FEW = "confidence 0.95 with bootstrap_resamples 1: a 95% lower bound is the 5% quantile of the resamples"
+NEEDS = "which needs at least 19 of them; raise bootstrap_resamples to 19 or more, or lower confidence"
+
+
+def test_the_fewest_resamples_a_confidence_needs_follow_from_its_quantile():
+    assert [minimum_resamples(c) for c in (0.5, 0.6, 0.75, 0.9, 0.95, 0.975, 0.99, 0.999, 0.9999)] == [
+        1, 2, 3, 9, 19, 39, 99, 999, 9999
+    ]  # fmt: skip
+    assert resampling_conflict(0.95, 19) is None and resampling_conflict("0.95", "1000") is None
+    assert resampling_conflict(0.95, 18) is not None
+    assert resampling_conflict(None, 1) is None  # no confidence, nothing to certify
+    assert resampling_conflict(0.999, None) is None  # the default 1000 suffices up to 0.999
+    assert resampling_conflict(0.9999, None) == (
+        "confidence 0.9999 with bootstrap_resamples 1000 (the default): a 99.99% lower bound is the 0.01% "
+        "quantile of the resamples, which needs at least 9999 of them; raise bootstrap_resamples to 9999 or "
+        "more, or lower confidence"
+    )
+
+
+def test_the_pre_run_check_refuses_a_resample_count_the_confidence_cannot_use():
+    for given in (
+        {"confidence": 0.95, "bootstrap_resamples": 1},
+        {"confidence": "0.95", "bootstrap_resamples": "1"},
+    ):
+        with pytest.raises(InputError, match=f"^parameters: {re.escape(FEW)}, {re.escape(NEEDS)}$"):
+            check_gate_parameters(given)
+        with pytest.raises(
+            SubmissionError, match=f"^preflight: parameters: {re.escape(FEW)}, {re.escape(NEEDS)}$"
+        ):
+            SubprocessPreflight(python="/nonexistent/python").check(_Request(parameters=given))
+    check_gate_parameters({"confidence": 0.95, "bootstrap_resamples": 19})
+
+
+def test_the_configuration_file_refuses_a_resample_count_its_confidence_cannot_use(tmp_path):
+    path = tmp_path / "iris.toml"
+    path.write_text("[gate]\nconfidence = 0.95\n\n[pipeline]\nbootstrap_resamples = 1\n")
+    with pytest.raises(ConfigError) as raised:
+        load_model_config(path, PIPELINE)
+    assert str(raised.value) == (
+        f"{path}: [gate] confidence 0.95 with [pipeline] bootstrap_resamples 1: a 95% lower bound is the 5% "
+        "quantile of the resamples, which needs at least 19 of them; raise [pipeline] bootstrap_resamples to "
+        "19 or more, or lower [gate] confidence"
+    )
+    path.write_text("[gate]\nconfidence = 0.9999\n")  # the default count, 1000, is too few for it
+    with pytest.raises(ConfigError, match=r"bootstrap_resamples 1000 \(the default\): .* at least 9999"):
+        load_model_config(path, PIPELINE)
+
+
+def test_retrain_run_refuses_a_resample_count_the_confidence_cannot_use_before_pinning(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RETRAIN_HOME", str(tmp_path / "home"))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    params = ("--param", "confidence=0.95", "--param", "bootstrap_resamples=1")
+    assert retrain_cli.main(["run", "--task", "tabular", "--data", str(raw), *params]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.endswith(f"{FEW}, {NEEDS}") and "\n" not in error
+    assert not (tmp_path / "home" / "data").exists()
+
+
+def test_the_evaluate_step_refuses_a_resample_count_its_confidence_cannot_use(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    required = ["--model", "m", "--data", "d", "--out", "o", "--model-name", "digits"]
+    assert main(["evaluate", *required, "--confidence", "0.95", "--bootstrap-resamples", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "retrain: error: --confidence 0.95 with --bootstrap-resamples 1: a 95% lower bound is the 5% "
+        "quantile of the resamples, which needs at least 19 of them; raise --bootstrap-resamples to 19 or "
+        "more, or lower --confidence"
+    )
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(InputError, match=r"^--confidence 0\.95 with --bootstrap-resamples 1: "):
+        GateInputs(confidence=0.95, resamples=1)
+
+
+def test_the_front_door_refuses_at_start_up_a_resample_count_a_model_s_confidence_cannot_use(tmp_path):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "digits.toml").write_text(
+        '[task]\nref = "tabular"\n\n[gate]\nconfidence = 0.95\n\n[trigger]\nprefix = "digits"\n'
+    )
+    environ = app_settings(
+        tmp_path,
+        RETRAIN_MODELS="digits",
+        RETRAIN_MODELS_DIR=str(folder),
+        RETRAIN_PIPELINE_PARAMETERS="bootstrap_resamples=1",
+    )
+    for single in ("RETRAIN_MODEL_NAME", "RETRAIN_BLOB_PREFIX"):
+        environ.pop(single)
+    with pytest.raises(SettingsError) as raised:
+        AppSettings.from_environ(environ)
+    assert str(raised.value) == (
+        f"model 'digits' ({folder / 'digits.toml'} with RETRAIN_PIPELINE_PARAMETERS): {FEW}, {NEEDS}"
+    )
+    # Enough resamples: it starts.
+    environ["RETRAIN_PIPELINE_PARAMETERS"] = "bootstrap_resamples=19"
+    (route,) = AppSettings.from_environ(environ).models
+    assert route.parameters["confidence"] == 0.95

@@ -1,16 +1,20 @@
-"""The paired bootstrap behind the gate's confidence: the bound as a pure function, the decision it makes,
-and resampling (the same rows for both models, from the seed alone) for a TensorSplit and any other
-map-style split, scored through the task's own `score`."""
+"""The paired bootstrap behind the gate's confidence: the bound as a pure function (always among the
+resamples, and none from too few of them), the decision it makes (nothing certified from too few test rows
+or resamples), and resampling (the same rows for both models, from the seed alone) for a TensorSplit and any
+other map-style split, scored through the task's own `score`."""
 
 from __future__ import annotations
 
 import math
+import random
 
+import numpy as np
 import pytest
 import torch
 from helpers.training.regression_task import RegressionTask
 
 from core.errors import InputError
+from core.gate_rules import minimum_resamples
 from training.gate import policy as gate
 from training.gate.bootstrap import (
     ResampledSplit,
@@ -22,6 +26,7 @@ from training.gate.bootstrap import (
     resampled_scores,
 )
 from training.gate.policy import (
+    MIN_TEST_ROWS,
     Champion,
     GatePolicy,
     Interval,
@@ -53,32 +58,56 @@ def champion(macro_f1: float) -> Champion:
     return Champion.loaded("3", Scored({"macro_f1": macro_f1}, DATA, "c" * 64))
 
 
-def paired(candidate, champion_values, metric: str = "macro_f1", seed: int = 0) -> PairedScores:
-    return PairedScores(metric, seed, tuple(candidate), tuple(champion_values))
+def paired(
+    candidate, champion_values, metric: str = "macro_f1", seed: int = 0, rows: int = 188
+) -> PairedScores:
+    return PairedScores(metric, seed, tuple(candidate), tuple(champion_values), rows)
 
 
 # -- the bound ------------------------------------------------------------------------------------------
 
 
-def test_the_lower_bound_is_the_lower_quantile_interpolated_between_order_statistics():
+def test_the_lower_bound_is_the_b_plus_1_alpha_th_smallest_interpolated_between_neighbours():
     improvements = [0.05, -0.01, 0.03, 0.00, 0.01]  # sorted: -0.01, 0.00, 0.01, 0.03, 0.05
-    assert lower_bound(improvements, 0.75) == pytest.approx(0.00)  # position 0.25 * 4 = 1
-    assert lower_bound(improvements, 0.5) == pytest.approx(0.01)  # the median
-    assert lower_bound(improvements, 0.95) == pytest.approx(-0.01 + 0.01 * 0.2)  # position 0.2
-    assert lower_bound(list(range(101)), 0.95) == pytest.approx(5.0)  # 5% of 0..100
-    assert lower_bound([0.02], 0.95) == 0.02
+    assert lower_bound(improvements, 0.5) == pytest.approx(0.01)  # the 3rd of 5: the median
+    assert lower_bound(improvements, 0.75) == pytest.approx(-0.01 + 0.01 * 0.5)  # the 1.5th
+    assert lower_bound(list(range(1, 20)), 0.95) == 1  # the 1st of 19: 20 * 0.05 is whole
+    assert lower_bound(list(range(1, 1000)), 0.95) == 50  # the 50th of 999
+    assert lower_bound(list(range(1, 1001)), 0.95) == pytest.approx(50.05)  # between the 50th and 51st
+
+
+def test_the_bound_never_lies_outside_the_resamples():
+    chance = random.Random(11)
+    for _ in range(300):
+        confidence = chance.choice([0.5, 0.8, 0.9, 0.95, 0.975, 0.99])
+        count = chance.randint(minimum_resamples(confidence), 400)
+        values = [chance.lognormvariate(0, 2) - chance.random() for _ in range(count)]  # skewed
+        bound = lower_bound(values, confidence)
+        assert min(values) <= bound <= max(values)
+        assert bound == pytest.approx(float(np.quantile(values, 1 - confidence, method="weibull")))
+
+
+@pytest.mark.parametrize(("confidence", "fewest"), [(0.5, 1), (0.9, 9), (0.95, 19), (0.99, 99)])
+def test_from_fewer_resamples_than_the_quantile_needs_there_is_no_bound(confidence, fewest):
+    # With B resamples the smallest sits at the 1/(B+1) quantile: B must reach 1/alpha - 1 for the
+    # alpha quantile to be among them. At the fewest, the bound is the smallest resample.
+    assert minimum_resamples(confidence) == fewest
+    values = [0.3 + index for index in range(fewest)][::-1]
+    assert lower_bound(values, confidence) == 0.3
+    with pytest.raises(ValueError, match=f"^{fewest - 1} resampled improvements; .* at least {fewest}$"):
+        lower_bound(values[1:], confidence)
 
 
 def test_a_value_that_is_not_finite_leaves_no_bound():
     assert math.isnan(lower_bound([0.1, math.nan, 0.2], 0.5))
-    interval = improvement_interval(paired([0.9, math.nan], [0.8, 0.8]), True, 0.95, 0.1)
-    assert math.isnan(interval.lower_bound) and interval.non_finite == 1
+    interval = improvement_interval(paired([0.9, math.nan] * 10, [0.8, 0.8] * 10), True, 0.95, 0.1)
+    assert math.isnan(interval.lower_bound) and interval.non_finite == 10
 
 
 def test_each_resample_s_improvement_is_read_in_the_metric_s_direction():
     # mse is lower-is-better: the candidate's 0.2 against the champion's 0.3 is an improvement of +0.1.
-    lower = improvement_interval(paired([0.2, 0.2], [0.3, 0.3], "mse"), False, 0.9, 0.1)
-    higher = improvement_interval(paired([0.2, 0.2], [0.3, 0.3]), True, 0.9, -0.1)
+    lower = improvement_interval(paired([0.2] * 9, [0.3] * 9, "mse"), False, 0.9, 0.1)
+    higher = improvement_interval(paired([0.2] * 9, [0.3] * 9), True, 0.9, -0.1)
     assert lower.lower_bound == pytest.approx(0.1)
     assert higher.lower_bound == pytest.approx(-0.1)
 
@@ -88,19 +117,21 @@ def test_paired_scores_must_be_as_many_for_both_models():
         paired([0.1, 0.2, 0.3], [0.1, 0.2])
     with pytest.raises(ValueError, match="at least one"):
         paired([], [])
+    with pytest.raises(ValueError, match="on 0 rows; expected a whole number >= 1"):
+        paired([0.1], [0.1], rows=0)
 
 
 # -- the decision ---------------------------------------------------------------------------------------
 
 
 def test_identical_models_have_an_interval_at_zero_and_are_refused_naming_it():
-    same = [0.91, 0.93, 0.90, 0.94]
+    same = [0.91, 0.93, 0.90, 0.94] * 5
     decision = gate.decide(scored(0.92), champion(0.92), CONFIDENT, METRICS, paired(same, same, seed=4))
     assert not decision.accepted
-    assert decision.interval == Interval("macro_f1", 0.95, 4, 4, 0.0, 0.0)
+    assert decision.interval == Interval("macro_f1", 0.95, 20, 4, 0.0, 0.0)
     assert decision.reasons == (
         "macro_f1 improvement +0.0000 over champion v3, 95% interval lower bound +0.0000 <= min_improvement "
-        "0.002 (4 paired resamples, seed 4)",
+        "0.002 (20 paired resamples, seed 4)",
     )
     # Even with no margin at all: a bound at zero is no evidence of an improvement.
     no_margin = policy(min_improvement=0.0, confidence=0.95)
@@ -108,29 +139,29 @@ def test_identical_models_have_an_interval_at_zero_and_are_refused_naming_it():
 
 
 def test_a_point_improvement_past_the_margin_is_refused_when_the_bound_is_not():
-    mine, theirs = [0.95, 0.90, 0.99, 0.93], [0.93, 0.93, 0.93, 0.93]  # improvements +.02 -.03 +.06 .00
+    mine, theirs = [0.95, 0.90, 0.99, 0.93] * 5, [0.93] * 20  # improvements +.02 -.03 +.06 .00, 5 times
     assert gate.decide(scored(0.94), champion(0.93), policy(), METRICS).accepted  # the margin alone passes
     decision = gate.decide(scored(0.94), champion(0.93), CONFIDENT, METRICS, paired(mine, theirs))
     assert not decision.accepted
-    assert decision.interval is not None and decision.interval.lower_bound == pytest.approx(-0.0255)
+    assert decision.interval is not None and decision.interval.lower_bound == pytest.approx(-0.03)
     assert decision.reasons[0] == (
-        "macro_f1 improvement +0.0100 over champion v3, 95% interval lower bound -0.0255 <= min_improvement "
-        "0.002 (4 paired resamples, seed 0)"
+        "macro_f1 improvement +0.0100 over champion v3, 95% interval lower bound -0.0300 <= min_improvement "
+        "0.002 (20 paired resamples, seed 0)"
     )
 
 
 def test_a_clear_improvement_is_accepted_stating_its_interval():
-    mine, theirs = [0.95, 0.96, 0.97, 0.95], [0.90, 0.91, 0.90, 0.89]
+    mine, theirs = [0.95, 0.96, 0.97, 0.95] * 5, [0.90, 0.91, 0.90, 0.89] * 5
     decision = gate.decide(scored(0.96), champion(0.90), CONFIDENT, METRICS, paired(mine, theirs, seed=7))
     assert decision.accepted
     assert decision.reasons == (
         f"macro_f1 0.9600 beats champion v3's 0.9000 on {DATA}: improvement +0.0600, "
-        "95% interval lower bound +0.0500 > min_improvement 0.002 (4 paired resamples, seed 7)",
+        "95% interval lower bound +0.0500 > min_improvement 0.002 (20 paired resamples, seed 7)",
     )
     assert decision.to_dict()["interval"] == {
         "metric": "macro_f1",
         "confidence": 0.95,
-        "resamples": 4,
+        "resamples": 20,
         "seed": 7,
         "improvement": pytest.approx(0.06),
         "lower_bound": pytest.approx(0.05),
@@ -139,7 +170,8 @@ def test_a_clear_improvement_is_accepted_stating_its_interval():
 
 
 def test_a_bound_past_the_margin_does_not_pass_a_point_improvement_short_of_it():
-    decision = gate.decide(scored(0.931), champion(0.93), CONFIDENT, METRICS, paired([0.95] * 3, [0.93] * 3))
+    above = paired([0.95] * 20, [0.93] * 20)
+    decision = gate.decide(scored(0.931), champion(0.93), CONFIDENT, METRICS, above)
     assert not decision.accepted
     assert "improvement +0.0010 over champion v3 is below min_improvement 0.002" in decision.reasons[0]
 
@@ -149,6 +181,37 @@ def test_without_paired_scores_or_with_another_metric_s_a_confident_gate_refuses
         decision = gate.decide(scored(0.99), champion(0.90), CONFIDENT, METRICS, missing)
         assert not decision.accepted and decision.interval is None
         assert "macro_f1: no paired bootstrap of it against champion v3" in decision.reasons[0]
+
+
+def test_one_resample_certifies_nothing():
+    # One resample's improvement (+0.05) lies far above the whole split's (+0.01): read as a "95% bound",
+    # it would promote the candidate. It is one draw, at the median in expectation, not a 5% quantile.
+    one = paired([0.95], [0.90])
+    decision = gate.decide(scored(0.94), champion(0.93), CONFIDENT, METRICS, one)
+    assert not decision.accepted and decision.interval is None
+    assert decision.reasons == (
+        "macro_f1: the margin 0.002 over champion v3 is not certified: --confidence 0.95 with "
+        "--bootstrap-resamples 1: a 95% lower bound is the 5% quantile of the resamples, which needs at "
+        "least 19 of them; raise --bootstrap-resamples to 19 or more, or lower --confidence",
+    )
+    # The same evidence 19 times over is enough resamples to read a bound from.
+    nineteen = paired([0.95] * 19, [0.90] * 19)
+    assert gate.decide(scored(0.94), champion(0.93), CONFIDENT, METRICS, nineteen).accepted
+
+
+def test_a_test_split_of_fewer_than_30_rows_certifies_nothing():
+    mine, theirs = [0.95, 0.96, 0.97, 0.95] * 250, [0.90, 0.91, 0.90, 0.89] * 250  # 1000 clear improvements
+    three = gate.decide(scored(0.96), champion(0.90), CONFIDENT, METRICS, paired(mine, theirs, rows=3))
+    assert not three.accepted and three.interval is None
+    assert three.reasons == (
+        "macro_f1: the margin 0.002 over champion v3 is not certified: the test split has 3 rows, fewer than "
+        "the 30 a paired bootstrap needs; evaluate on a larger test split, or gate without --confidence",
+    )
+    assert MIN_TEST_ROWS == 30
+    enough = gate.decide(scored(0.96), champion(0.90), CONFIDENT, METRICS, paired(mine, theirs, rows=30))
+    assert enough.accepted and enough.interval is not None
+    # Without a confidence, the margin alone decides on any test split, as it always did.
+    assert gate.decide(scored(0.96), champion(0.90), policy(), METRICS).accepted
 
 
 def test_a_first_model_is_held_to_the_first_model_floors_not_to_a_confidence():
@@ -230,7 +293,7 @@ def test_a_task_scores_both_kinds_of_split_alike_and_one_model_against_itself_is
     assert tensors == pytest.approx(rows)
     assert resampled_scores(task, model, TensorSplit(x, y), resampling) == tensors  # same seed, same values
 
-    same = PairedScores("mse", 2, tensors, tensors)
+    same = PairedScores("mse", 2, tensors, tensors, len(x))
     mse = task.score(model, TensorSplit(x, y))["mse"]
     on_mse = policy(primary_metric="mse", confidence=0.9)
     current = Champion.loaded("1", Scored({"mse": mse}, DATA, "c" * 64))
@@ -244,10 +307,10 @@ def test_the_evaluation_s_record_reads_back_as_the_same_paired_scores():
     assert record == {
         "metric": "macro_f1", "resamples": 2, "seed": 5, "candidate": [0.9, 0.8], "champion": [0.7, 0.6]
     }  # fmt: skip
-    assert paired_from_document(record) == paired([0.9, 0.8], [0.7, 0.6], seed=5)
-    assert paired_from_document(paired_document(resampling, None)) is None
+    assert paired_from_document(record, 188) == paired([0.9, 0.8], [0.7, 0.6], seed=5)
+    assert paired_from_document(paired_document(resampling, None), 188) is None
     with pytest.raises(ValueError, match="3 paired values, but 2 resamples recorded"):
-        paired_from_document({**record, "candidate": [1, 2, 3], "champion": [1, 2, 3]})
+        paired_from_document({**record, "candidate": [1, 2, 3], "champion": [1, 2, 3]}, 188)
 
 
 @pytest.mark.parametrize(

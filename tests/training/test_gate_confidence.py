@@ -8,17 +8,23 @@ whole split by more than the margin, by chance: the margin alone would promote i
 The same evaluation decides the same way, an evaluation against a champion that has since moved is decided
 on the same resamples as a fresh one, and a register step asked for a confidence refuses an evaluation
 without a bootstrap in one line.
+
+Evidence too thin certifies nothing: an evaluation with fewer resamples than the register step's confidence
+needs, and a user's task whose test split has fewer than 30 rows, are rejections that say why, and the
+registry does not change.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from helpers.training.registry_harness import RESEEDED, Harness, evaluation_document
+from helpers.training.regression_task import write_sample
 
 from training.cli import main
 from training.gate import lineage as tags
@@ -77,6 +83,9 @@ def story(
     story.register("twin, stale evaluation", TWIN, "twin against v1", *CONFIDENT)
     story.evaluate("twin, seed 1", TWIN, *CONFIDENT, "--bootstrap-seed", "1")
     story.register("twin, seed 1", TWIN, "twin, seed 1", *CONFIDENT)
+    # Enough resamples for a 90% bound (9), too few for the register step's 95% (19).
+    story.evaluate("twin, 9 resamples", TWIN, "--confidence", "0.9", "--bootstrap-resamples", "9")
+    story.register("twin, 9 resamples", TWIN, "twin, 9 resamples", *CONFIDENT)
     return story
 
 
@@ -171,3 +180,76 @@ def test_without_a_bootstrap_a_confident_register_step_refuses_in_one_line(story
         "(and the same --primary-metric) first"
     )
     assert "\n" not in error
+
+
+def test_an_evaluation_with_too_few_resamples_for_the_confidence_certifies_nothing(story: Story):
+    assert evaluation_document(story.evaluations["twin, 9 resamples"])["bootstrap"]["resamples"] == 9
+    record = story.records["twin, 9 resamples"]
+    decision = record["decision"]
+    assert not decision["accepted"] and record["registered_version"] is None
+    assert "interval" not in decision  # no bound was read from them
+    assert decision["reasons"] == [
+        "macro_f1: the margin 0.002 over champion v2 is not certified: --confidence 0.95 with "
+        "--bootstrap-resamples 9: a 95% lower bound is the 5% quantile of the resamples, which needs at "
+        "least 19 of them; raise --bootstrap-resamples to 19 or more, or lower --confidence"
+    ]
+    assert story.harness.registry.alias_holder(MODEL, "champion").version == "2"
+
+
+# -- a test split too small to certify from ---------------------------------------------------------------
+
+REGRESSION = Path(__file__).parents[1] / "helpers" / "training" / "regression_task.py"
+SMALL_MODEL = "small-houses"
+# A user's regression task on 200 rows: its test split (a tenth, by hash) has about 20.
+REGRESSION_TRAIN = [
+    *("--learning-rate", "0.05", "--warmup-steps", "0", "--global-batch-size", "32", "--seed", "3"),
+    *("--progress", "none", "--no-mlflow", "--checkpoint-every-steps", "off"),
+]
+
+
+@pytest.fixture(scope="module")
+def small_split(tmp_path_factory: pytest.TempPathFactory) -> Story:
+    root = tmp_path_factory.mktemp("small-split")
+    task = f"{REGRESSION}:RegressionTask"
+    raw, data = root / "raw", root / "prepared"
+    write_sample(raw, rows=200, seed=0)
+    assert main(["prepare", "--task", task, "--raw", str(raw), "--out", str(data)]) == 0
+    harness = Harness(root, data)
+    for name, epochs in (("first", "2"), ("better", "20")):
+        out = root / "models" / name
+        locations = ("--data", str(data), "--out", str(out), "--checkpoints", str(root / "ck" / name))
+        assert main(["train", "--task", task, *locations, "--epochs", epochs, *REGRESSION_TRAIN]) == 0
+        harness.models[name] = out
+    story = Story(harness)
+    for name in ("first", "better"):
+        evaluation = harness.evaluate(name, SMALL_MODEL, *CONFIDENT)
+        story.evaluations[name] = evaluation
+        story.records[name] = harness.register(name, evaluation, SMALL_MODEL, *CONFIDENT)
+    return story
+
+
+def test_a_test_split_of_fewer_than_30_rows_certifies_nothing(small_split: Story):
+    first, better = small_split.records["first"], small_split.records["better"]
+    assert first["registered_version"] == "1"  # a first model: the first-model floors, no confidence
+    rows = better["evaluated_on"]["rows"]
+    assert 0 < rows < 30
+    # Far better on the whole split (mse a fraction of v1's), but 'rows' rows are no basis for a 95% bound.
+    assert better["metrics"]["mse"] < first["metrics"]["mse"] / 2
+    decision = better["decision"]
+    assert not decision["accepted"] and better["registered_version"] is None and "interval" not in decision
+    assert decision["reasons"] == [
+        f"mse: the margin 0.002 over champion v1 is not certified: the test split has {rows} rows, fewer "
+        "than the 30 a paired bootstrap needs; evaluate on a larger test split, or gate without --confidence"
+    ]
+    registry = small_split.harness.registry
+    assert registry.alias_holder(SMALL_MODEL, "champion").version == "1"
+    assert [version.version for version in registry.versions(SMALL_MODEL)] == ["1"]
+
+
+def test_the_evaluation_says_so_when_it_resamples(small_split: Story, caplog: pytest.LogCaptureFixture):
+    with caplog.at_level(logging.WARNING, logger="training.gate.evaluate"):
+        small_split.harness.evaluate("better", SMALL_MODEL, *CONFIDENT)
+    warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert [message.split(": the test split has")[0] for message in warned] == [
+        "paired bootstrap of mse against champion v1 certifies nothing at confidence 0.95"
+    ]

@@ -123,14 +123,15 @@ def resampling_from_document(document: dict[str, Any]) -> Resampling:
     return Resampling(str(document["metric"]), document["resamples"], document["seed"])
 
 
-def paired_from_document(document: dict[str, Any]) -> PairedScores | None:
-    """The recorded paired scores, or None when the evaluation had no champion to pair with. Raises
-    KeyError, ValueError or TypeError for a malformed record, including values that are not `resamples`
-    many."""
+def paired_from_document(document: dict[str, Any], rows: int) -> PairedScores | None:
+    """The recorded paired scores on resamples of a split of `rows` rows (the evaluation's), or None when
+    the evaluation had no champion to pair with. Raises KeyError, ValueError or TypeError for a malformed
+    record, including values that are not `resamples` many."""
     resampling = resampling_from_document(document)
     if document["candidate"] is None or document["champion"] is None:
         return None
-    paired = PairedScores(resampling.metric, resampling.seed, document["candidate"], document["champion"])
+    candidate, champion = document["candidate"], document["champion"]
+    paired = PairedScores(resampling.metric, resampling.seed, candidate, champion, rows)
     if paired.resamples != resampling.resamples:
         raise ValueError(f"{paired.resamples} paired values, but {resampling.resamples} resamples recorded")
     return paired

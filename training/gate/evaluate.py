@@ -26,6 +26,7 @@ from torch import nn
 
 from core.errors import InputError
 from core.files import write_atomically
+from core.gate_rules import AS_FLAGS, resampling_conflict
 from core.names import check_model_name
 from core.task_ref import options_text, parse_task_ref
 from training.engine.outputs import METADATA_FILE, MODEL_FILE, read_model_payload, scores, weights_sha256
@@ -38,6 +39,7 @@ from training.gate.policy import (
     Champion,
     PairedScores,
     Scored,
+    bootstrap_shortfall,
     improvement_interval,
     policy_of,
 )
@@ -253,6 +255,11 @@ class GateInputs:
     resamples: int = BOOTSTRAP_RESAMPLES
     seed: int = BOOTSTRAP_SEED
 
+    def __post_init__(self) -> None:
+        conflict = resampling_conflict(self.confidence, self.resamples, AS_FLAGS)
+        if conflict is not None:
+            raise InputError(conflict)
+
 
 def evaluate(
     model_dir: Path,
@@ -300,7 +307,7 @@ def evaluate(
         paired = None
         if champion_resampled is not None:
             mine = resampled_scores(candidate.task, candidate.model, split, resampling)
-            paired = PairedScores(resampling.metric, resampling.seed, mine, champion_resampled)
+            paired = PairedScores(resampling.metric, resampling.seed, mine, champion_resampled, len(split))
             _log_interval(candidate.task, paired, metrics, champion, gate)
         evaluation[BOOTSTRAP] = paired_document(resampling, paired)
     return evaluation
@@ -339,10 +346,21 @@ def write_evaluation(
 def _log_interval(
     task: Task, paired: PairedScores, metrics: Mapping[str, float], champion: Champion, gate: GateInputs
 ) -> None:
-    """What the register step will see at this confidence, for the evaluation's log (it decides itself)."""
+    """What the register step will see at this confidence, for the evaluation's log (it decides itself):
+    the interval, or why there is none to certify with."""
     if champion.scored is None or gate.confidence is None:
         return
     metric = paired.metric
+    shortfall = bootstrap_shortfall(paired, gate.confidence)
+    if shortfall is not None:
+        log.warning(
+            "paired bootstrap of %s against champion v%s certifies nothing at confidence %g: %s",
+            metric,
+            champion.version,
+            gate.confidence,
+            shortfall,
+        )
+        return
     mine, theirs = metrics.get(metric, math.nan), champion.scored.metrics.get(metric, math.nan)
     better = task.metrics.higher_is_better(metric)
     improvement = mine - theirs if better else theirs - mine

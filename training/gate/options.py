@@ -14,7 +14,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.flags import boolean_text, flag, number_text, read_boolean
-from core.gate_rules import CONFIDENCE, GATE_RULES
+from core.gate_rules import AS_FLAGS, CONFIDENCE, DEFAULT_RESAMPLES, GATE_RULES, resampling_conflict
 from training.tasks.task_flags import task_options_flag
 
 DEFAULT_MODEL_NAME = "digits"
@@ -28,9 +28,9 @@ MODEL_NAME_HELP = "the registered model's name"
 # `retrain serve` (training/gate/serve.py): loopback, so a scoring server is opened to a network only on
 # purpose; MLflow's own default port; one server process.
 DEFAULT_HOST, DEFAULT_PORT, DEFAULT_WORKERS = "127.0.0.1", 5000, 1
-# The paired bootstrap behind the gate's confidence (training/gate/bootstrap.py): enough resamples that the
-# 5% tail of a 95% bound holds 50 of them, few enough that scoring a small test set stays cheap.
-BOOTSTRAP_RESAMPLES = 1000
+# The paired bootstrap behind the gate's confidence (training/gate/bootstrap.py): its resamples by default
+# (core/gate_rules.py says why so many) and its seed.
+BOOTSTRAP_RESAMPLES = DEFAULT_RESAMPLES
 BOOTSTRAP_SEED = 0
 
 
@@ -165,7 +165,8 @@ class EvaluateConfig:
             parse=int,
             read=_whole_at_least(1, "--bootstrap-resamples"),
             metavar="N",
-            help="paired resamples of the test split, with --confidence",
+            help="paired resamples of the test split, with --confidence: at least 1/(1-confidence) - 1 "
+            "(19 at 0.95), for the bound's quantile to lie among them",
         ),
     )
     bootstrap_seed: int = field(
@@ -180,6 +181,10 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         _check_task(self.task, self.task_options)
+        # Refused before anything is loaded: these resamples could never certify at this confidence.
+        conflict = resampling_conflict(self.confidence, self.bootstrap_resamples, AS_FLAGS)
+        if conflict is not None:
+            raise InputError(conflict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -174,7 +174,8 @@ def _recorded_bootstrap(
             "--confidence (and the same --primary-metric) first"
         )
     try:
-        resampling, paired = resampling_from_document(document), paired_from_document(document)
+        resampling = resampling_from_document(document)
+        paired = paired_from_document(document, evaluation["rows"])
     except KeyError as error:
         raise InputError(f"{where}: incomplete bootstrap (no {error}); re-run evaluate") from None
     except (TypeError, AttributeError, ValueError, InputError) as error:
@@ -233,7 +234,7 @@ def _current_champion(
         if candidate.paired is not None
         else resampled_scores(task, candidate.trained.model, split, resampling)
     )
-    return champion, REREAD, PairedScores(resampling.metric, resampling.seed, mine, theirs)
+    return champion, REREAD, PairedScores(resampling.metric, resampling.seed, mine, theirs, len(split))
 
 
 def _new_version(
