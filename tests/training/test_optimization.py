@@ -1,7 +1,8 @@
 """How a step is optimised, in process: the default optimiser and a task's own (checked in one line), a
 custom schedule's state through a checkpoint, the data's info in the loss, gradient clipping, accumulation,
-precision (bfloat16 trained and resumed exactly on the CPU; float16's scaler state and skipped steps), and
-the new options refused in one line."""
+precision (bfloat16 trained and resumed exactly on the CPU; float16's scaler state and skipped steps; a
+mixed precision refused for a model it cannot apply to, and the parameters' dtype recorded), and the new
+options refused in one line."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.training.regression_task import write_sample
 from helpers.training.run_outputs import read_metadata
 from helpers.training.sgd_task import SgdTabular, step_schedule
 from helpers.training.small_run import NO_TRACKING, train_arguments
+from mlflow.tracking import MlflowClient
 from torch import nn
 
 from core.errors import InputError
@@ -26,7 +29,7 @@ from training.engine.batches import BatchSource
 from training.engine.config import TrainConfig, trajectory_mismatches
 from training.engine.distributed import init_distributed
 from training.engine.optimization import DEFAULT, TASK, Optimization, build_optimization
-from training.engine.precision import Precision, require_supported
+from training.engine.precision import Precision, parameter_dtype, require_applicable, require_supported
 from training.engine.preemption import PreemptionNotice
 from training.engine.train_args import add_train_arguments, config_from_args
 from training.engine.train_state import RunState, build_training_objects, checkpoint_state, restore
@@ -299,6 +302,91 @@ def test_16_mixed_is_refused_off_cuda_in_one_line(tmp_path):
         build_training_objects(_config(tmp_path, precision="16-mixed"), SgdTabular(), {}, 10, CPU)
 
 
+class _PartlyFloat64(nn.Module):
+    """A float32 body and a float64 head, as a model that keeps one part in double precision is built."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(3, 4)
+        self.head = nn.Linear(4, 1).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).double())
+
+
+def test_a_mixed_precision_is_refused_for_a_model_whose_parameters_are_not_float32():
+    # Autocast casts float32 operations only: a float64 model runs in float64 under bf16-mixed as under 32.
+    with Precision("bf16-mixed", CPU).autocast():
+        assert nn.Linear(3, 2).double()(torch.ones(1, 3, dtype=torch.float64)).dtype == torch.float64
+    whole = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1)).double()
+    for precision in ("bf16-mixed", "16-mixed"):
+        with pytest.raises(InputError) as raised:
+            require_applicable(precision, whole)
+        assert str(raised.value) == (
+            f"--precision {precision}: the model has float64 parameters (4 of 4 tensors, first '0.weight'), "
+            "and autocast leaves float64 operations in float64, so it would change nothing; build the model "
+            "and its inputs in float32, or train with --precision 32"
+        )
+    with pytest.raises(InputError, match=r"^--precision bf16-mixed: .*float64 parameters \(2 of 4 tensors, "):
+        require_applicable("bf16-mixed", _PartlyFloat64())  # its head would not run in bfloat16
+    with pytest.raises(InputError, match=r"bfloat16 parameters .* keeps float32 weights and computes below"):
+        require_applicable("bf16-mixed", nn.Linear(3, 2).bfloat16())
+    half = (
+        r"^--precision 16-mixed: the model has float16 parameters .* keeps float32 weights and computes below"
+    )
+    with pytest.raises(InputError, match=half):
+        require_applicable("16-mixed", nn.Linear(3, 2).half())  # the scaler refuses float16 gradients
+    for model in (whole, _PartlyFloat64(), nn.Linear(3, 2).bfloat16()):
+        require_applicable("32", model)  # no autocast: the model's own dtype, recorded
+    require_applicable("bf16-mixed", nn.Linear(3, 2))
+    assert parameter_dtype(nn.Linear(3, 2)) == "float32"
+    assert parameter_dtype(whole) == "float64" and parameter_dtype(_PartlyFloat64()) == "float32,float64"
+
+
+@pytest.fixture(scope="module")
+def regression_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("regression")
+    write_sample(root / "raw", rows=200, seed=0)
+    task = ["--task", "helpers.training.regression_task:RegressionTask"]
+    assert main(["prepare", *task, "--raw", str(root / "raw"), "--out", str(root / "prepared")]) == 0
+    return root / "prepared"
+
+
+FLOAT64_TASK = ("--task", "helpers.training.float64_task:Float64Regression")
+
+
+def _float64_run(data: Path, root: Path, *extra: str) -> list[str]:
+    locations = ("--data", str(data), "--out", str(root / "out"), "--checkpoints", str(root / "ckpt"))
+    return ["train", *FLOAT64_TASK, *locations, "--epochs", "1", "--progress", "none", *extra]
+
+
+def test_bf16_mixed_on_a_float64_model_is_refused_before_the_first_step(regression_data, tmp_path, capsys):
+    assert main(_float64_run(regression_data, tmp_path, "--precision", "bf16-mixed", *NO_TRACKING)) == 2
+    assert capsys.readouterr().err.strip() == (
+        "retrain: error: --precision bf16-mixed: the model has float64 parameters (2 of 2 tensors, first "
+        "'weight'), and autocast leaves float64 operations in float64, so it would change nothing; build the "
+        "model and its inputs in float32, or train with --precision 32"
+    )
+    assert not (tmp_path / "out").exists()  # nothing trained, nothing records bfloat16
+    assert not list((tmp_path / "ckpt").glob("**/*.json"))
+
+
+def test_a_float64_model_trained_at_32_records_the_dtype_it_ran_in(regression_data, tmp_path):
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = (
+        "--mlflow-tracking-uri",
+        tracking_uri,
+        "--mlflow-artifact-location",
+        (tmp_path / "art").as_uri(),
+    )
+    assert main(_float64_run(regression_data, tmp_path, *tracking)) == 0
+    metadata = read_metadata(tmp_path / "out")
+    assert metadata["optimization"]["precision"] == "32"
+    assert metadata["optimization"]["parameter_dtype"] == "float64"
+    params = MlflowClient(tracking_uri).get_run(metadata["mlflow_run_id"]).data.params
+    assert (params["precision"], params["parameter_dtype"]) == ("32", "float64")
+
+
 def _preempted_at(step: int, notice: PreemptionNotice):
     class Renderer:
         def emit(self, event: dict) -> None:
@@ -340,9 +428,16 @@ def test_bf16_mixed_trains_and_resumes_exactly_on_the_cpu(prepared_data, tmp_pat
     first = resumed["attempts"][0]
     assert resumed["resumes"] == 1 and first["ended"] == "preempted" and 25 <= first["ended_at_step"] < 44
     assert resumed["optimization"]["precision"] == "bf16-mixed"
+    assert resumed["optimization"]["parameter_dtype"] == "float32"  # what bfloat16 autocast applies to
     assert resumed["config"]["precision"] == "bf16-mixed"
-    tracked = {name: tracking.params[name] for name in ("optimizer", "lr_scheduler", "precision")}
-    assert tracked == {"optimizer": "AdamW", "lr_scheduler": "LambdaLR", "precision": "bf16-mixed"}
+    names = ("optimizer", "lr_scheduler", "precision", "parameter_dtype")
+    tracked = {name: tracking.params[name] for name in names}
+    assert tracked == {
+        "optimizer": "AdamW",
+        "lr_scheduler": "LambdaLR",
+        "precision": "bf16-mixed",
+        "parameter_dtype": "float32",
+    }
     # And bfloat16 did the arithmetic: the same run in float32 ends elsewhere.
     full = [arg for arg in arguments(tmp_path / "full") if arg not in ("--precision", "bf16-mixed")]
     assert main(["train", *full]) == 0

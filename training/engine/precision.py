@@ -1,6 +1,8 @@
 """`--precision`: the arithmetic of a step's forward pass, and the gradient scaler float16 needs.
 
-- `32`: float32 throughout.
+- `32`: no autocast: every operation in the model's own dtype, float32 for the built-in tasks (a task's
+  `build_model` may choose another, such as float64; what the parameters are is recorded as
+  `parameter_dtype` in metadata.json's `optimization` and the MLflow run's parameters).
 - `bf16-mixed`: the forward pass (the task's `loss`) under bfloat16 autocast, on the CPU or CUDA. Weights,
   gradients and optimizer state stay float32; bfloat16 has float32's range, so no scaling is needed.
 - `16-mixed`: float16 autocast with a `torch.amp.GradScaler`, CUDA only (refused on a CPU). float16's small
@@ -12,6 +14,11 @@
   and growth counter) is checkpointed and restored, so a resumed run scales exactly as an uninterrupted one.
 
 Autocast is deterministic for a given device and inputs, so a mixed-precision run resumes bitwise too.
+
+Both mixed precisions assume float32 parameters, and are refused before the first step for a model with
+any other floating-point parameter (`require_applicable`): autocast leaves float64 operations in float64,
+so `bf16-mixed` on a float64 model would change nothing while the run recorded bfloat16, and a model already
+in bfloat16 or float16 has no float32 weights to keep (the scaler refuses float16 gradients outright).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import contextlib
 from typing import Any
 
 import torch
+from torch import nn
 
 from core.errors import InputError
 
@@ -35,9 +43,53 @@ def require_supported(precision: str, device: torch.device) -> None:
         )
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _numeric(dtype: torch.dtype) -> bool:
+    """A dtype whose values a precision is about: floating point or complex (not an integer buffer)."""
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def parameter_dtype(model: nn.Module) -> str:
+    """The dtypes of the model's floating-point (or complex) parameters, as recorded: 'float32', or
+    'float32,float64' for a model partly in each."""
+    dtypes = {_dtype_name(p.dtype) for p in model.parameters() if _numeric(p.dtype)}
+    return ",".join(sorted(dtypes)) or "none"
+
+
+def require_applicable(precision: str, model: nn.Module) -> None:
+    """Refuse a mixed precision for a model whose floating-point parameters are not all float32, in one
+    line naming the precision, the dtype and the parameters, and what to do: autocast casts float32
+    operations only, and mixed precision keeps float32 weights."""
+    if precision == FULL:
+        return
+    other = [
+        (name, p.dtype)
+        for name, p in model.named_parameters()
+        if _numeric(p.dtype) and p.dtype != torch.float32
+    ]
+    if not other:
+        return
+    total = sum(1 for p in model.parameters() if _numeric(p.dtype))
+    dtypes = " and ".join(sorted({_dtype_name(dtype) for _, dtype in other}))
+    if any(dtype != torch.float64 for _, dtype in other):
+        why = "mixed precision keeps float32 weights and computes below them"
+    elif len(other) == total:
+        why = "autocast leaves float64 operations in float64, so it would change nothing"
+    else:
+        why = "autocast leaves float64 operations in float64, so those would not run in lower precision"
+    raise InputError(
+        f"--precision {precision}: the model has {dtypes} parameters ({len(other)} of {total} tensors, first "
+        f"{other[0][0]!r}), and {why}; build the model and its inputs in float32, or train with --precision "
+        f"{FULL}"
+    )
+
+
 class Precision:
     """One attempt's precision on `device`: the autocast context, backward, and the (scaled) step. The
-    trainer asks `require_supported` first; torch itself runs every combination."""
+    trainer asks `require_supported` and `require_applicable` first; torch itself runs every combination."""
 
     def __init__(self, precision: str, device: torch.device) -> None:
         self.precision = precision

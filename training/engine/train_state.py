@@ -34,7 +34,7 @@ from training.checkpoint.records import CheckpointRecord
 from training.engine.config import TrainConfig
 from training.engine.early_stopping import ValidationState
 from training.engine.optimization import Optimization, build_optimization
-from training.engine.precision import Precision, require_supported
+from training.engine.precision import Precision, require_applicable, require_supported
 from training.engine.sampling import DataCursor
 from training.engine.strategy import Strategy
 from training.tasks.base import Task, built_model
@@ -123,6 +123,7 @@ def build_training_objects(
     model = built_model(task, info)
     if not any(parameter.requires_grad for parameter in model.parameters()):
         raise InputError(f"--task {config.task!r}: build_model returned a model with no trainable parameters")
+    require_applicable(config.precision, model)  # before the first step, and before anything is recorded
     model.to(device)  # before the optimizer is built over its parameters
     if strategy is not None:
         strategy.shard(model, task)  # FSDP replaces the parameters with shards: before the optimizer too

@@ -42,6 +42,7 @@ from training.engine.consensus import StepConsensus, StepVerdict
 from training.engine.distributed import DistContext, barrier
 from training.engine.divergence import DIVERGED_EXIT_CODE, Divergence, is_finite
 from training.engine.outputs import scores, weights_sha256, write_metadata, write_model
+from training.engine.precision import parameter_dtype
 from training.engine.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
 from training.engine.progress import ProgressRenderer
 from training.engine.sampling import BatchPlan, epoch_permutation, rank_batch_indices, seed_step
@@ -425,6 +426,7 @@ class Trainer:
         return {
             **self._objects.optimization.describe(),
             "precision": self.config.precision,
+            "parameter_dtype": parameter_dtype(self._objects.model),  # what "32" computed in
             "accumulate_grad_batches": self.config.accumulate_grad_batches,
             "grad_clip_norm": self.config.grad_clip_norm,
             "skipped_steps": self._objects.precision.skipped_steps,  # float16 overflows, this attempt
@@ -473,6 +475,7 @@ class Trainer:
         return {
             **self.config.to_dict(),
             **self._objects.optimization.describe(),
+            "parameter_dtype": parameter_dtype(self._objects.model),
             "total_steps": self._total_steps,
             "parameters": sum(p.numel() for p in self._objects.model.parameters()),
         }
