@@ -10,13 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.training.listings_task import write_listings, write_prepared
+from helpers.training.listings_task import CITIES, write_listings, write_prepared
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
 
 from core.errors import InputError
 from training.cli import main
 from training.drift.check import population_stability_index
 from training.drift.data import comparable
 from training.drift.options import REPORT_FILE
+from training.mlflow_names import NAMES_ARTIFACT
+from training.mlflow_setup import mlflow_client
 from training.tasks.features import category_shares, combine, numeric_features, text_features
 
 
@@ -153,3 +157,65 @@ def test_retrain_drift_sees_a_city_share_move_and_not_the_unchanged_kind(tmp_pat
     assert (
         capsys.readouterr().out.strip().splitlines()[-1].startswith("drift listings: ALERT: drift detected")
     )
+
+
+# -- logged to MLflow ------------------------------------------------------------------------------------
+
+MOVED_SHARES = (0.25, 0.3, 0.3, 0.15)  # aalborg half as often, a new city
+
+
+def check_listings(tmp_path: Path, tracking_uri: str) -> dict:
+    """`retrain drift` of the listings task, logged to `tracking_uri`; returns its report."""
+    reference = write_prepared(tmp_path / "prepared", rows=600, seed=1)
+    current = tmp_path / "arrivals"
+    write_listings(current, 600, seed=2, cities=(*CITIES, "dublin"), city_shares=MOVED_SHARES)
+    out = tmp_path / "check"
+    places = ["--reference", str(reference), "--current", str(current), "--out", str(out)]
+    task = ["--task", "helpers.training.listings_task:ListingsTask", "--mlflow-tracking-uri", tracking_uri]
+    assert main(["drift", "--model-name", "listings", *places, *task]) == 0
+    return json.loads((out / REPORT_FILE).read_text())
+
+
+def the_drift_run(client: MlflowClient) -> Run:
+    (run,) = client.search_runs([client.get_experiment_by_name("retrain-drift").experiment_id])
+    return run
+
+
+def test_a_drift_check_of_category_shares_logs_every_feature_to_mlflow_and_how_to_read_it_back(
+    tmp_path: Path, caplog
+):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    report = check_listings(tmp_path, uri)
+
+    assert "could not log" not in caplog.text
+    client = mlflow_client(uri)
+    run = the_drift_run(client)
+    assert run.info.status == "FINISHED"
+    names = Path(client.download_artifacts(run.info.run_id, NAMES_ARTIFACT, str(tmp_path)))
+    renamed = json.loads(names.read_text())
+    # Every feature's PSI is there, under a key that reads back to the feature's name.
+    features = {f"psi.{feature['name']}": feature["psi"] for feature in report["features"]}
+    assert {"psi.city=aalborg", "psi.city:other", "psi.description:oov", "psi.price"} <= set(features)
+    logged = {renamed.get(key, key): value for key, value in run.data.metrics.items()}
+    assert {name: logged[name] for name in features} == pytest.approx(features)
+    assert set(renamed) <= set(run.data.metrics)
+    assert run.data.metrics["psi.city-_3daalborg"] == pytest.approx(features["psi.city=aalborg"])
+    assert renamed["psi.city-_3aother"] == "psi.city:other"  # ':' too: MLflow on Windows refuses it
+    assert "psi.price" in run.data.metrics and "psi.price" not in renamed  # a name MLflow takes stays
+
+
+def test_a_drift_check_whose_logging_fails_ends_its_mlflow_run_failed(tmp_path: Path, caplog):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the experiment's artifact folder would be made")
+    client = mlflow_client(uri)  # a fresh store from the schema template
+    client.create_experiment("retrain-drift", artifact_location=(blocked / "artifacts").as_uri())
+
+    report = check_listings(tmp_path, uri)  # drift is information: the check itself still succeeds
+
+    run = the_drift_run(client)
+    assert run.info.status == "FAILED" and run.info.end_time is not None
+    assert run.data.metrics["psi.price"] == pytest.approx(report["features"][0]["psi"])  # logged up to there
+    (line,) = [record.getMessage() for record in caplog.records if "could not log" in record.getMessage()]
+    assert line.startswith("could not log the drift check to MLflow: ") and "\n" not in line

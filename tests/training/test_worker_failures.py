@@ -13,6 +13,7 @@ import pytest
 from training.engine import worker
 from training.engine.failure_report import ELASTIC_ERROR_FILE_VARIABLE, read_report
 from training.engine.preemption import LAUNCH_ID_VARIABLE
+from training.mlflow_setup import mlflow_client
 
 TASKS = Path(__file__).parents[1] / "helpers" / "training" / "broken_tasks.py"
 NO_TRACEBACK = ("Traceback", "ChildFailedError")
@@ -77,3 +78,22 @@ def test_a_crash_is_one_line_for_the_user_and_its_traceback_is_kept_in_the_repor
     assert report["errorCode"] == 1
     assert report["message"] == "training failed on rank 0: KeyError: 'los'"
     assert "broken_tasks.py" in report["extraInfo"]["py_callstack"]  # where the task went wrong
+
+
+def test_a_crash_ends_the_training_s_mlflow_run_failed_not_running(prepared_data, tmp_path, monkeypatch):
+    monkeypatch.setenv(ELASTIC_ERROR_FILE_VARIABLE, str(tmp_path / "error.json"))
+    monkeypatch.setenv(LAUNCH_ID_VARIABLE, "launch-1")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    code = worker.main([
+        "--data", str(prepared_data), "--out", str(tmp_path / "out"), "--checkpoints", str(tmp_path / "ckpt"),
+        "--task", f"{TASKS}:CrashingLoss", "--epochs", "1", "--global-batch-size", "32",
+        "--mlflow-tracking-uri", uri, "--mlflow-experiment", "crashes",
+        "--checkpoint-every-seconds", "off", "--progress", "none",
+    ])  # fmt: skip
+
+    assert code == 1
+    client = mlflow_client(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("crashes").experiment_id])
+    assert run.info.status == "FAILED" and run.info.end_time is not None
+    assert run.data.params["task"] == f"{TASKS}:CrashingLoss"  # the run the crashed attempt started

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.secrets import mask_secrets_in
+from core.secrets import mask_secrets, mask_secrets_in
 from training.local_state import (
     artifacts_beside,
     default_mlflow_artifact_location,
@@ -63,7 +63,8 @@ def log_check(
     try:
         return _log_run(tracking, experiment, environ, document, report, files, event_id)
     except Exception as error:  # any store failure; the outputs and the event do not depend on it
-        log.warning("could not log the drift check to MLflow: %s", str(error).splitlines()[0][:300])
+        first = next(iter(str(error).strip().splitlines()), type(error).__name__)
+        log.warning("could not log the drift check to MLflow: %s", mask_secrets(first)[:300])
         return None
 
 
@@ -76,35 +77,69 @@ def _log_run(
     files: list[Path],
     event_id: str | None,
 ) -> str:
-    import time
-
-    from mlflow.entities import Metric, Param, RunTag
-
     from training.mlflow_setup import mlflow_client
 
     client = mlflow_client(tracking.uri)
     job_run = environ.get(JOB_RUN_ID_VARIABLE)
     run_id = job_run or client.create_run(_experiment_id(client, experiment, tracking)).info.run_id
-    stamp = int(time.time() * 1000)
-    metrics = {
-        "max_psi": report.max_psi,
-        "drifted_features": float(len(report.drifted)),
-        "min_ks_pvalue": min(feature.ks_pvalue for feature in report.features),
-        **{f"psi.{feature.name}": feature.psi for feature in report.features},
-    }
-    tags = mask_secrets_in(_run_tags(document, report, event_id))  # a tag may quote a location
-    client.log_batch(
-        run_id,
-        metrics=[Metric(key, float(value), stamp, 0) for key, value in metrics.items()],
-        params=[Param(key, str(value)) for key, value in report.policy.describe().items()],
-        tags=[RunTag(key, value) for key, value in tags.items()],
-    )
-    for path in files:
-        client.log_artifact(run_id, str(path))
+    try:
+        _log_results(client, run_id, document, report, files, event_id)
+    except BaseException:
+        # Ours to end, so never left RUNNING: a failed log (or an interrupt) ends it FAILED. Azure ML ends
+        # the job's own run itself.
+        if not job_run:
+            _end_failed(client, run_id)
+        raise
     if not job_run:
         client.set_terminated(run_id, status="FINISHED")
     log.info("drift check logged to MLflow run %s", run_id)
     return run_id
+
+
+def _log_results(
+    client: Any,
+    run_id: str,
+    document: Mapping[str, Any],
+    report: DriftReport,
+    files: list[Path],
+    event_id: str | None,
+) -> None:
+    import time
+
+    from mlflow.entities import Metric, Param, RunTag
+
+    from training.mlflow_names import keyed, record_renamed
+
+    stamp = int(time.time() * 1000)
+    metrics, renamed = keyed(
+        {
+            "max_psi": report.max_psi,
+            "drifted_features": float(len(report.drifted)),
+            "min_ks_pvalue": min(feature.ks_pvalue for feature in report.features),
+            **{f"psi.{feature.name}": feature.psi for feature in report.features},
+        }
+    )
+    params, renamed_params = keyed(report.policy.describe())
+    tags, renamed_tags = keyed(mask_secrets_in(_run_tags(document, report, event_id)))  # may quote a location
+    # MLflow takes at most 1000 metrics (and 100 params and tags) a batch; a task may declare more features.
+    entries = [Metric(key, float(value), stamp, 0) for key, value in metrics.items()]
+    for start in range(0, len(entries), 1000):
+        client.log_batch(run_id, metrics=entries[start : start + 1000])
+    client.log_batch(
+        run_id,
+        params=[Param(key, str(value)) for key, value in params.items()],
+        tags=[RunTag(key, value) for key, value in tags.items()],
+    )
+    record_renamed(client, run_id, {**renamed, **renamed_params, **renamed_tags})
+    for path in files:
+        client.log_artifact(run_id, str(path))
+
+
+def _end_failed(client: Any, run_id: str) -> None:
+    try:
+        client.set_terminated(run_id, status="FAILED")
+    except Exception as error:  # the store itself is failing: what the caller's warning reports
+        log.debug("could not end the drift check's run %s: %s", run_id, error)
 
 
 def _experiment_id(client: Any, name: str, tracking: Tracking) -> str:

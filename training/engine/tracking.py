@@ -11,11 +11,14 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from core.secrets import mask_secrets, mask_secrets_in
+from training.mlflow_names import keyed, record_renamed
 
 log = logging.getLogger(__name__)
+
+V = TypeVar("V")
 
 
 class Tracker(Protocol):
@@ -83,45 +86,51 @@ class MlflowTracker:
         self._last_flush = clock()
         self._pending: list[Any] = []
         self._run_id: str | None = None
+        self._renamed: dict[str, str] = {}  # {MLflow key: name} of what this tracker logged
+        self._recorded: set[str] = set()  # the keys already in the run's names artifact
 
     def start(self, run_id: str | None, params: Mapping[str, Any], tags: Mapping[str, str]) -> str | None:
         from mlflow.entities import Param, RunTag
 
-        tags = mask_secrets_in(tags)  # a tag may quote a location (a trigger's URL)
+        run_tags = self._keyed(mask_secrets_in(tags))  # a tag may quote a location (a trigger's URL)
         if run_id is None:
             if self._job_run_id is None:
-                self._run_id = self._client.create_run(self._experiment_id(), tags=dict(tags)).info.run_id
+                self._run_id = self._client.create_run(self._experiment_id(), tags=run_tags).info.run_id
             else:
                 self._run_id = self._job_run_id
-                self._client.log_batch(self._run_id, tags=[RunTag(key, value) for key, value in tags.items()])
-            self._client.log_batch(
-                self._run_id, params=[Param(key, param_text(value)) for key, value in sorted(params.items())]
-            )
+                self._client.log_batch(
+                    self._run_id, tags=[RunTag(key, value) for key, value in run_tags.items()]
+                )
+            logged = self._keyed({key: param_text(value) for key, value in params.items()})
+            self._client.log_batch(self._run_id, params=[Param(key, logged[key]) for key in sorted(logged)])
         else:
             self._run_id = run_id
             self._client.update_run(run_id, status="RUNNING")
-            self._client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
-        return self._run_id
+            self._client.log_batch(run_id, tags=[RunTag(key, value) for key, value in run_tags.items()])
+        return self._run_id  # what it renamed is recorded at the first flush: the run's id is kept first
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         timestamp = int(time.time() * 1000)
-        self._pending += [Metric(key, float(value), timestamp, step) for key, value in metrics.items()]
+        logged = self._keyed(metrics)
+        self._pending += [Metric(key, float(value), timestamp, step) for key, value in logged.items()]
         if self._clock() - self._last_flush >= self._flush_every:
             self._flush(synchronous=False)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        run_tags = [RunTag(key, value) for key, value in mask_secrets_in(tags).items()]
+        run_tags = [RunTag(key, value) for key, value in self._keyed(mask_secrets_in(tags)).items()]
         self._client.log_batch(self._require_run(), tags=run_tags)
         if self._job_run_id not in (None, self._run_id):
             self._client.log_batch(self._job_run_id, tags=run_tags)
 
     def finish(self, status: str) -> None:
-        self._flush(synchronous=True)
-        self._client.set_terminated(self._require_run(), status=status)
+        try:
+            self._flush(synchronous=True)
+        finally:  # a run whose last metrics could not be sent still ends, with the status it earned
+            self._client.set_terminated(self._require_run(), status=status)
 
     def _flush(self, synchronous: bool) -> None:
         self._last_flush = self._clock()
@@ -131,6 +140,20 @@ class MlflowTracker:
             self._client.log_batch(
                 self._require_run(), metrics=pending[start : start + 1000], synchronous=synchronous
             )
+        self._record_names()
+
+    def _keyed(self, entries: Mapping[str, V]) -> dict[str, V]:
+        """`entries` under MLflow keys; the keys that differ from their names are recorded on the run."""
+        mapped, renamed = keyed(entries)
+        self._renamed.update(renamed)
+        return mapped
+
+    def _record_names(self) -> None:
+        """Add what this tracker renamed since the last time to the run's names artifact."""
+        if self._run_id is None or self._renamed.keys() <= self._recorded:
+            return
+        record_renamed(self._client, self._run_id, self._renamed)
+        self._recorded |= self._renamed.keys()
 
     def _experiment_id(self) -> str:
         from training.mlflow_setup import experiment_id

@@ -145,13 +145,24 @@ class Trainer:
         self._meter = ThroughputMeter(clock=time.perf_counter)
         self._last_loss: float | None = None
         self._divergence: Divergence | None = None
+        self._tracking = False  # whether this attempt's tracked run is started, so ours to end
         # The current epoch's sample order, drawn once per epoch.
         self._permutation_epoch, self._permutation = -1, torch.empty(0)
 
     def run(self) -> TrainOutcome:
         resumption = self._checkpoints.resume()
         resumed, self._run = resumption.loaded, resumption.run
-        self._start_attempt(resumed, resumption.attempt_number)
+        try:
+            return self._run_attempt(resumed, resumption.attempt_number)
+        except BaseException:
+            # Whatever stops the attempt here (the task's code raising, a store failing, an interrupt) ends
+            # its tracked run FAILED: never left RUNNING.
+            if self._tracking:
+                self.tracker.finish("FAILED")
+            raise
+
+    def _run_attempt(self, resumed: LoadedCheckpoint | None, attempt_number: int) -> TrainOutcome:
+        self._start_attempt(resumed, attempt_number)
         self._network = self._strategy.wrap(self._objects.model)
         ending = self._train()
         if ending == PREEMPTED:
@@ -180,6 +191,7 @@ class Trainer:
                 self._plan.per_rank_batch_size(self.context.world_size),
             )
         run.mlflow_run_id = self.tracker.start(run.mlflow_run_id, self._tracked_params(), self._tags())
+        self._tracking = True
         if resumed is not None:
             self._emit(
                 "resumed",

@@ -24,6 +24,7 @@ import training
 from core.errors import InputError
 from core.files import file_sha256
 from core.task_ref import options_text
+from training.mlflow_names import names_of
 
 log = logging.getLogger(__name__)
 
@@ -271,13 +272,15 @@ def metric_tags(metrics: Mapping[str, float]) -> dict[str, str]:
 
 
 def metrics_from_tags(tags: Mapping[str, str]) -> dict[str, float]:
+    """A version's metrics by their task's names: a tag key is the MLflow key of `retrain.metric.<name>`
+    (training/mlflow_names.py), read back."""
     metrics = {}
-    for key, value in tags.items():
-        if key.startswith(METRIC_PREFIX):
+    for key, name in names_of(tags).items():
+        if name.startswith(METRIC_PREFIX):
             try:
-                metrics[key.removeprefix(METRIC_PREFIX)] = float(value)
+                metrics[name.removeprefix(METRIC_PREFIX)] = float(tags[key])
             except ValueError:
-                log.warning("tag %s=%r is not a number; left out", key, value)
+                log.warning("tag %s=%r is not a number; left out", key, tags[key])
     return metrics
 
 

@@ -31,6 +31,7 @@ from training.local_state import (
     default_mlflow_artifact_location,
     default_mlflow_tracking_uri,
 )
+from training.mlflow_names import keyed, record_renamed, version_tags
 
 if TYPE_CHECKING:
     from training.gate.serving import Rebuilt, ServedModel
@@ -261,7 +262,8 @@ class ModelRegistry:
         from mlflow.entities import RunTag
 
         with _registry_errors(f"tag run {run_id}", self.store):
-            masked = mask_secrets_in(tags)  # a lineage tag may quote a location
+            masked, renamed = keyed(mask_secrets_in(tags))  # a lineage tag may quote a location
+            record_renamed(self._client, run_id, renamed)
             self._client.log_batch(run_id, tags=[RunTag(key, value) for key, value in masked.items()])
 
     def log_run_results(self, run_id: str, metrics: Mapping[str, float], files: Sequence[Path]) -> None:
@@ -270,8 +272,10 @@ class ModelRegistry:
         from mlflow.entities import Metric
 
         timestamp = int(time.time() * 1000)
-        entries = [Metric(key, float(value), timestamp, 0) for key, value in sorted(metrics.items())]
+        logged, renamed = keyed(metrics)  # a user task's metric may have any name
+        entries = [Metric(key, float(value), timestamp, 0) for key, value in sorted(logged.items())]
         with _registry_errors(f"log results to run {run_id}", self.store):
+            record_renamed(self._client, run_id, renamed)
             self._client.log_batch(run_id, metrics=entries)
             for path in files:
                 self._client.log_artifact(run_id, str(path))
@@ -303,16 +307,18 @@ class ModelRegistry:
                 )
             else:
                 run = mlflow.start_run(run_id=training_run)
-            with run:
+            with run:  # ends the run FINISHED, or FAILED on any exception: never left RUNNING
                 if training_run is None:
-                    mlflow.set_tags(mask_secrets_in(request.run_tags))
+                    run_tags, renamed = keyed(mask_secrets_in(request.run_tags))
+                    record_renamed(self._client, run.info.run_id, renamed)
+                    mlflow.set_tags(run_tags)
                 logged = log_served_model(request.served, MODEL_ARTIFACT)
             self._ensure_registered_model(request.model_name)
             created = self._client.create_model_version(
                 request.model_name,
                 logged.model_uri,
                 run_id=logged.run_id,
-                tags=mask_secrets_in(request.tags),  # a lineage tag may quote a location
+                tags=version_tags(mask_secrets_in(request.tags)),  # a lineage tag may quote a location
                 model_id=logged.model_id,
             )
         log.info("registered %s v%s from %s", request.model_name, created.version, logged.model_uri)
@@ -328,7 +334,8 @@ class ModelRegistry:
 
     def tag_version(self, name: str, version: str, tags: Mapping[str, str]) -> None:
         with _registry_errors(f"tag {name} v{version}", self.store):
-            for key, value in mask_secrets_in(tags).items():
+            existing = self._client.get_model_version(name, version).tags
+            for key, value in version_tags(mask_secrets_in(tags), existing).items():
                 self._client.set_model_version_tag(name, version, key, value)
 
     def _ensure_registered_model(self, name: str) -> None:
