@@ -2,7 +2,8 @@
 
 Azure ML uploads each component's `code` folder, filtered by its `.amlignore`, and runs the step's command in
 it; ours keeps only `training/`. A task file elsewhere (`models/house_task.py`) would not be there, so the
-builder stages a folder holding the same kept files plus the task file under `user_tasks/`, with an
+builder stages a folder holding the same kept files plus the task file under `user_tasks/`, beside the
+modules of its folder it imports, in their layout (core/sources.py file_task_sources), with an
 `.amlignore` that keeps both, points every component's `code` at it, and passes the steps the task as
 `user_tasks/<file>:<Attr>` (components/task_ref.py), a path relative to the folder a step runs in.
 
@@ -28,6 +29,7 @@ from components.local.fingerprint import IGNORE_FILES, file_sha256, ignore_rules
 from components.specs import REPO_ROOT
 from components.task_ref import USER_TASKS_FOLDER
 from core.files import staged_folder
+from core.sources import file_task_sources
 
 if TYPE_CHECKING:
     from components.builder import PipelineBuild
@@ -42,7 +44,8 @@ def snapshot_files(code_root: Path, task_file: Path | None) -> dict[PurePosixPat
     """What the snapshot holds: each relative name and the file it is copied from."""
     files = {relative: code_root / relative for relative in kept_files(code_root, ignore_rules_of(code_root))}
     if task_file is not None:
-        files[PurePosixPath(USER_TASKS_FOLDER, task_file.name)] = task_file
+        for name, source in file_task_sources(task_file).items():
+            files[PurePosixPath(USER_TASKS_FOLDER, name)] = source
     return files
 
 

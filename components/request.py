@@ -83,7 +83,8 @@ class RunRequest:
     # the register step's --trigger argument nor a step's cache key, so an estimate never reruns a step.
     job_tags: Mapping[str, str] = field(default_factory=dict)
     # The model's task (components/task_ref.py; a task file by its absolute path) and its options. A task
-    # file's content hash is taken when the request is made, as the data is pinned: it tags the job.
+    # file's code hash (the file and the modules of its folder it imports) is taken when the request is
+    # made, as the data is pinned: it tags the job.
     task: str = DEFAULT_TASK
     task_options: Mapping[str, Any] = field(default_factory=dict)
     task_sha256: str | None = None

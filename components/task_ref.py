@@ -6,10 +6,11 @@ the pipeline's rules, so that a typo is refused before anything is pinned or sub
 really loads, and has every part, is the preflight's question (components/preflight.py), which runs in the
 training environment.
 
-A task file travels with the code: locally the steps read it where it is (its content hash joins each step's
+A task file travels with the code: locally the steps read it where it is (its code's hash joins each step's
 cache key), and on Azure ML the builder copies it into the job's code snapshot, under `user_tasks/`, and
-rewrites the reference to that relative path (components/code_snapshot.py). A module task's code is its
-package's source files (core/sources.py module_sources), which the local runner hashes the same way.
+rewrites the reference to that relative path (components/code_snapshot.py). A task's code is what
+core/sources.py task_sources finds: a task file and the modules of its folder it imports, or a module
+task's package; it is hashed there, once, for every key and check.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
@@ -63,20 +64,22 @@ def snapshot_text(reference: TaskRef) -> str:
 
 
 def task_file_sha256(path: Path) -> str:
-    """The content hash of a task file: what the local step cache keys on and lineage records."""
-    from core.files import file_sha256
-
-    return file_sha256(Path(path))
+    """The hash of a task file's code, the file and the modules of its folder it imports
+    (core/sources.py task_sources_sha256): what a request pins, the local step cache keys on and lineage
+    records. A file alone hashes as its own sha256."""
+    code = task_code(parse_task_ref(f"{Path(path).resolve()}:task"), ())
+    return code.sha256 if code is not None else ""
 
 
 @dataclass(frozen=True)
 class TaskCode:
-    """The source files a user's task runs from, each by its path with its sha256, and their one hash: a
-    task file's own sha256 (the request's task_sha256), or a module task's core.sources.sources_sha256."""
+    """The source files a user's task runs from, each by its path with its sha256, and their one hash
+    (core/sources.py task_sources_sha256: the request's task_sha256)."""
 
     files: Mapping[str, str]
     sha256: str
-    what: str = field(default="task file")  # how a message names the code: "task file", "task module X"
+    what: str  # how a message names the code: "task file /abs/file.py", "task module X"
+    main: str | None = None  # the task file's own path, which a message names as the code itself
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
@@ -89,7 +92,7 @@ class TaskCode:
         for path in sorted(set(self.files) | set(found)):
             if self.files.get(path) != found.get(path):
                 was, became = (_prefix(files.get(path)) for files in (self.files, found))
-                where = f"{self.what} {path}" if self.what == "task file" else f"{self.what}: {path}"
+                where = self.what if path == self.main else f"{self.what}: {path}"
                 return f"{where}: changed during the run (sha256 {was} when the run started, {became} now)"
         return f"{self.what}: changed during the run"
 
@@ -100,20 +103,21 @@ def _prefix(digest: str | None) -> str:
 
 def task_code(reference: TaskRef, search_path: Sequence[str]) -> TaskCode | None:
     """What a user's task runs from, hashed now; None for a built-in (part of the code snapshot) or a
-    module that `search_path` (the steps' sys.path) does not have, which the preflight then refuses."""
-    from core.sources import module_sources, sources_sha256
+    module that `search_path` (the steps' sys.path) does not have, which the preflight then refuses. A task
+    file that is gone is code with no files and an empty hash."""
+    from core.sources import task_sources_sha256
 
     if reference.path is not None:
-        digest = task_file_sha256(reference.path) if reference.path.is_file() else ""
-        return TaskCode({str(reference.path): digest} if digest else {}, digest)
-    if reference.module is None or reference.is_builtin:
+        what, main = f"task file {reference.path}", str(reference.path)
+    elif reference.module is not None and not reference.is_builtin:
+        what, main = f"task module {reference.module}", None
+    else:
         return None
-    sources = module_sources(reference.module, search_path)
-    if not sources:
-        return None
-    hashes, digest = sources_sha256(sources)
-    files = {str(sources[name]): file_hash for name, file_hash in hashes.items()}
-    return TaskCode(files, digest, f"task module {reference.module}")
+    hashed = task_sources_sha256(reference, search_path)
+    if hashed is None:
+        return TaskCode({}, "", what, main) if reference.path is not None else None
+    files = {str(hashed.files[name]): digest for name, digest in hashed.hashes.items()}
+    return TaskCode(files, hashed.sha256, what, main)
 
 
 def _check_json_ready(value: Any, where: str) -> None:

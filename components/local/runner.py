@@ -16,9 +16,10 @@ Layout under the state folder (`$RETRAIN_HOME`, default `./.retrain`):
     locks/checkpoints/<key>.lock      held by the run that trains into checkpoints/<key>/
 
 Steps run one at a time in the pipeline's dependency order; the first failure stops the run. The task's
-code is pinned as the run starts (a task file's sha256 was pinned with the request; a module task's package
-sources are hashed here, and the request carries that hash as its task_sha256, so cache and checkpoint keys
-and the preflight's memo follow the module's code); each step checks it is still that code (execution.py).
+code is pinned as the run starts (a task file's, with the modules of its folder it imports, was hashed with
+the request; a module task's package sources are hashed here, and the request carries that hash as its
+task_sha256, so cache and checkpoint keys and the preflight's memo follow the module's code); each step
+checks it is still that code (execution.py).
 
 Runs may go on side by side on one state folder, except two that would write one durable folder (the same
 training of the same data): the second waits, saying for which run, until the first has ended, then runs,

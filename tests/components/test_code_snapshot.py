@@ -8,7 +8,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from helpers.components.azure_fakes import RecordingWorkspace
-from helpers.components.task_file import write_task_file
+from helpers.components.task_file import TASK_FILE, write_task_file
 
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings
 from components.builder import PipelineBuild, build_pipeline_job
@@ -144,3 +144,23 @@ def test_the_snapshot_s_ignore_file_keeps_the_task_folder(tmp_path):
     assert rules.startswith((REPO_ROOT / ".amlignore").read_text())
     assert rules.rstrip().endswith("!/user_tasks/")
     assert PurePosixPath("user_tasks/flowers_task.py") in kept_files(code, ignore_rules_of(code))
+
+
+def test_the_snapshot_holds_the_modules_the_task_file_imports_beside_it_and_each_version_is_its_own(tmp_path):
+    models = tmp_path / "models"
+    task_file = write_task_file(models, text=TASK_FILE + "\nimport flower_parts\n")
+    write_task_file(models, "flower_parts.py", "from flowerlib import shapes\n")
+    write_task_file(models / "flowerlib", "__init__.py", "")
+    write_task_file(models / "flowerlib", "shapes.py", "ROUND = 1\n")
+    write_task_file(models, "notes.py", "")  # beside it, never imported: not uploaded
+    code = stage_code_snapshot(task_file, tmp_path / "snapshots")
+
+    kept = {path.as_posix() for path in kept_files(code, ignore_rules_of(code))}
+    assert {path for path in kept if path.startswith("user_tasks/")} == {
+        "user_tasks/flowers_task.py",
+        "user_tasks/flower_parts.py",
+        "user_tasks/flowerlib/__init__.py",
+        "user_tasks/flowerlib/shapes.py",
+    }  # where the step's `import flower_parts` finds it: the task file's folder, in the snapshot
+    (models / "flowerlib" / "shapes.py").write_text("ROUND = 0\n")
+    assert stage_code_snapshot(task_file, tmp_path / "snapshots") != code

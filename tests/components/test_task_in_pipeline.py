@@ -91,6 +91,9 @@ out, raw = pathlib.Path(arg("--out")), pathlib.Path(arg("--raw"))
 if (raw / "edit-my-task-file.csv").exists():  # a step that changes the code it runs, while it runs
     task_file = pathlib.Path(arg("--task").rpartition(":")[0])
     task_file.write_text(task_file.read_text() + "# edited during the run\\n")
+if (raw / "edit-my-task-module.csv").exists():  # ... or a module its task file imports from its folder
+    module = pathlib.Path(arg("--task").rpartition(":")[0]).with_name("flower_parts.py")
+    module.write_text(module.read_text() + "# edited during the run\\n")
 if (raw / "append-a-row.csv").exists():  # a step that writes into its pinned raw input
     with (raw / "batch-1.csv").open("a") as batch:
         batch.write("3,4\\n")
@@ -270,6 +273,80 @@ def test_a_task_file_edited_during_a_run_fails_the_run_in_one_line_and_caches_no
     [record] = runner.runs.list()
     assert (record.status, record.step("show").status) == (FAILED, FAILED)
     assert _cache_entries(runner, "show") == []  # nothing made by the edited code is ever reused
+
+
+# A task file that imports a module beside it, which imports a package's module in a sub-folder: all three
+# are the task's code. The folder also holds a module the task never imports.
+FLOWER_PARTS = "from flowerlib.shapes import ROUND\nWIDTH = 8\n"
+
+
+@pytest.fixture(scope="module")
+def flowers_with_modules(tmp_path_factory) -> tuple[Path, SubprocessPreflight]:
+    folder = tmp_path_factory.mktemp("task-with-modules")
+    task_file = write_task_file(folder, text=TASK_FILE + "\nfrom flower_parts import WIDTH\n")
+    write_task_file(folder, "flower_parts.py", FLOWER_PARTS)
+    write_task_file(folder / "flowerlib", "__init__.py", "")
+    write_task_file(folder / "flowerlib", "shapes.py", "ROUND = 1\n")
+    write_task_file(folder, "notes.py", "NOT_IMPORTED = True\n")
+    return task_file, SubprocessPreflight(code_root=REPO_ROOT, environ=os.environ)
+
+
+def test_the_modules_a_task_file_imports_from_its_folder_are_part_of_the_step_s_cache_key(
+    show_runner, flowers_with_modules
+):
+    task_file, preflight = flowers_with_modules
+    runner, raw = _runner(show_runner, preflight)
+    folder = task_file.parent
+    runs = [runner.run(request_for(runner, raw, task_file)) for _ in range(2)]
+    try:
+        (folder / "flower_parts.py").write_text(FLOWER_PARTS + "WIDTH = 0\n")  # the task file is unchanged
+        runs.append(runner.run(request_for(runner, raw, task_file)))
+        (folder / "notes.py").write_text("NOT_IMPORTED = False\n")  # not the task's code
+        runs.append(runner.run(request_for(runner, raw, task_file)))
+    finally:
+        (folder / "flower_parts.py").write_text(FLOWER_PARTS)
+
+    assert [run.step("show").reused for run in runs] == [False, True, False, True]
+    assert runs[2].step("show").cache_key != runs[0].step("show").cache_key
+    # The hash the step's key holds is the one core/sources.py gives a step, for lineage and its checks.
+    from core.sources import task_sources_sha256
+    from core.task_ref import parse_task_ref
+
+    # The sub-folder's package, which the module imports, is the task's code too (tests/core/test_sources.py).
+    entry = json.loads((Path(runs[0].outputs["shown"]).parent / "entry.json").read_text())
+    hashed = task_sources_sha256(parse_task_ref(f"{task_file}:Flowers"), [])  # the files, restored
+    assert entry["material"]["task_file_sha256"] == hashed.sha256
+    assert sorted(hashed.hashes) == [
+        "flower_parts.py",
+        "flowerlib/__init__.py",
+        "flowerlib/shapes.py",
+        "flowers_task.py",
+    ]
+
+
+def test_a_module_a_task_file_imports_edited_during_a_run_fails_the_run_and_caches_nothing(
+    show_runner, flowers_with_modules
+):
+    task_file, preflight = flowers_with_modules
+    runner, raw = _runner(show_runner, preflight)
+    (raw / "edit-my-task-module.csv").write_text("")
+    module = task_file.with_name("flower_parts.py")
+    before = hashlib.sha256(module.read_bytes()).hexdigest()
+
+    try:
+        with pytest.raises(PipelineError) as failure:
+            runner.run(request_for(runner, raw, task_file))
+        after = hashlib.sha256(module.read_bytes()).hexdigest()
+    finally:
+        module.write_text(FLOWER_PARTS)
+
+    assert str(failure.value) == (
+        f"task file {task_file}: {module}: changed during the run (sha256 {before[:12]}... when the run "
+        f"started, {after[:12]}... now); the run's results are discarded, run it again"
+    )
+    [record] = runner.runs.list()
+    assert (record.status, record.step("show").status) == (FAILED, FAILED)
+    assert _cache_entries(runner, "show") == []
 
 
 def test_a_step_writing_into_its_pinned_raw_data_fails_and_a_damaged_version_is_refused(show_runner, flowers):

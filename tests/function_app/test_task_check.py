@@ -116,10 +116,16 @@ def test_a_task_file_whose_policy_names_a_metric_it_lacks_is_held_by_the_flush_a
     assert unchanged.version == claim.version
     assert again.ledger_snapshot()["submissions"] == []
 
-    # A new version of the file is checked anew (still refused: its policy is the same).
-    task_file.write_text(TASK_FILE + "\n# edited\n")
+    # A new version of the file is checked anew (still refused: its policy is the same), and so is a new
+    # version of a module it imports from its folder, the file unchanged: the module is the task's code.
+    task_file.with_name("flowers_metrics.py").write_text("NAMES = ('accuracy', 'loss')\n")
+    task_file.write_text(TASK_FILE + "\nimport flowers_metrics\n")
     assert _front_door(environ).flush(ignore_quiet=True) == []
     assert _checks(task_file) == 2
+    task_file.with_name("flowers_metrics.py").write_text("NAMES = ('accuracy', 'loss', 'f1')\n")
+    assert _front_door(environ).flush(ignore_quiet=True) == []
+    assert _checks(task_file) == 3
+    assert "primary_metric names metric 'f1'" in front.verdicts()["flowers"].reason
     state, _ = front.ledger.load_state("flowers")
     assert state.runs_today == 0
 

@@ -4,21 +4,27 @@ is lower-is-better.
 
 The gate reads the direction from the task: a first model becomes the champion, a worse one (higher mse)
 is refused, a better one promoted. The champion then serves and drifts with the task file shipped in the
-model, after the user's copy is gone.
+model, after the user's copy is gone. The user's task file imports the task from a module beside it, as a
+user splits code: the module is the task's code, and ships with the model too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import pytest
 from helpers.training.regression_task import write_sample
 
+from core.sources import task_sources_sha256
+from core.task_ref import parse_task_ref
 from training.cli import main
 from training.drift.cli import REPORT_FILE
 from training.gate import lineage as tags
@@ -28,6 +34,8 @@ from training.gate.registry import CHAMPION, PREVIOUS, MlflowStore, ModelRegistr
 from training.gate.serving import predict
 
 TASK_SOURCE = Path(__file__).parents[1] / "helpers" / "training" / "regression_task.py"
+# The file --task names: the task itself lives in the module beside it (a copy of TASK_SOURCE).
+HOUSES_TASK = "from regression_task import RegressionTask  # a module of this folder\n"
 MODEL = "house-prices"
 # Epochs give a clear ranking (validation mse about 1.5, 0.3 and 0.007 on the sample).
 CANDIDATES = {"worse": "2", "first": "4", "better": "20"}
@@ -40,8 +48,9 @@ TRAIN = [
 class Story:
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.task_file = root / "user" / "regression_task.py"  # the user's copy, deleted later
+        self.task_file = root / "user" / "houses_task.py"  # the user's copy, deleted later
         self.task = f"{self.task_file}:RegressionTask"
+        self.code_sha256 = ""  # the task's code: the file and the module it imports
         self.raw, self.data = root / "raw", root / "prepared"
         self.tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
         self.registry = ModelRegistry(MlflowStore(self.tracking_uri, (root / "mlartifacts").as_uri()))
@@ -82,7 +91,9 @@ class Story:
 def story(tmp_path_factory: pytest.TempPathFactory) -> Story:
     story = Story(tmp_path_factory.mktemp("user-task"))
     story.task_file.parent.mkdir()
-    shutil.copy(TASK_SOURCE, story.task_file)
+    story.task_file.write_text(HOUSES_TASK)
+    shutil.copy(TASK_SOURCE, story.task_file.with_name("regression_task.py"))
+    story.code_sha256 = task_sources_sha256(parse_task_ref(story.task), []).sha256
     write_sample(story.raw, rows=600, seed=0)
     story.run("prepare", "--task", story.task, "--raw", str(story.raw), "--out", str(story.data))
     for name, epochs in CANDIDATES.items():
@@ -91,7 +102,7 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Story:
         story.run("train", "--task", story.task, *locations, *checkpoints, "--epochs", epochs, *TRAIN)
     for name in ("first", "worse", "better"):
         story.evaluate_and_register(name)
-    story.task_file.unlink()  # from here on, only the copy registered with the model exists
+    shutil.rmtree(story.task_file.parent)  # from here on, only the copy registered with the model exists
     return story
 
 
@@ -129,8 +140,9 @@ def test_the_evaluation_scores_every_metric_the_task_declares(story: Story):
     assert evaluation["champion"]["metrics"] == story.records["first"]["metrics"]  # the same code, data
     assert evaluation["task"]["ref"] == story.task
     assert evaluation["task"]["options"] == {}
-    assert evaluation["task"]["file_sha256"] == tags.file_sha256(TASK_SOURCE)
-    assert evaluation["task"]["code_sha256"] == tags.file_sha256(TASK_SOURCE)  # what the step cache keys on
+    assert evaluation["task"]["file_sha256"] == hashlib.sha256(HOUSES_TASK.encode()).hexdigest()
+    assert evaluation["task"]["code_sha256"] == story.code_sha256  # what the step cache keys on
+    assert story.code_sha256 != evaluation["task"]["file_sha256"]  # the module beside the file counts
 
 
 def test_the_version_records_the_task_and_ships_its_file(story: Story, tmp_path: Path):
@@ -138,20 +150,41 @@ def test_the_version_records_the_task_and_ships_its_file(story: Story, tmp_path:
     assert info.tags[tags.TASK_REF] == story.task
     assert info.tags[tags.TASK_NAME] == "linear-regression"
     assert json.loads(info.tags[tags.TASK_OPTIONS]) == {}
-    assert info.tags[tags.TASK_FILE_SHA256] == tags.file_sha256(TASK_SOURCE)
-    assert info.tags[tags.TASK_CODE_SHA256] == tags.file_sha256(TASK_SOURCE)
-    shipped = story.registry.download_model_file(info, "artifacts/regression_task.py", tmp_path)
-    assert shipped.read_bytes() == TASK_SOURCE.read_bytes()
+    assert info.tags[tags.TASK_FILE_SHA256] == hashlib.sha256(HOUSES_TASK.encode()).hexdigest()
+    assert info.tags[tags.TASK_CODE_SHA256] == story.code_sha256
+    shipped = story.registry.download_model_file(info, "artifacts/houses_task.py", tmp_path)
+    assert shipped.read_text() == HOUSES_TASK
+    module = story.registry.download_model_file(info, "artifacts/regression_task.py", tmp_path)
+    assert module.read_bytes() == TASK_SOURCE.read_bytes()  # beside it, where its import finds it
 
 
-def test_the_champion_serves_a_csv_with_the_shipped_task_file(story: Story, monkeypatch):
-    assert not story.task_file.exists()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", story.tracking_uri)
-    served = mlflow.pyfunc.load_model(f"models:/{MODEL}@{CHAMPION}")
-    table = pd.read_csv(story.raw / "sample-0.csv")  # the target column too, which the model ignores
-    answers = served.predict(table)
-    assert np.abs(answers - table["y"].to_numpy()).mean() < 0.2
-    columns = {spec.name: spec.type.name for spec in served.metadata.get_input_schema().inputs}
+# What a fresh process answers from the champion: none of the user's modules imported, their folder gone.
+SERVE = """
+import json, sys, mlflow.pyfunc, pandas
+served = mlflow.pyfunc.load_model(sys.argv[1])
+columns = {spec.name: spec.type.name for spec in served.metadata.get_input_schema().inputs}
+print(json.dumps([columns, served.predict(pandas.read_csv(sys.argv[2])).tolist()]))
+"""
+
+
+def test_the_champion_serves_a_csv_in_a_fresh_process_with_the_shipped_task_file_and_module(story: Story):
+    assert not story.task_file.parent.exists()
+    environ = {**os.environ, "MLFLOW_TRACKING_URI": story.tracking_uri}
+    environ.pop("PYTHONPATH", None)
+    sample = story.raw / "sample-0.csv"
+    done = subprocess.run(
+        [sys.executable, "-c", SERVE, f"models:/{MODEL}@{CHAMPION}", str(sample)],
+        cwd=story.root,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    columns, answers = json.loads(done.stdout.strip().splitlines()[-1])
+    table = pd.read_csv(sample)  # the target column too, which the model ignores
+    assert np.abs(np.asarray(answers) - table["y"].to_numpy()).mean() < 0.2
     assert columns == {"x0": "double", "x1": "double", "x2": "double"}  # decimals: read_csv's float64
     champion = story.registry.load_model(story.registry.version(MODEL, "2"))  # the gate's loader agrees
     assert np.allclose(predict(champion, table), answers)

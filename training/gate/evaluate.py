@@ -106,14 +106,15 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 
 def _same_reference(given: str, recorded: str) -> bool:
     """Whether two task references name the same task. A task file may have moved (a pipeline step runs
-    in a copy of the code), so files match by name and attribute, and by content when both are here."""
+    in a copy of the code), so files match by name and attribute, and by their code (the modules of their
+    folders they import included) when both are here."""
     ours, theirs = parse_task_ref(given, Path.cwd()), parse_task_ref(recorded, Path.cwd())
     if ours.path is None or theirs.path is None:
         return (ours.module, ours.path, ours.attribute) == (theirs.module, theirs.path, theirs.attribute)
     if (ours.path.name, ours.attribute) != (theirs.path.name, theirs.attribute):
         return False
-    recorded_sha256 = task_file_sha256(theirs)
-    return recorded_sha256 is None or recorded_sha256 == task_file_sha256(ours)
+    recorded_sha256 = task_code_sha256(theirs)
+    return recorded_sha256 is None or recorded_sha256 == task_code_sha256(ours)
 
 
 def candidate_task(

@@ -8,7 +8,9 @@ DataFrame read straight from a raw CSV for the tabular task, a uint8 N×H×W×3 
 
 The `training` and `core` packages travel with the model (MLflow's `code_paths`), so a serving
 environment needs only the pip requirements recorded beside it, not this repository. A task file is
-shipped as an artifact, and its reference is pointed at that copy when the model loads, wherever that is.
+shipped as an artifact, with the modules of its folder it imports beside it in their layout (a package
+with only its imported files), and its reference is pointed at that copy when the model loads, wherever
+that is; the loader puts the copy's folder on sys.path, so its imports find them there.
 The same rebuild loads a champion for the gate (registry.py), so what is scored is exactly what serves.
 """
 
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import shutil
+import tempfile
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +36,7 @@ from torch import nn
 import core
 import training
 from core.errors import InputError
+from core.sources import file_task_sources
 from core.task_ref import parse_task_ref
 from training.engine.outputs import load_model_file, read_model_payload
 from training.tasks.base import Task
@@ -41,6 +46,7 @@ log = logging.getLogger(__name__)
 
 MODEL_KEY = "model"  # the pyfunc artifact holding model.pt
 TASK_FILE_KEY = "task_file"  # the pyfunc artifact holding the user's task file, for a file task
+TASK_MODULE_KEY = "task_module."  # + its name: a module (or package) of the task file's folder it imports
 ARTIFACTS_FOLDER = "artifacts"  # where pyfunc puts its artifacts inside the logged model
 SERVED_MODEL_FILE = "served_model.py"
 # What the serving environment installs. Pinned to this environment's versions; MLflow adds itself.
@@ -126,10 +132,23 @@ class ServedModel:
         if len(set(names)) != len(names):
             raise InputError(f"model artifacts {names}: their names must differ (they share one folder)")
 
-    def artifact_paths(self) -> dict[str, Path]:
+    def artifact_paths(self, staging: Path | None = None) -> dict[str, Path]:
+        """Each artifact by its key. The modules the task file imports from its folder land beside it: a
+        module as its file, a package as a folder staged under `staging` with only its imported files
+        (without `staging`, the package's own folder, which names it)."""
         paths = {MODEL_KEY: Path(self.model_file)}
         if self.task_file is not None:
             paths[TASK_FILE_KEY] = Path(self.task_file)
+            for name, source in file_task_sources(Path(self.task_file)).items():
+                top, _, inside = name.partition("/")
+                if not inside:
+                    if name != Path(self.task_file).name:
+                        paths[f"{TASK_MODULE_KEY}{top}"] = source
+                    continue
+                paths[f"{TASK_MODULE_KEY}{top}"] = Path(staging or Path(self.task_file).parent) / top
+                if staging is not None:
+                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(source, staging / name)
         for path in self.extra_files:
             paths[Path(path).name] = Path(path)
         return paths
@@ -183,16 +202,17 @@ def log_served_model(served: ServedModel, name: str) -> Any:
     """Log `served` as a pyfunc model into the active MLflow run; returns MLflow's ModelInfo."""
     example = served.input_example
     signature = serving_signature(example, predict(served.rebuilt, example))
-    return mlflow.pyfunc.log_model(
-        name=name,
-        # A file MLflow runs at load ("models from code"), not a pickled object.
-        python_model=str(Path(__file__).with_name(SERVED_MODEL_FILE)),
-        artifacts={key: str(path) for key, path in served.artifact_paths().items()},
-        # The packages, so the model loads where this repository is not installed.
-        code_paths=[str(Path(training.__file__).parent), str(Path(core.__file__).parent)],
-        input_example=example,
-        signature=signature,
-        # Explicit requirements: inferring them would load and probe the model once more.
-        pip_requirements=pip_requirements(),
-        metadata=dict(served.metadata),
-    )
+    with tempfile.TemporaryDirectory(prefix="retrain-task-modules-") as staging:
+        return mlflow.pyfunc.log_model(
+            name=name,
+            # A file MLflow runs at load ("models from code"), not a pickled object.
+            python_model=str(Path(__file__).with_name(SERVED_MODEL_FILE)),
+            artifacts={key: str(path) for key, path in served.artifact_paths(Path(staging)).items()},
+            # The packages, so the model loads where this repository is not installed.
+            code_paths=[str(Path(training.__file__).parent), str(Path(core.__file__).parent)],
+            input_example=example,
+            signature=signature,
+            # Explicit requirements: inferring them would load and probe the model once more.
+            pip_requirements=pip_requirements(),
+            metadata=dict(served.metadata),
+        )

@@ -4,6 +4,12 @@
 are passed to as keyword arguments. Whatever goes wrong (no such file, an import error inside the user's
 module, a missing attribute, a part of the contract missing) is one `InputError` line that names the task
 reference and what is missing, raised before any data is read or any process started.
+
+A task file may import the modules of its own folder (`import helpers`, `from helpers import x`, packages in
+sub-folders): the folder is put on sys.path, after every other entry, as Python puts a script's. They are
+the task's code (core/sources.py file_task_sources finds them from the import statements), so a module of
+the folder imported otherwise while the task file is imported (importlib, __import__), which no cache key or
+check could see, is refused in one line.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 
 from core.errors import InputError, RetrainError
 from core.files import file_sha256
-from core.sources import module_sources_sha256
+from core.sources import INSTALLED_FOLDERS, file_task_sources, task_sources_sha256
 from core.task_ref import TASK_FORMS, TaskRef, parse_task_ref
 from training.tasks.base import Task, missing_parts
 
@@ -33,15 +39,12 @@ def task_file_sha256(ref: TaskRef) -> str | None:
 
 
 def task_code_sha256(ref: TaskRef) -> str | None:
-    """The hash of a user's task code, as the local runner's cache key holds it and lineage records it: a
-    task file's sha256, or the sha256 of a module task's package sources found on this process's sys.path
-    (core/sources.py module_sources; in a step, the code folder comes first, as where the runner looks).
-    None for a built-in, whose code is the code snapshot's."""
-    if ref.path is not None:
-        return task_file_sha256(ref)
-    if ref.is_builtin or ref.module is None:
-        return None
-    return module_sources_sha256(ref.module, sys.path)
+    """The hash of a user's task code, as the local runner's cache key holds it and lineage records it
+    (core/sources.py task_sources_sha256): a task file's with the modules of its folder it imports, or a
+    module task's package sources found on this process's sys.path (in a step, the code folder comes
+    first, as where the runner looks). None for a built-in, whose code is the code snapshot's."""
+    hashed = task_sources_sha256(ref, sys.path)
+    return hashed.sha256 if hashed is not None else None
 
 
 def _file_module_name(path: Path) -> str:
@@ -71,6 +74,10 @@ def _import_module(ref: TaskRef) -> Any:
         if spec is None or spec.loader is None:
             raise InputError(f"--task {ref.text!r}: {ref.path} cannot be imported as Python")
         module = importlib.util.module_from_spec(spec)
+        folder = str(ref.path.parent)
+        if folder not in sys.path:
+            sys.path.append(folder)  # its own modules, as a script's; never in place of another's
+        loaded = set(sys.modules)
         sys.modules[name] = module  # dataclasses and pickling look the module up by name
         try:
             spec.loader.exec_module(module)
@@ -79,6 +86,11 @@ def _import_module(ref: TaskRef) -> Any:
             raise InputError(
                 f"--task {ref.text!r}: importing {ref.path} failed: {_one_line(error)}"
             ) from error
+        try:
+            _check_found_statically(ref, set(sys.modules) - loaded)
+        except InputError:
+            del sys.modules[name]
+            raise
         return module
     try:
         return importlib.import_module(str(ref.module))
@@ -86,6 +98,30 @@ def _import_module(ref: TaskRef) -> Any:
         raise InputError(f"--task {ref.text!r}: no module {error.name!r}; expected {TASK_FORMS}") from error
     except Exception as error:
         raise InputError(f"--task {ref.text!r}: importing {ref.module} failed: {_one_line(error)}") from error
+
+
+def _check_found_statically(ref: TaskRef, imported: set[str]) -> None:
+    """Refuses a module of the task file's folder that importing the file loaded but that its import
+    statements do not name (file_task_sources): importlib or __import__ found it, and its edits would
+    neither rerun the steps nor fail a run."""
+    assert ref.path is not None
+    folder = ref.path.parent.resolve()
+    known = {path.resolve() for path in file_task_sources(ref.path).values()}
+    for name in sorted(imported):
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if not file:
+            continue
+        path = Path(file).resolve()
+        if not path.is_relative_to(folder) or path in known:
+            continue
+        if INSTALLED_FOLDERS.intersection(path.relative_to(folder).parts):
+            continue  # an installed package, if the folder holds a virtual environment
+        raise InputError(
+            f"--task {ref.text!r}: importing it loaded {path.relative_to(folder).as_posix()} (module "
+            f"{name!r}) from the task's folder, which no import statement names, so an edit to it would "
+            f"not rerun the steps; import it with an import statement (`import {name}`) instead of "
+            "importlib or __import__"
+        )
 
 
 def _one_line(error: BaseException) -> str:

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-_INSTALLED = {"site-packages", "dist-packages"}
+from core.sources import INSTALLED_FOLDERS
 
 
 class LoadedSources:
@@ -37,7 +37,7 @@ class LoadedSources:
             path = Path(file).resolve()
             if not path.is_relative_to(self._folder):
                 continue
-            if _INSTALLED.intersection(path.relative_to(self._folder).parts):
+            if INSTALLED_FOLDERS.intersection(path.relative_to(self._folder).parts):
                 continue
             try:
                 signature = os.stat(path)
