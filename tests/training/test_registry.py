@@ -147,6 +147,7 @@ def test_the_champion_served_by_mlflow_models_serve_answers_a_raw_csv_body_as_ev
         ).encode(),
         "dataframe_records": json.dumps({"dataframe_records": table.to_dict(orient="records")}).encode(),
         "inputs": json.dumps({"inputs": table.to_dict(orient="list")}).encode(),
+        "instances": json.dumps({"instances": table.to_dict(orient="records")}).encode(),
     }
     decimal = table.astype({"pixel_5": "float64"})
     decimal.loc[0, "pixel_5"] = 0.5  # a decimal where the training data has only whole numbers

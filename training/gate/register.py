@@ -73,7 +73,7 @@ from training.gate.registry import (
     RegistryError,
     VersionInfo,
 )
-from training.gate.serving import ServedModel
+from training.gate.serving import ServedModel, served_example
 from training.tasks.base import TaskData
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ def _new_version(
         model_file=candidate.model_dir / MODEL_FILE,
         rebuilt=trained.rebuilt,
         task_file=trained.task_file,
-        input_example=trained.task.input_example(candidate.data),
+        input_example=served_example(trained.task, candidate.data, request.data_dir),
         # Kept with the model, lineage reaches the data manifest even after the data folders are cleaned.
         extra_files=(
             *((manifest,) if manifest.is_file() else ()),

@@ -38,8 +38,9 @@ import training
 from core.errors import InputError
 from core.sources import file_task_sources
 from core.task_ref import parse_task_ref
+from training.data.whole_numbers import whole_columns
 from training.engine.outputs import load_model_file, read_model_payload
-from training.tasks.base import Task
+from training.tasks.base import Task, TaskData
 from training.tasks.loader import load_task
 
 log = logging.getLogger(__name__)
@@ -154,15 +155,58 @@ class ServedModel:
         return paths
 
 
+def served_example(task: Task, data: TaskData, data_dir: Path) -> Any:
+    """The task's input example, with each decimal column that the training data holds only whole numbers
+    in typed as whole numbers (int64), which is how `pandas.read_csv` reads a raw file of it.
+
+    MLflow refuses int64 into a double column, so a task that trains on floats and returns its example as
+    floats, as is natural, would otherwise serve a champion that refuses its own raw files. Which columns
+    are whole is read from the training data as the task names it (the training split its drift reference
+    reads, `drift_features(data_dir, prepared=True)`): a numeric feature named as the column, every value
+    whole, and the example's own values whole there too. A column the example types as integers is the
+    task's word already (the tabular task's, from every split); any other column keeps the example's type."""
+    example = task.input_example(data)
+    if not isinstance(example, pd.DataFrame):
+        return example
+    decimal = [name for name, dtype in example.dtypes.items() if isinstance(name, str) and dtype.kind == "f"]
+    if not decimal:
+        return example
+    try:
+        reference = task.drift_features(Path(data_dir), prepared=True)
+    except Exception as error:  # a task's own code, failing in any way: the types are a refinement
+        log.warning(
+            "task %r: its drift reference of %s could not be read (%s); columns %s are served as decimals "
+            "(MLflow double), which MLflow refuses as whole numbers (int64) in process",
+            getattr(task, "name", type(task).__name__),
+            data_dir,
+            error,
+            decimal,
+        )
+        return example
+    position = {name: index for index, name in enumerate(reference.names)}
+    named = [name for name in decimal if name in position]
+    if len(reference) == 0 or not named:
+        return example
+    in_training = whole_columns(reference.values[:, [position[name] for name in named]])
+    in_example = whole_columns(example[named].to_numpy(dtype=np.float64))
+    whole = [name for name, seen, shown in zip(named, in_training, in_example, strict=True) if seen and shown]
+    if whole:
+        log.info(
+            "serving %s as whole numbers (long): the training data holds only whole numbers there", whole
+        )
+    return example.astype(dict.fromkeys(whole, "int64"))
+
+
 def serving_signature(input_example: Any, output: Any) -> Any:
     """The signature MLflow checks inputs against, inferred from the example and the model's answer to it.
 
-    A table column keeps the kind the example (the training data) gives it, at the width a CSV column reads
-    to: `long` for whole numbers, `double` otherwise. That is what `pandas.read_csv(raw_file)` yields in
-    process, and what `mlflow models serve` parses a `text/csv` body with (it hands the signature's types
-    to read_csv, which cannot read a column as AnyType). Not narrower: MLflow refuses int64 into an int32
-    column and float64 into a float32 one. Not all `double`: MLflow refuses int64 into a double column,
-    which is what read_csv makes of a whole-number column. A decimal in a whole-number column is refused
+    A table column keeps the kind the example gives it (`served_example`: the training data's), at the
+    width a CSV column reads to: `long` for whole numbers, `double` otherwise. That is what
+    `pandas.read_csv(raw_file)` yields in process, and what `mlflow models serve` parses a `text/csv`
+    body with (it hands the signature's types to read_csv, which cannot read a column as AnyType). Not
+    narrower: MLflow refuses int64 into an int32 column and float64 into a float32 one. Not all
+    `double`: MLflow refuses int64 into a double column, which is what read_csv makes of a whole-number
+    column (only the server's parsers would convert it). A decimal in a whole-number column is refused
     in process (naming the column) and in a CSV body (naming its position); MLflow's JSON parsers cast it
     to an integer. Columns are checked by name, so a missing feature is refused by MLflow."""
     from mlflow.models import infer_signature

@@ -24,7 +24,10 @@ The rules a task keeps, so that the engine's guarantees hold for it:
   and a gate policy naming a metric the task does not declare is refused before any step runs.
 - **Serving what users have.** `predict` takes what a caller naturally holds (a pandas DataFrame read
   straight from a raw CSV, a uint8 N×H×W×3 image array) and returns an answer they can use (class names);
-  `input_example` is such an input, which MLflow stores beside the model.
+  `input_example` is such an input, which MLflow stores beside the model; its column types are the served
+  signature's. A float column is served as whole numbers (MLflow `long`, what `pandas.read_csv` reads a
+  column of whole numbers to) where the training data holds only whole numbers: the drift reference's
+  feature of that name and the example's rows (training/gate/serving.py `served_example`).
 - **Drift features for every task.** `drift_features` turns a folder of raw files, or a prepared data version
   (the champion's training data), into one table of named numeric features the drift check compares;
   categorical columns and texts enter it as shares (training/tasks/features.py).
@@ -203,7 +206,8 @@ class Task(Protocol):
         ...
 
     def input_example(self, data: TaskData) -> Any:
-        """A few inputs in the form a caller has (a DataFrame, a uint8 image array), for MLflow."""
+        """A few inputs in the form a caller has (a DataFrame, a uint8 image array), for MLflow: a
+        DataFrame's column types are what serving checks inputs against (int64: whole numbers)."""
         ...
 
     def predict(self, model: nn.Module, info: Mapping[str, Any], inputs: Any) -> Any:

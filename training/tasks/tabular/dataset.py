@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from core.errors import InputError
+from training.data.whole_numbers import whole_columns
 from training.tasks.tabular.schema import (
     SPLIT_NAMES,
     Manifest,
@@ -25,8 +26,6 @@ log = logging.getLogger(__name__)
 # A feature (near-)constant in the training split (digits' corner pixels are always 0) gets std 1: dividing
 # by a tiny std would blow up any value it takes elsewhere, while 1 leaves it merely centred.
 CONSTANT_STD_BELOW = 1e-6
-# float64 holds every integer up to 2**53 exactly; past it a value's "wholeness" says nothing of the data.
-EXACT_INTEGERS_UP_TO = 2.0**53
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,6 @@ def _load_split(data_dir: Path, manifest: Manifest, name: str) -> SplitData:
     table = read_split_table(data_dir, manifest, name)
     schema = manifest.schema
     values = feature_matrix(table, schema)
-    whole = (values == np.round(values)) & (np.abs(values) <= EXACT_INTEGERS_UP_TO)
     features = values.astype(np.float32)
     labels = table.column(schema.label_column).to_numpy().astype(np.int64)
     return SplitData(
@@ -114,5 +112,5 @@ def _load_split(data_dir: Path, manifest: Manifest, name: str) -> SplitData:
         features=torch.from_numpy(np.ascontiguousarray(features)),
         labels=torch.from_numpy(np.ascontiguousarray(labels)),
         keys=table.column(schema.key_field).to_pylist(),
-        whole=tuple(bool(flag) for flag in whole.all(axis=0)),
+        whole=tuple(bool(flag) for flag in whole_columns(values)),
     )
