@@ -40,7 +40,10 @@ from components.specs import (
     load_yaml,
 )
 from components.task_ref import DEFAULT_TASK, parse_task_reference, snapshot_text
-from core.blob_urls import parse_blob_url
+from core.blob_urls import EXPECTED_BLOB_URL, parse_blob_url
+from core.secrets import mask_secrets
+from core.storage.locations import parse_location
+from core.text import quoted
 
 if TYPE_CHECKING:
     from azure.ai.ml.entities import PipelineJob
@@ -73,8 +76,18 @@ def check_datastore_name(name: str, where: str = "datastore") -> str:
     return name
 
 
-def check_registry_lock(url: str, where: str = REGISTRY_LOCK_INPUT) -> str:
-    """`url` if it is a blob container URL with an optional prefix, the form the register step takes."""
+def check_registry_lock(url: str, where: str = REGISTRY_LOCK_INPUT, *, folder: bool = False) -> str:
+    """`url` if it is a blob container URL with an optional prefix, the form the register step takes on
+    Azure ML; with `folder`, a local folder too (`--lock` of a register step on this machine). A URL with
+    credentials (user info, a SAS query) is refused, its secret masked: the lock authenticates with the
+    managed identity, or the emulator's connection string."""
+    if parse_location(url, where, SubmissionError).folder is not None:
+        if folder:
+            return url
+        raise SubmissionError(
+            f"{where} {quoted(mask_secrets(url), 120)}: a folder, which register steps on other nodes "
+            f"cannot share; expected {EXPECTED_BLOB_URL}"
+        )
     parse_blob_url(url, where, SubmissionError)
     return url
 

@@ -164,7 +164,9 @@ def build_request(args: argparse.Namespace, preflight: Preflight | None = None) 
 
     settings = run_settings(args, _parameters(args))
     require_folder(args.data)  # before the slower preflight
-    found = (preflight or SubprocessPreflight(environ=args.environ)).check(settings, settings.where)
+    # The raw folder is read only if a per-class metric (recall_7) needs the class count it holds.
+    preflight = preflight or SubprocessPreflight(environ=args.environ)
+    found = preflight.check(settings, settings.where, args.data)
     manifest, folder = snapshot_folder(
         args.data,
         args.state_root / "data" / settings.model_name,

@@ -7,7 +7,7 @@
                                 # first_model_floors, bootstrap_unloadable_champion, confidence;
                                 # unset: the task's (confidence unset: the margin alone decides)
     [pipeline]                  # pipeline parameters, as `retrain run --param NAME=VALUE` sets them
-    [trigger]                   # account, container, prefix, suffixes (default: the task's raw suffixes),
+    [trigger]                   # account, container, prefix, suffixes (default: the task's raw_suffixes),
                                 # depth (folder levels below the prefix holding data; default: the task's)
 
 `retrain init` writes one with every key explained (components/templates/, models/digits.toml).
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 from components.data_version import MAX_RAW_DEPTH
 from components.errors import ConfigError, PipelineError
 from components.run_inputs import GATE_INPUTS, RESERVED_INPUTS
+from components.task_declarations import SUFFIX as _SUFFIX
+from components.task_declarations import declared_raw_suffixes
 from components.task_ref import (
     BUILTIN_RAW_SUFFIXES,
     DEFAULT_TASK,
@@ -42,6 +44,7 @@ from components.task_ref import (
 )
 from core.gate_rules import CONFIDENCE, GATE_RULES, RESAMPLES, resampling_conflict
 from core.names import check_model_name
+from core.secrets import mask_secrets
 from core.task_ref import TaskRef
 
 if TYPE_CHECKING:
@@ -61,7 +64,6 @@ _FAMILY = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\*")
 _ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
 _CONTAINER = re.compile(r"(?=.{3,63}\Z)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]")
 _PREFIX_SEGMENT = re.compile(r"(?!\.{1,2}\Z)[A-Za-z0-9._=-]+")
-_SUFFIX = re.compile(r"\.[a-z0-9]{1,10}")
 _METRIC_FORM = "a metric name such as accuracy or mse"
 
 
@@ -151,12 +153,23 @@ class ModelConfig:
         """The run request's parameters: the pipeline's, and the register step's gate inputs."""
         return {**self.pipeline, **self.gate.parameters()}
 
-    def trigger_suffixes(self) -> tuple[str, ...] | None:
-        """The suffixes the trigger accepts: configured, else a built-in task's; None for a user's task
-        (its `raw_suffixes`, which the preflight reports)."""
+    def trigger_suffixes(self, search_path: Sequence[str] = ()) -> tuple[str, ...]:
+        """The suffixes the trigger accepts: configured, else the task's raw files: a built-in's, or the
+        `raw_suffixes` a user's task declares, read from its code without running it
+        (components/task_declarations.py; a module task looked for on `search_path`). ConfigError, naming
+        this file, when only running the task could tell."""
         if self.trigger.suffixes is not None:
             return self.trigger.suffixes
-        return BUILTIN_RAW_SUFFIXES.get(self.task.text)
+        builtin = BUILTIN_RAW_SUFFIXES.get(self.task.text)
+        if builtin is not None:
+            return builtin
+        try:
+            return declared_raw_suffixes(self.task.reference, search_path)
+        except ConfigError as error:
+            raise ConfigError(
+                f"{self.path}: [trigger] suffixes is unset, and {error}; expected [trigger] suffixes = "
+                '[".csv"], the files its task reads'
+            ) from None
 
     def trigger_depth(self) -> int:
         """How many folder levels below the prefix the trigger accepts: configured, else a built-in task's
@@ -223,7 +236,7 @@ class _Reader:
 
 
 def _shown(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}" if not isinstance(value, str) else repr(value)
+    return f"{type(value).__name__} {value!r}" if not isinstance(value, str) else repr(mask_secrets(value))
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -8,8 +8,12 @@ declare, and an early-stopping metric it does not report (checked in-process aga
 found), are one line naming the task and what is wrong, raised as a SubmissionError (PreflightRefused:
 the check ran and refused, so it always will for the same file, options and policy); so is a trainer's
 or the gate's parameter that they would refuse (core/train_rules.py, core/gate_rules.py), checked here
-in-process. A passed check is remembered for the same task file content, options and policy, so
-`retrain run` checking before it pins the data and the runner checking again cost one process.
+in-process. A member of a per-class family (`recall_7`, `validation_recall_7`) is checked against the
+task's class count: the one its options fix, else, where the caller has the run's raw data and only then,
+the one that data holds (a second check with `--raw`, made only when a policy or an early-stopping metric
+names such a member), so a class the model will never have is refused before anything trains. A passed
+check is remembered for the same task file content, options and policy, so `retrain run` checking before
+it pins the data and the runner checking again cost one process.
 `RecordedPreflight` keeps the verdicts on a task file in a folder, so that the front door's flushes, each
 perhaps in its own process, check a version of a user's task file once (function_app/task_check.py).
 """
@@ -32,8 +36,8 @@ from components.specs import REPO_ROOT
 from core.errors import InputError
 from core.files import file_sha256, write_atomically
 from core.gate_rules import check_gate_parameters
-from core.metrics import Direction, Metric, MetricSet
-from core.train_rules import check_train_parameters, validation_metric
+from core.metrics import Direction, Metric, MetricSet, configured_metrics
+from core.train_rules import VALIDATION_PREFIX, check_train_parameters, validation_metric
 
 CHECK_COMMAND = ("-m", "training.cli", "check-model")
 STOPPING_METRIC = "early_stopping_metric"
@@ -58,14 +62,24 @@ class PreflightRefused(SubmissionError):
 
 @dataclass(frozen=True)
 class PreflightResult:
-    """What the check found: the task's name, its raw file suffixes, its metrics and directions, and the
-    primary metric the gate will compare."""
+    """What the check found: the task's name, its raw file suffixes, its metrics and directions (and which
+    are per-class families), its class count when known, and the primary metric the gate will compare."""
 
     task: str
     name: str
     raw_suffixes: tuple[str, ...]
     metrics: Mapping[str, str] = field(default_factory=dict)
     primary_metric: str = ""
+    per_class: tuple[str, ...] = ()
+    class_count: int | None = None
+
+    def metric_set(self) -> MetricSet:
+        """The task's metrics as core/metrics.py reads them, its class count included."""
+        declared = tuple(
+            Metric(name, cast(Direction, direction), per_class=name in self.per_class)
+            for name, direction in self.metrics.items()
+        )
+        return MetricSet(declared, self.class_count)
 
 
 class TaskRun(Protocol):
@@ -86,17 +100,37 @@ class TaskRun(Protocol):
 
 
 class Preflight(Protocol):
-    def check(self, request: TaskRun, where: str = DEFAULT_WHERE) -> PreflightResult: ...
+    def check(self, request: TaskRun, where: str = DEFAULT_WHERE, raw: Path | None = None) -> PreflightResult:
+        """The request's task and policy checked; `raw`, the run's raw data when the caller has it here,
+        is read only if a per-class member needs the class count (see the module)."""
+        ...
 
 
-def check_arguments(request: TaskRun, where: str = DEFAULT_WHERE) -> list[str]:
-    """The check's arguments: the request's task and options, and the gate inputs among its parameters."""
+def check_arguments(request: TaskRun, where: str = DEFAULT_WHERE, raw: Path | None = None) -> list[str]:
+    """The check's arguments: the request's task and options, the gate inputs among its parameters, and
+    the raw data whose class count a per-class member is checked against."""
     arguments = ["--task", request.task, "--task-options", request.task_options_text, "--where", where]
     for name in GATE_INPUTS:
         if name in request.parameters:
             # As a step's command line spells a value (components/local/commands.format_value).
             arguments += [f"--{name.replace('_', '-')}", str(request.parameters[name])]
-    return arguments
+    return [*arguments, "--raw", str(raw)] if raw is not None else arguments
+
+
+def needs_class_count(request: TaskRun, result: PreflightResult) -> bool:
+    """Whether the request names one member of a per-class family (`recall_7` in its gate policy,
+    `validation_recall_7` to stop early by) while the task's class count is not known without data."""
+    if result.class_count is not None or not result.per_class:
+        return False
+    metrics = result.metric_set()
+    try:
+        named = [metric for _, metric in configured_metrics(request.parameters)]
+    except InputError:
+        named = []  # malformed bounds: the check itself refuses them
+    stopping = request.parameters.get(STOPPING_METRIC)
+    if isinstance(stopping, str):
+        named.append(stopping.strip().removeprefix(VALIDATION_PREFIX))
+    return any(metrics.per_class_member(name) is not None for name in named)
 
 
 def check_parameter_values(request: TaskRun) -> None:
@@ -117,12 +151,8 @@ def check_stopping_metric(request: TaskRun, result: PreflightResult) -> None:
     name = request.parameters.get(STOPPING_METRIC)
     if not isinstance(name, str) or name.strip().lower() in ("", "off", "none"):
         return
-    declared = tuple(
-        Metric(metric, cast(Direction, direction)) for metric, direction in result.metrics.items()
-    )
-    metrics = MetricSet(declared)
     try:
-        validation_metric(name.strip(), metrics, result.name)
+        validation_metric(name.strip(), result.metric_set(), result.name)
     except InputError as error:
         raise PreflightRefused(f"preflight: parameter {STOPPING_METRIC} is {name!r}: {error}") from None
 
@@ -173,13 +203,19 @@ class SubprocessPreflight:
         self.runner = runner or FreshProcess()
         self._passed: dict[tuple[Any, ...], PreflightResult] = {}
 
-    def check(self, request: TaskRun, where: str = DEFAULT_WHERE) -> PreflightResult:
+    def check(self, request: TaskRun, where: str = DEFAULT_WHERE, raw: Path | None = None) -> PreflightResult:
         check_parameter_values(request)
-        memo = (*check_arguments(request, ""), request.task_sha256)
+        result = self._checked(request, where, None)
+        if raw is not None and needs_class_count(request, result):
+            result = self._checked(request, where, raw)
+        check_stopping_metric(request, result)
+        return result
+
+    def _checked(self, request: TaskRun, where: str, raw: Path | None) -> PreflightResult:
+        memo = (*check_arguments(request, "", raw), request.task_sha256)
         if memo in self._passed:
-            check_stopping_metric(request, self._passed[memo])
             return self._passed[memo]
-        argv = [self.python, *CHECK_COMMAND, *check_arguments(request, where)]
+        argv = [self.python, *CHECK_COMMAND, *check_arguments(request, where, raw)]
         try:
             environ = self.environ if self.environ is not None else dict(os.environ)
             done = self.runner.run(argv, self.code_root, environ, self.timeout_s)
@@ -192,7 +228,6 @@ class SubprocessPreflight:
             raise (PreflightRefused if refused else SubmissionError)(f"preflight: {line}")
         result = _parse(done.stdout, request.task)
         self._passed[memo] = result
-        check_stopping_metric(request, result)
         return result
 
 
@@ -209,7 +244,14 @@ class RecordedPreflight:
             "\n".join(f"{name}={file_sha256(Path(code_root, name))}" for name in CHECK_CODE).encode()
         ).hexdigest()
 
-    def check(self, request: TaskRun, where: str = DEFAULT_WHERE) -> PreflightResult:
+    def check(self, request: TaskRun, where: str = DEFAULT_WHERE, raw: Path | None = None) -> PreflightResult:
+        result = self._kept_check(request, where)
+        if raw is not None and needs_class_count(request, result):
+            # What the data holds is not the task file's verdict: asked anew, never kept.
+            return self._inner.check(request, where, raw)
+        return result
+
+    def _kept_check(self, request: TaskRun, where: str) -> PreflightResult:
         if request.task_sha256 is None:
             return self._inner.check(request, where)
         key = json.dumps([self._code, request.task_sha256, *check_arguments(request, "")])
@@ -249,12 +291,17 @@ def _recorded(path: Path) -> dict[str, Any] | None:
 
 
 def _result(found: Mapping[str, Any]) -> PreflightResult:
+    count = found.get("class_count")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise TypeError(count)
     return PreflightResult(
         task=found["task"],
         name=found["name"],
         raw_suffixes=tuple(found["raw_suffixes"]),
         metrics=dict(found["metrics"]),
         primary_metric=found["primary_metric"],
+        per_class=tuple(found.get("per_class", ())),
+        class_count=count,
     )
 
 

@@ -13,8 +13,9 @@ the preflight (`python -m training.cli check-model`) instead.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -29,11 +30,14 @@ BOUND_OPTIONS = ("floors", "max_regression", "first_model_floors")  # the policy
 
 @dataclass(frozen=True)
 class Metric:
-    """One score a task reports. `name` ending in `*` declares a family (`recall_*`: one per class)."""
+    """One score a task reports. `name` ending in `*` declares a family (`recall_*`); `per_class` says its
+    members are one per class, named by the class's index (`recall_0`, `recall_3`): then no other name
+    is one of them, and with the task's class count known, no index beyond it."""
 
     name: str
     direction: Direction
     description: str = ""
+    per_class: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -42,20 +46,37 @@ class Metric:
             raise InputError(
                 f"metric {self.name!r}: direction {self.direction!r}; expected 'higher' or 'lower'"
             )
+        if self.per_class and not self.is_family:
+            raise InputError(f"metric {self.name!r}: per_class needs a family, a name ending in {FAMILY!r}")
 
     @property
     def is_family(self) -> bool:
         return self.name.endswith(FAMILY)
 
     def covers(self, name: str) -> bool:
-        return name.startswith(self.name[:-1]) if self.is_family else name == self.name
+        if not self.is_family:
+            return name == self.name
+        return name.startswith(self.name[:-1]) and (not self.per_class or self.class_index(name) is not None)
+
+    def class_index(self, name: str) -> int | None:
+        """The class index a member of a per-class family names (`recall_3` -> 3); None for another name."""
+        suffix = name[len(self.name) - 1 :]
+        if not self.per_class or not name.startswith(self.name[:-1]) or not _CLASS_INDEX.fullmatch(suffix):
+            return None
+        return int(suffix)
+
+
+_CLASS_INDEX = re.compile(r"0|[1-9][0-9]{0,8}")  # as score() writes an index: no sign, no leading zeros
 
 
 @dataclass(frozen=True)
 class MetricSet:
-    """The metrics a task declares; looks up directions, including family members such as `recall_3`."""
+    """The metrics a task declares; looks up directions, including family members such as `recall_3`.
+    `class_count`, when the task's options or data fix it, bounds a per-class family's members: with 10
+    classes, `recall_9` is one and `recall_10` is not (score() cannot report it)."""
 
     metrics: tuple[Metric, ...]
+    class_count: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
@@ -64,13 +85,37 @@ class MetricSet:
         names = [metric.name for metric in self.metrics]
         if len(set(names)) != len(names):
             raise InputError(f"a task declares a metric twice: {sorted(names)}")
+        count = self.class_count
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+            raise InputError(f"class count {count!r}: expected a whole number >= 1")
+
+    def with_class_count(self, count: int | None) -> MetricSet:
+        """These metrics with the task's class count known (None: not known, no bound)."""
+        return replace(self, class_count=count)
+
+    @property
+    def per_class(self) -> bool:
+        """Whether a family of these metrics is per class (its members depend on the class count)."""
+        return any(metric.per_class for metric in self.metrics)
 
     def find(self, name: str) -> Metric | None:
         exact = [metric for metric in self.metrics if metric.name == name]
         if exact:
             return exact[0]
-        families = [metric for metric in self.metrics if metric.is_family and metric.covers(name)]
+        families = [
+            metric
+            for metric in self.metrics
+            if metric.is_family and metric.covers(name) and self._within_classes(metric, name)
+        ]
         return families[0] if families else None
+
+    def per_class_member(self, name: str) -> Metric | None:
+        """The per-class family `name` is a member of, whatever the class count; None otherwise."""
+        return next((metric for metric in self.metrics if metric.class_index(name) is not None), None)
+
+    def _within_classes(self, metric: Metric, name: str) -> bool:
+        index = metric.class_index(name)
+        return index is None or self.class_count is None or index < self.class_count
 
     def direction(self, name: str) -> Direction:
         metric = self.find(name)
@@ -85,7 +130,17 @@ class MetricSet:
         return tuple(metric.name for metric in self.metrics)
 
     def describe(self) -> str:
-        return ", ".join(f"{metric.name} ({metric.direction} is better)" for metric in self.metrics)
+        return ", ".join(
+            f"{metric.name} ({metric.direction} is better{self._members(metric)})" for metric in self.metrics
+        )
+
+    def _members(self, metric: Metric) -> str:
+        if not metric.per_class or self.class_count is None:
+            return ""
+        prefix = metric.name[:-1]
+        if self.class_count == 1:
+            return f"; {prefix}0 for its 1 class"
+        return f"; {prefix}0 to {prefix}{self.class_count - 1} for its {self.class_count} classes"
 
 
 @dataclass(frozen=True)
@@ -116,7 +171,12 @@ BUILTIN_TASK_METRICS: Mapping[str, DeclaredMetrics] = MappingProxyType(
                         "macro_f1", "higher", "F1 averaged over the classes present in labels or predictions"
                     ),
                     Metric("loss", "lower", "mean cross-entropy"),
-                    Metric(f"{RECALL_PREFIX}*", "higher", "recall of one class, by its index (recall_3)"),
+                    Metric(
+                        f"{RECALL_PREFIX}*",
+                        "higher",
+                        "recall of one class, by its index (recall_3)",
+                        per_class=True,
+                    ),
                 )
             ),
             "macro_f1",
@@ -131,6 +191,7 @@ BUILTIN_TASK_METRICS: Mapping[str, DeclaredMetrics] = MappingProxyType(
                         f"{RECALL_PREFIX}*",
                         "higher",
                         "each class's recall, keyed by class index (recall_0, ...)",
+                        per_class=True,
                     ),
                 )
             ),
@@ -138,6 +199,21 @@ BUILTIN_TASK_METRICS: Mapping[str, DeclaredMetrics] = MappingProxyType(
         ),
     }
 )
+
+
+def builtin_class_count(task: str, options: Mapping[str, Any]) -> int | None:
+    """The class count a built-in task's options fix, read without the task (the front door's start-up):
+    the tabular task's `n_classes`, else the number of `classes` it names; None where only the data fixes
+    it (the image task's class folders, the tabular task's labels) or for another task. The task itself
+    reads its options by the same rule (training/tasks/tabular/schema.py) and checks them fully."""
+    if task != "tabular":
+        return None
+    count, classes = options.get("n_classes"), options.get("classes")
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 1:
+        return count
+    if isinstance(classes, list | tuple) and classes:
+        return len(classes)
+    return None
 
 
 def parse_bounds(text: str, option: str) -> dict[str, float]:

@@ -3,7 +3,8 @@
 A built-in task's policy is checked at start-up (function_app/settings/gates.py). A user's task file needs
 torch to import, which the front door never does: where runs train on this machine (the local submitter),
 the flush asks the preflight (`python -m training.cli check-model`, components/preflight.py) before it
-writes a submission or counts one in the day's budget, and the verdict is kept per version of the file,
+writes a submission or counts one in the day's budget (the early-stopping metric too, and a class's recall
+against the class count the task's options fix), and the verdict is kept per version of the file,
 or of a module task's sources (`RecordedPreflight`), so a version is checked once, not at every flush. A
 refusal holds the batch: its claims stay pending with the reason, and go once the file is fixed. On Azure
 ML the Function App has no torch and no training code: the pipeline's first step checks the policy before
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from components.errors import SubmissionError
-from components.preflight import Preflight, RecordedPreflight, SubprocessPreflight
+from components.preflight import STOPPING_METRIC, Preflight, RecordedPreflight, SubprocessPreflight
 from components.run_inputs import GATE_INPUTS
 from components.run_settings import RunSettings
 from components.specs import REPO_ROOT
@@ -63,7 +64,9 @@ class PreflightTaskCheck:
     def refusal(self, route: ModelRoute, parameters: Mapping[str, Any]) -> str | None:
         if route.task in BUILTIN_RAW_SUFFIXES:
             return None  # its metrics are static: checked at start-up
-        gate = {name: value for name, value in parameters.items() if name in GATE_INPUTS}
+        # The gate's inputs and the early-stopping metric: what names the task's metrics.
+        named = {*GATE_INPUTS, STOPPING_METRIC}
+        gate = {name: value for name, value in parameters.items() if name in named}
         try:
             # The code's hash keys the kept verdict: a task file's sha256, a module task's sources'.
             code = task_code(parse_task_reference(route.task, None, "task"), self.search_path)

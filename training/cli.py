@@ -48,6 +48,7 @@ def _sample_data(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> int:
     from training.data.splits import SplitFractions
+    from training.gate.check import checked_class_count, names_a_class_member
     from training.gate.policy import policy_of
     from training.tasks.loader import load_task
 
@@ -57,7 +58,10 @@ def _prepare(args: argparse.Namespace) -> int:
     # The pipeline's first step checks the gate policy before any data is prepared: on Azure ML no
     # preflight runs before the job, and a metric the task does not report would otherwise fail register
     # after a whole training.
-    policy_of(task, **config.policy.given(), where=f"the gate policy (task {config.task!r})")
+    where = f"the gate policy (task {config.task!r})"
+    policy = policy_of(task, **config.policy.given(), where=where)
+    if names_a_class_member(task, policy):  # recall_7: a class the data may not have
+        checked_class_count(task, policy, config.raw, where)
     version = task.prepare(config.raw, config.out, previous=config.previous, split=split)
     if not isinstance(version, str) or not version.strip() or not config.out.is_dir():
         # The step's output would be cached as a data version that is not one: the step fails instead.

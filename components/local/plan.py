@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from components.builder import REGISTRY_LOCK_INPUT, check_registry_lock
 from components.checkpoint_key import checkpoint_key
 from components.errors import SpecError, SubmissionError
 from components.local.commands import render_command
@@ -25,9 +26,15 @@ from components.request import RunRequest
 from components.run_inputs import DATA_INPUT, RESERVED_INPUTS, reserved_values
 from components.specs import ParentInput, PipelineSpec, Port, StepOutput, StepSpec
 from core.gate_rules import GATE_RULES
+from core.secrets import mask_secrets
 from core.text import quoted
 from core.train_rules import TRAIN_RULES
 
+REGISTRY_LOCK_EXPECTED = (
+    "a folder, or a blob container URL without credentials (no user info or SAS query; the lock uses the "
+    "managed identity, or the emulator's connection string), such as "
+    "https://<account>.blob.core.windows.net/<container>/<prefix>"
+)
 # The tabular model's sizes were train inputs before tasks existed; a parameter naming one gets a hint.
 TASK_MODEL_OPTIONS = ("hidden_width", "hidden_layers", "dropout")
 
@@ -149,6 +156,11 @@ def parameter_refusal(name: str, value: Any, port: Port) -> str | None:
     rule = TRAIN_RULES.get(name) or GATE_RULES.get(name)
     if not value_fits(value, port) or (rule is not None and not rule.fits(value)):
         return rule.expected if rule is not None else expected_form(port)
+    if name == REGISTRY_LOCK_INPUT:
+        try:  # the register step opens it only after a whole training
+            check_registry_lock(str(value), name, folder=True)
+        except SubmissionError:
+            return REGISTRY_LOCK_EXPECTED
     return None
 
 
@@ -167,7 +179,7 @@ def check_parameter_texts(pipeline: PipelineSpec, parameters: Mapping[str, str])
             value = text  # text fits no typed port: refused below, in the port's form
         refusal = parameter_refusal(name, value, port)
         if refusal is not None:
-            raise SubmissionError(f"parameter {name} is {quoted(text, 60)}; expected {refusal}")
+            raise SubmissionError(f"parameter {name} is {quoted(mask_secrets(text), 60)}; expected {refusal}")
 
 
 def pipeline_values(pipeline: PipelineSpec, request: RunRequest) -> dict[str, Any]:

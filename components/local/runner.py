@@ -143,7 +143,9 @@ class LocalRunner:
         task_code = None
         if TASK_INPUT in pipeline.inputs:  # a pipeline that carries a task: check it before any step
             request, task_code = _pinned_task_code(request, self.task_search_path(pipeline))
-            self.preflight(pipeline).check(request)
+            # The pinned raw data is read only if a per-class metric (recall_7) needs its class count.
+            pinned = Path(request.data.uri)
+            self.preflight(pipeline).check(request, raw=pinned if pinned.is_dir() else None)
         values = pipeline_values(pipeline, request)
         sweep_staging(self.cache.root, self.runs)  # what killed runs left; never a live run's
         record = self._new_record(pipeline, request, force_rerun)

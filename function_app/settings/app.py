@@ -21,7 +21,13 @@ from datetime import timedelta
 from pathlib import Path
 
 from components.azureml.data_assets import DATA_DATASTORE_SETTING
-from components.builder import DATASTORE_SETTING, DEFAULT_DATASTORE, check_datastore_name
+from components.builder import (
+    DATASTORE_SETTING,
+    DEFAULT_DATASTORE,
+    REGISTRY_LOCK_INPUT,
+    check_datastore_name,
+    check_registry_lock,
+)
 from components.cost import CostSettings, CostSettingsError
 from components.errors import SubmissionError
 from core.names import check_model_name
@@ -152,6 +158,7 @@ class AppSettings:
         object.__setattr__(self, "models", tuple(self.models))
         check_served_models(self.models)
         check_gate_policies(self.models, self.pipeline_parameters, PIPELINE_PARAMETERS)
+        self._check_registry_lock()
         if self.submitter == AZUREML:
             self._check_every_model_has_a_scope()
         self._check_emulator_connection()
@@ -183,6 +190,23 @@ class AppSettings:
                 f"{BLOB_CONTAINER}; expected the model's landing account and container when "
                 f"{SUBMITTER}={AZUREML}"
             )
+
+    def _check_registry_lock(self) -> None:
+        """A lock the register step cannot open fails every run at its end, after a whole training, each
+        run counted in the day's budget: refused here, its secret masked. Each model's lock is its file's
+        [pipeline] one with the app setting over it; the local submitter's register step takes a folder
+        too."""
+        for route in self.models:
+            if REGISTRY_LOCK_INPUT in self.pipeline_parameters:
+                lock, where = self.pipeline_parameters[REGISTRY_LOCK_INPUT], PIPELINE_PARAMETERS
+            elif REGISTRY_LOCK_INPUT in route.parameters:
+                lock, where = str(route.parameters[REGISTRY_LOCK_INPUT]), f"{route.source} [pipeline]"
+            else:
+                continue
+            try:
+                check_registry_lock(lock, f"{where} {REGISTRY_LOCK_INPUT}", folder=self.submitter == LOCAL)
+            except SubmissionError as error:
+                raise SettingsError(str(error)) from None
 
     def _check_numbers(self) -> None:
         _check_range(DEBOUNCE_QUIET, self.debounce_quiet_seconds, 0, WEEK_SECONDS, "seconds")

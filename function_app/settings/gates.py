@@ -3,9 +3,12 @@
 A policy naming a metric its task does not report would pass every event and fail every run after its
 training (on Azure ML, at register). A built-in task's metrics are static (core/metrics.py, which the
 task classes read too), so start-up refuses such a model in one line naming it, the metric and the task's
-metrics. A user's task declares its metrics in a file that needs torch to import: the flush checks it
-(function_app/task_check.py), once per version of the file, before anything is spent; on Azure ML the
-pipeline's first step checks it again before preparing data.
+metrics; and so an early-stopping metric (`validation_<metric>`) it does not report. A class's recall
+(`recall_7`) is checked against the class count the model's options fix (the tabular task's n_classes or
+classes); where only the data fixes it, the run's pre-run check reads it there. A user's task declares its
+metrics in a file that needs torch to import: the flush checks it (function_app/task_check.py), once per
+version of the file, before anything is spent; on Azure ML the pipeline's first step checks it again
+before preparing data.
 
 The policy checked is what a run submits: the model's [gate] with RETRAIN_PIPELINE_PARAMETERS over it. Its
 confidence is checked against the resample count too, for every task (core/gate_rules.py).
@@ -15,9 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from components.preflight import STOPPING_METRIC
 from core.errors import InputError
-from core.metrics import BOUND_OPTIONS, BUILTIN_TASK_METRICS, check_policy_metrics, configured_metrics
 from core.gate_rules import CONFIDENCE, RESAMPLES, resampling_conflict
+from core.metrics import (
+    BOUND_OPTIONS,
+    BUILTIN_TASK_METRICS,
+    MetricSet,
+    builtin_class_count,
+    check_policy_metrics,
+    configured_metrics,
+)
+from core.train_rules import OFF_WORDS, validation_metric
 from function_app.settings.models import ModelRoute
 from function_app.settings.storage import SettingsError
 
@@ -44,8 +56,34 @@ def check_gate_policies(
         if any(name in pipeline_parameters for name in METRIC_PARTS):
             source += f" with {setting}"
         where = f"model {route.name!r} ({source}, task {route.task!r})"
+        # With the class count its options fix (n_classes), a class's recall beyond it (recall_12 of 10)
+        # is one the task never reports; where only the data fixes it, the run's pre-run check reads it.
+        metrics = declared.metrics.with_class_count(builtin_class_count(route.task, route.task_options))
         try:
-            check_policy_metrics(declared.metrics, configured_metrics(parameters), where)
+            check_policy_metrics(metrics, configured_metrics(parameters), where)
         except InputError as error:  # a metric it lacks, or a bound that does not parse
             message = str(error)
             raise SettingsError(message if message.startswith(where) else f"{where}: {message}") from None
+        _check_stopping_metric(route, metrics, parameters.get(STOPPING_METRIC), pipeline_parameters, setting)
+
+
+def _check_stopping_metric(
+    route: ModelRoute,
+    metrics: MetricSet,
+    name: object,
+    pipeline_parameters: Mapping[str, str],
+    setting: str,
+) -> None:
+    """An early-stopping metric the built-in task does not report fails every run at its first validation:
+    refused at start-up, as the pre-run check refuses it."""
+    if not isinstance(name, str) or name.strip().lower() in ("", *OFF_WORDS):
+        return
+    source = f"{route.source} [pipeline]" if route.config is not None else "the pipeline parameters"
+    if STOPPING_METRIC in pipeline_parameters:
+        source = setting
+    try:
+        validation_metric(name.strip(), metrics, route.task)
+    except InputError as error:
+        raise SettingsError(
+            f"model {route.name!r} ({source}): parameter {STOPPING_METRIC} is {name!r}: {error}"
+        ) from None

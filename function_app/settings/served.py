@@ -14,12 +14,15 @@ them. RETRAIN_BLOB_ACCOUNT and RETRAIN_BLOB_CONTAINER are the default account an
 names none, and RETRAIN_BLOB_ENDPOINT the endpoint of its account (Azurite, another cloud); any other
 account is at https://<account>.blob.core.windows.net. A model with no account and container takes no blob
 events (drift alerts and HTTP requests still reach it). Its suffixes are [trigger] suffixes, else its
-built-in task's raw files; a user's task must name them. Its depth (how many folder levels below the prefix
+task's raw files: a built-in's, or the `raw_suffixes` a user's task declares, read from its code without
+importing it (components/task_declarations.py); where only running the task could tell, start-up stops
+saying so, and the file must name them. Its depth (how many folder levels below the prefix
 its blobs may lie) is [trigger] depth, else its built-in task's (the image task's class folders: 2), else 1.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,7 +84,7 @@ def served_models(values: Mapping[str, str], cwd: Path) -> tuple[ModelRoute, ...
         routes.append(
             ModelRoute(
                 config.name,
-                _scope(config, values),
+                _scope(config, values, cwd),
                 config.task.text,
                 config.task.options,
                 config.parameters(),
@@ -124,7 +127,7 @@ def _check_default_endpoint(values: Mapping[str, str]) -> None:
         )
 
 
-def _scope(config: ModelConfig, values: Mapping[str, str]) -> BlobScope | None:
+def _scope(config: ModelConfig, values: Mapping[str, str], cwd: Path) -> BlobScope | None:
     """A model's blob scope: its [trigger], with the RETRAIN_BLOB_* defaults (see the module's rules)."""
     trigger = config.trigger
     account = trigger.account or values.get(BLOB_ACCOUNT)
@@ -137,12 +140,11 @@ def _scope(config: ModelConfig, values: Mapping[str, str]) -> BlobScope | None:
             f"{config.path}: [trigger] {key} is unset, and so is {setting}; expected both the account and "
             "the container (or neither: the model then takes no blob events)"
         )
-    suffixes = config.trigger_suffixes()
-    if suffixes is None:
-        raise SettingsError(
-            f"{config.path}: [trigger] suffixes is unset, and task {config.task.ref!r} is not a built-in "
-            'whose raw files are known; expected [trigger] suffixes = [".csv"], the files its task reads'
-        )
+    try:
+        # A module task is looked for where this interpreter imports from: the app root first.
+        suffixes = config.trigger_suffixes([str(cwd), *sys.path])
+    except PipelineError as error:  # one line naming the file, the task and why
+        raise SettingsError(str(error)) from None
     return BlobScope(
         account_endpoint(account, values), container, trigger.prefix, suffixes, config.trigger_depth()
     )

@@ -96,7 +96,9 @@ def test_a_minimal_file_is_the_tabular_task_with_every_default(tmp_path):
 
 def test_a_task_file_is_found_relative_to_the_configuration_and_its_suffixes_come_from_the_task(tmp_path):
     (tmp_path / "models" / "tasks").mkdir(parents=True)
-    (tmp_path / "models" / "tasks" / "house.py").write_text("class HouseTask: ...\n")
+    (tmp_path / "models" / "tasks" / "house.py").write_text(
+        'import torch\n\nclass HouseTask:\n    raw_suffixes = (".csv", ".tsv")\n'
+    )
     path = write(tmp_path / "models", '[task]\nref = "tasks/house.py:HouseTask"\n', "house.toml")
 
     config = load_model_config(path, PIPELINE)
@@ -104,7 +106,8 @@ def test_a_task_file_is_found_relative_to_the_configuration_and_its_suffixes_com
     assert config.task.ref == "tasks/house.py:HouseTask"
     assert config.task.reference.path == tmp_path / "models" / "tasks" / "house.py"
     assert config.task.text == f"{tmp_path / 'models' / 'tasks' / 'house.py'}:HouseTask"
-    assert config.trigger_suffixes() is None  # the task's raw_suffixes: the preflight reports them
+    # The task's raw_suffixes, read from its code without importing it (its torch import never runs).
+    assert config.trigger_suffixes() == (".csv", ".tsv")
 
 
 @pytest.mark.parametrize(

@@ -182,3 +182,70 @@ def test_submit_refuses_a_bad_gate_metric_before_recording_or_submitting(tmp_pat
     ):
         args.handler(args, out=io.StringIO())
     assert not state.exists()
+
+
+# -- a class's metric, against the classes the task has --------------------------------------------------
+
+
+def test_a_class_s_metric_beyond_the_data_s_classes_is_refused_before_anything_is_pinned(
+    tmp_path, sample_raw
+):
+    # The digits' 10 classes are known only from their labels: the pre-run check reads them from --data.
+    state = tmp_path / "state"
+    argv = ["run", "--task", "tabular", "--data", str(sample_raw), "--param", "primary_metric=recall_99"]
+    args = handler_args(cli_local.register_commands, argv, state, tmp_path)
+
+    with pytest.raises(SubmissionError) as raised:
+        args.handler(args, io.StringIO())
+
+    assert str(raised.value) == (
+        "preflight: the gate policy (--param primary_metric) (task 'tabular'): primary_metric names metric "
+        "'recall_99', which the task does not report; expected one of accuracy (higher is better), "
+        "macro_f1 (higher is better), loss (lower is better), recall_* (higher is better; recall_0 to "
+        "recall_9 for its 10 classes)"
+    )
+    assert not state.exists()  # no data pinned, no run recorded, nothing trained
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"floors": "recall_10=0.5"}, r"floors names metric 'recall_10', which the task does not report"),
+        (
+            {"validate_every_epochs": "1", "early_stopping_metric": "validation_recall_99"},
+            r"^preflight: parameter early_stopping_metric is 'validation_recall_99': task 'tabular' does not "
+            r"report it; expected one of validation_accuracy, .*, validation_recall_\*$",
+        ),
+        (
+            {"floors": "recall_07=0.5"},
+            r"floors names metric 'recall_07'",
+        ),  # no class index, whatever the data
+        ({"max_regression": "recall_x=0.1"}, r"max_regression names metric 'recall_x'"),
+    ],
+)
+def test_each_form_of_a_class_s_metric_is_checked_against_the_classes(warm, sample_raw, parameters, message):
+    with pytest.raises(SubmissionError, match=message) as raised:
+        SubprocessPreflight(runner=warm).check(
+            RunSettings(model_name="digits", parameters=parameters), raw=sample_raw
+        )
+    assert "\n" not in str(raised.value)
+
+
+def test_the_raw_data_is_read_only_when_a_class_s_metric_needs_its_class_count(warm, sample_raw):
+    preflight = SubprocessPreflight(runner=warm)
+    family = RunSettings(model_name="digits", parameters={"max_regression": "recall_*=0.1"})
+    assert preflight.check(family, raw=sample_raw).class_count is None  # the family needs no count
+    member = RunSettings(model_name="digits", parameters={"floors": "recall_9=0.5"})
+    assert preflight.check(member, raw=sample_raw).class_count == 10
+    # Options that fix the count answer without the data (whose labels say 10).
+    three = RunSettings(
+        model_name="iris", task_options={"n_classes": 3}, parameters={"floors": "recall_2=0.5"}
+    )
+    assert preflight.check(three, raw=sample_raw).class_count == 3
+    beyond = RunSettings(
+        model_name="iris", task_options={"n_classes": 3}, parameters={"floors": "recall_3=0.5"}
+    )
+    with pytest.raises(
+        SubmissionError, match=r"floors names metric 'recall_3', .*recall_0 to recall_2 for its 3"
+    ):
+        preflight.check(beyond)  # without data too

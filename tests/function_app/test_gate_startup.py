@@ -77,6 +77,80 @@ def test_a_policy_within_the_task_s_metrics_starts(tmp_path):
     assert route.parameters["primary_metric"] == "accuracy"
 
 
+def _served_with(
+    home: Path, gate: str, options: str = "", pipeline: str = "", **overrides: str
+) -> dict[str, str]:
+    """`_served`, with [task.options] and [pipeline] tables too."""
+    environ = _served(home, gate, **overrides)
+    path = home / "models" / "digits.toml"
+    text = path.read_text().replace("\n\n[gate]", f"\n\n[task.options]\n{options}\n\n[gate]")
+    path.write_text(f"{text}\n[pipeline]\n{pipeline}\n")
+    return environ
+
+
+@pytest.mark.parametrize(
+    ("options", "gate", "message"),
+    [
+        ("n_classes = 10", "floors = { recall_10 = 0.5 }", "floors names metric 'recall_10'"),
+        (
+            'classes = ["a", "b", "c"]',
+            'primary_metric = "recall_3"',
+            "primary_metric names metric 'recall_3'",
+        ),
+        ("", "max_regression = { recall_x = 0.1 }", "max_regression names metric 'recall_x'"),
+        ("", "first_model_floors = { recall_01 = 0.5 }", "first_model_floors names metric 'recall_01'"),
+    ],
+)
+def test_a_class_s_recall_the_task_cannot_report_stops_start_up(tmp_path, options, gate, message):
+    with pytest.raises(SettingsError) as raised:
+        AppSettings.from_environ(_served_with(tmp_path, gate, options))
+    assert rf"{message}, which the task does not report" in str(raised.value)
+    assert "\n" not in str(raised.value)
+    if options:  # the count the options fix is the one it names
+        assert "recall_0 to recall_" in str(raised.value)
+
+
+def test_a_class_s_recall_within_the_classes_or_unknown_without_data_starts(tmp_path):
+    gate = 'primary_metric = "recall_9"\nfloors = { recall_0 = 0.5 }'
+    assert AppSettings.from_environ(_served_with(tmp_path / "ten", gate, "n_classes = 10")).models
+    # Only the data fixes the digits' class count: the run's pre-run check reads it (tests/components).
+    assert AppSettings.from_environ(_served_with(tmp_path / "open", 'primary_metric = "recall_99"')).models
+
+
+@pytest.mark.parametrize(
+    ("options", "pipeline", "setting", "message"),
+    [
+        (
+            "",
+            'early_stopping_metric = "validation_f2"',
+            "",
+            "parameter early_stopping_metric is 'validation_f2'",
+        ),
+        (
+            "n_classes = 10",
+            "",
+            "validate_every_epochs=1,early_stopping_metric=validation_recall_99",
+            "(RETRAIN_PIPELINE_PARAMETERS): parameter early_stopping_metric is 'validation_recall_99'",
+        ),
+    ],
+)
+def test_an_early_stopping_metric_the_built_in_task_does_not_report_stops_start_up(
+    tmp_path, options, pipeline, setting, message
+):
+    overrides = {"RETRAIN_PIPELINE_PARAMETERS": setting} if setting else {}
+    environ = _served_with(tmp_path, 'primary_metric = "macro_f1"', options, pipeline, **overrides)
+    with pytest.raises(SettingsError) as raised:
+        AppSettings.from_environ(environ)
+    assert str(raised.value).startswith("model 'digits' (")
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert "task 'tabular' does not report it; expected one of validation_accuracy" in str(raised.value)
+    # A metric it reports starts.
+    good = {
+        "RETRAIN_PIPELINE_PARAMETERS": "validate_every_epochs=1,early_stopping_metric=validation_recall_9"
+    }
+    assert AppSettings.from_environ({**environ, **good}).models
+
+
 def test_the_root_entry_stops_on_a_bad_gate_metric_in_one_line_without_importing_torch(tmp_path):
     # The real start-up, in a fresh interpreter: what the Functions worker would log, and what it loaded.
     probe = (

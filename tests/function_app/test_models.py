@@ -14,6 +14,7 @@ from helpers.function_app import corpus
 from helpers.function_app.front_door_settings import app_settings
 from helpers.function_app.served_models import IMAGE, TABULAR, served_environ, write_model
 
+from components.model_init import init_model
 from function_app.events.drift_alerts import parse_drift_alert
 from function_app.events.http_retrain import HttpRejection, parse_http_retrain
 from function_app.events.parsing import parse_blob_created
@@ -286,6 +287,44 @@ def test_serving_from_files_refuses_what_contradicts_them(two_models, tmp_path, 
         AppSettings.from_environ(environ)
     assert expected in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+def test_a_model_made_by_init_custom_is_routed_by_its_task_s_raw_suffixes_without_importing_it(tmp_path):
+    # `retrain init house --task custom` writes a [trigger] without suffixes: the default is the task's
+    # raw_suffixes, which the front door reads from the task file (it imports torch; start-up never does).
+    init_model("house", "custom", tmp_path / "models")
+    environ = served_environ(tmp_path, "house")
+    (route,) = AppSettings.from_environ(environ).models
+    assert route.scope is not None and route.scope.suffixes == (".csv",)
+    accepted = parse_blob_created(
+        corpus.blob_created(name="house/batch-0001.csv"), AppSettings.from_environ(environ), NOW
+    )
+    assert isinstance(accepted, TriggerRequest)
+
+    task_file = tmp_path / "models" / "house_task.py"
+    task_file.write_text(
+        task_file.read_text().replace('raw_suffixes = (".csv",)', 'raw_suffixes = (".tsv",)')
+    )
+    settings = AppSettings.from_environ(environ)  # the edited file is what routes
+    assert settings.models[0].scope is not None and settings.models[0].scope.suffixes == (".tsv",)
+    assert isinstance(parse_blob_created(corpus.blob_created(name="house/a.csv"), settings, NOW), Rejection)
+    assert isinstance(
+        parse_blob_created(corpus.blob_created(name="house/a.tsv"), settings, NOW), TriggerRequest
+    )
+
+
+def test_a_task_whose_raw_suffixes_only_running_it_tells_stops_start_up_in_one_line(tmp_path):
+    init_model("house", "custom", tmp_path / "models")
+    task_file = tmp_path / "models" / "house_task.py"
+    computed = 'raw_suffixes = tuple(s.lower() for s in (".CSV",))'
+    task_file.write_text(task_file.read_text().replace('raw_suffixes = (".csv",)', computed))
+    with pytest.raises(SettingsError) as raised:
+        AppSettings.from_environ(served_environ(tmp_path, "house"))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"{tmp_path / 'models' / 'house.toml'}: [trigger] suffixes is unset, and ")
+    assert "HouseTask.raw_suffixes is computed" in message
+    assert message.endswith('expected [trigger] suffixes = [".csv"], the files its task reads')
 
 
 def test_suffixes_follow_the_task_in_the_single_model_settings_too(tmp_path):

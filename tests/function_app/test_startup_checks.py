@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from helpers.function_app.corpus import blob_created
 
+from components.errors import SubmissionError
+from components.local.plan import check_parameter_texts
+from components.specs import load_pipeline_spec
 from function_app import runtime
 from function_app.local.cli import register_commands
 from function_app.settings.app import AppSettings, SettingsError
@@ -55,6 +58,70 @@ def test_a_pipeline_parameter_its_input_refuses_stops_start_up_in_one_line(tmp_p
         _start(tmp_path, parameters)
 
     assert str(raised.value) == f"RETRAIN_PIPELINE_PARAMETERS: {message}"
+
+
+SECRET = "S3cretPassw0rd"
+LOCK_URL = "https://lockstore.blob.core.windows.net/locks/retrain"
+
+
+@pytest.mark.parametrize("submitter", ["local", "dry-run"])
+@pytest.mark.parametrize(
+    "lock",
+    [
+        f"https://retrain:{SECRET}@lockstore.blob.core.windows.net/locks",
+        f"{LOCK_URL}?sv=2024-11-04&sp=rwl&sig={SECRET}",
+        f"https://lockstore.blob.core.windows.net/locks#{SECRET}",
+    ],
+)
+def test_a_registry_lock_with_credentials_stops_start_up_masked_before_anything_is_spent(
+    tmp_path, submitter, lock
+):
+    # The register step refuses such a lock only after a whole training, each run counted in the budget.
+    environ = {
+        "RETRAIN_SUBMITTER": submitter,
+        "RETRAIN_HOME": str(tmp_path / "home"),
+        "RETRAIN_PIPELINE_PARAMETERS": f"epochs=1,registry_lock={lock}",
+    }
+    with pytest.raises(SettingsError) as raised:
+        runtime.start(environ)
+    message = str(raised.value)
+    assert message.startswith("RETRAIN_PIPELINE_PARAMETERS registry_lock 'https://lockstore.blob.core.")
+    assert "credentials do not belong in the URL" in message
+    assert SECRET not in message and "\n" not in message
+    assert not (tmp_path / "home").exists()  # no ledger, no claim, no budget
+
+
+def test_a_registry_lock_the_submitter_s_register_step_can_open_starts(tmp_path):
+    local = {"RETRAIN_HOME": str(tmp_path), "RETRAIN_SUBMITTER": "local"}
+    for lock in (LOCK_URL, str(tmp_path / "locks")):  # locally a folder is a lock too
+        settings = AppSettings.from_environ({**local, "RETRAIN_PIPELINE_PARAMETERS": f"registry_lock={lock}"})
+        assert settings.pipeline_parameters["registry_lock"] == lock
+    dry_run = {**local, "RETRAIN_SUBMITTER": "dry-run"}
+    assert AppSettings.from_environ({**dry_run, "RETRAIN_PIPELINE_PARAMETERS": f"registry_lock={LOCK_URL}"})
+    # On Azure ML the register steps of two jobs run on two nodes: a folder serialises nothing.
+    with pytest.raises(SettingsError, match=r"registry_lock '/.*/locks': a folder, which register steps on"):
+        AppSettings.from_environ(
+            {**dry_run, "RETRAIN_PIPELINE_PARAMETERS": f"registry_lock={tmp_path / 'locks'}"}
+        )
+
+
+def test_a_registry_lock_in_a_model_s_file_is_checked_as_its_runs_would_use_it(tmp_path):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "digits.toml").write_text(
+        f'[pipeline]\nregistry_lock = "{LOCK_URL}?sig={SECRET}"\n\n[trigger]\nprefix = "digits"\n'
+    )
+    environ = {"RETRAIN_HOME": str(tmp_path), "RETRAIN_MODELS": "digits", "RETRAIN_MODELS_DIR": str(folder)}
+    with pytest.raises(SettingsError) as raised:  # refused where the file is read, masked
+        AppSettings.from_environ(environ)
+    message = str(raised.value)
+    assert message.startswith(f"{folder / 'digits.toml'}: [pipeline] registry_lock is 'https://")
+    assert SECRET not in message and "expected a folder, or a blob container URL" in message
+    # ... and so is `retrain run --param registry_lock=...`, before anything is pinned.
+    lock = f"https://u:{SECRET}@x.blob.core.windows.net/l"
+    with pytest.raises(SubmissionError) as refused:
+        check_parameter_texts(load_pipeline_spec(), {"registry_lock": lock})
+    assert str(refused.value).startswith("parameter registry_lock is 'https://***@x.blob.core.windows.net/l'")
 
 
 def test_parameters_within_their_inputs_bounds_start(tmp_path):

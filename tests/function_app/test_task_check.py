@@ -20,6 +20,7 @@ from function_app.wiring import build_front_door
 # A complete task as far as the preflight looks; each import of the file (one per check process) adds a
 # line to the counter file next to it.
 TASK_FILE = """
+import os
 from pathlib import Path
 
 from training.tasks.base import Metric, MetricSet
@@ -164,3 +165,45 @@ def test_a_module_tasks_verdict_is_kept_per_version_of_its_sources(tmp_path):
     assert _front_door(environ).flush(ignore_quiet=True) == []
     assert _checks(package / "task.py") == 2
     assert front.ledger_snapshot()["submissions"] == []
+
+
+# A user's classifier whose options name its classes: its per-class recalls are one per class.
+PER_CLASS = TASK_FILE.replace(
+    'metrics = MetricSet((Metric("accuracy", "higher"), Metric("loss", "lower")))',
+    'metrics = MetricSet((Metric("accuracy", "higher"), Metric("recall_*", "higher", per_class=True)))',
+).replace(
+    "    def options(self): return {}",
+    '    def __init__(self, classes=("a", "b", "c")): self.classes = list(classes)\n'
+    '    def options(self): return {"classes": self.classes}\n'
+    "    def class_count(self, raw): return len(self.classes)",
+)
+
+
+def test_a_class_s_metric_or_stopping_metric_the_user_s_task_cannot_report_is_held_at_no_cost(tmp_path):
+    environ, task_file = _served(tmp_path, "floors = { recall_3 = 0.5 }")
+    task_file.write_text(PER_CLASS)
+    landed = Path(environ["RETRAIN_LANDING_FOLDER"]) / "batch-0001.csv"
+    front = _front_door(environ)
+    front.deliver(corpus.blob_created(name="flowers/batch-0001.csv", eTag=content_etag(landed)))
+
+    assert front.flush(ignore_quiet=True) == []
+    reason = front.verdicts()["flowers"].reason
+    assert "floors names metric 'recall_3', which the task does not report" in reason
+    assert "recall_0 to recall_2 for its 3 classes" in reason and "\n" not in reason
+
+    # The early-stopping metric, which the trainer would refuse at its first validation, is checked too.
+    config = Path(environ["RETRAIN_MODELS_DIR"]) / "flowers.toml"
+    config.write_text(
+        config.read_text().replace("recall_3 = 0.5", "recall_2 = 0.5")
+        + '\n[pipeline]\nvalidate_every_epochs = 1\nearly_stopping_metric = "validation_recall_7"\n'
+    )
+    again = _front_door(environ)
+    assert again.flush(ignore_quiet=True) == []
+    assert again.verdicts()["flowers"].reason == (
+        "held: preflight: parameter early_stopping_metric is 'validation_recall_7': task 'flowers' does not "
+        "report it; expected one of validation_accuracy, validation_recall_*"
+    )
+    state, _ = again.ledger.load_state("flowers")
+    assert (state.runs_today, state.in_flight_id) == (0, None)  # no budget spent
+    assert again.ledger_snapshot()["submissions"] == []
+    assert not (Path(environ["RETRAIN_HOME"]) / "runs").exists()  # nothing ran

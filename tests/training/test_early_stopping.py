@@ -27,6 +27,7 @@ from training.engine.early_stopping import (
     selection_rule,
 )
 from training.engine.train_state import RunState, build_training_objects, checkpoint_state, restore
+from training.engine.validation import rule_for
 from training.tasks.loader import load_task
 
 METRICS = MetricSet(
@@ -139,6 +140,50 @@ def test_the_launcher_refuses_an_undeclared_metric_before_any_process_starts(tmp
     with pytest.raises(InputError, match=r"^--early-stopping-metric validation_perplexity: task 'tabular'"):
         launch(config, nproc=2, environ={})
     assert not (tmp_path / "ckpt").exists()  # nothing started: not even the checkpoint location
+
+
+def test_a_class_s_metric_beyond_the_classes_the_options_fix_is_refused_before_any_process_starts(tmp_path):
+    from training.engine.launch import launch
+
+    three = {"classes": ["setosa", "versicolor", "virginica"]}
+    config = _config(
+        tmp_path, task_options=three, validate_every_epochs=1, early_stopping_metric="validation_recall_3"
+    )
+    with pytest.raises(InputError) as raised:
+        launch(config, nproc=2, environ={})
+    assert str(raised.value) == (
+        "--early-stopping-metric validation_recall_3: task 'tabular' does not report it; expected one of "
+        "validation_accuracy, validation_macro_f1, validation_loss, validation_recall_*"
+    )
+    assert not (tmp_path / "ckpt").exists()  # nothing started: not even the checkpoint location
+    # The last class's recall is one it reports.
+    task = load_task("tabular", three)
+    assert rule_for(_config(tmp_path, task_options=three, validate_every_epochs=1,
+                            early_stopping_metric="validation_recall_2"), task).higher  # fmt: skip
+
+
+def test_a_class_s_metric_the_validation_split_lacks_fails_naming_the_flag_not_the_task(
+    prepared_data, tmp_path, capsys
+):
+    # Only the data fixes the digits' classes here (no n_classes option): the pre-run check reads them from
+    # the raw files (tests/components/test_preflight.py); `retrain train` alone has the prepared split.
+    from training.cli import main
+
+    argv = ["train", "--data", str(prepared_data), "--out", str(tmp_path / "out")]
+    argv += ["--checkpoints", str(tmp_path / "ckpt"), "--epochs", "1", "--global-batch-size", "64"]
+    argv += ["--checkpoint-every-seconds", "off", "--no-mlflow", "--progress", "none"]
+    argv += ["--validate-every-epochs", "1", "--early-stopping-metric", "validation_recall_99"]
+    capsys.readouterr()
+
+    assert main(argv) != 0
+
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert errors == [
+        "retrain: error: --early-stopping-metric 'validation_recall_99': the validation split at step 22 "
+        "gave no 'recall_99' (a class it does not hold, or one the model does not have); expected a metric "
+        "every validation reports, such as validation_macro_f1"
+    ]
+    assert not (tmp_path / "out" / "model.pt").exists()
 
 
 # -- the options --------------------------------------------------------------------------------------

@@ -59,3 +59,18 @@ def test_prep_with_a_policy_the_task_can_meet_prepares(sample_raw, tmp_path):
 
     assert main(_prep_argv(sample_raw, tmp_path / "out", **gate)) == 0
     assert (tmp_path / "out" / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("options", [json.dumps(DIGITS_OPTIONS), "{}"])  # n_classes = 10, or the labels'
+def test_prep_refuses_a_class_s_recall_beyond_the_classes_before_preparing(
+    sample_raw, tmp_path, capsys, options
+):
+    capsys.readouterr()
+
+    code = main(_prep_argv(sample_raw, tmp_path / "out", task_options=options, floors="recall_10=0.5"))
+
+    lines = capsys.readouterr().err.splitlines()
+    assert code != 0 and len(lines) == 1
+    assert "floors names metric 'recall_10', which the task does not report" in lines[0]
+    assert "recall_* (higher is better; recall_0 to recall_9 for its 10 classes)" in lines[0]
+    assert not (tmp_path / "out").exists()

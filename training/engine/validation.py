@@ -49,16 +49,17 @@ from training.engine.outputs import scores
 from training.engine.strategy import Strategy
 from training.engine.tracking import Tracker
 from training.engine.train_state import RunState
-from training.tasks.base import Task, TaskData
+from training.tasks.base import Task, TaskData, class_count_of
 
 log = logging.getLogger(__name__)
 
 
 def rule_for(config: TrainConfig, task: Task) -> SelectionRule:
-    """The run's selection rule; refuses, in one line, an early-stopping metric the task does not declare.
+    """The run's selection rule; refuses, in one line, an early-stopping metric the task does not declare,
+    or a class's metric beyond the class count its options fix (`validation_recall_5` of 3 classes).
     The launcher asks it before any process starts, every worker before its first step."""
     return selection_rule(
-        task.metrics,
+        task.metrics.with_class_count(class_count_of(task, None)),
         task.name,
         task.default_primary_metric,
         config.early_stopping_metric,
@@ -114,6 +115,14 @@ class Validator:
         metrics = self._agreed_scores()
         if self.rule.metric not in metrics:
             missing = self.rule.metric.removeprefix(VALIDATION_PREFIX)
+            if self._task.metrics.per_class_member(missing) is not None:
+                # One class's metric: the split may lack that class, or the model have fewer classes.
+                raise InputError(
+                    f"--early-stopping-metric {self.rule.metric!r}: the validation split at step {step} "
+                    f"gave no {missing!r} (a class it does not hold, or one the model does not have); "
+                    "expected a metric every validation reports, such as validation_"
+                    f"{self._task.default_primary_metric}"
+                )
             raise InputError(
                 f"task {self._task.name!r}: score() did not report {missing!r} on the validation split, "
                 "which validation selects by; expected every metric it declares"

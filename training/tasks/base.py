@@ -54,6 +54,12 @@ What a task may bring besides (optional; a task without it keeps the engine's de
 - **The data's facts in the loss.** `loss(model, batch, info)`: a `loss` whose signature has a parameter
   named `info` is given the data version's `info` (class counts for a weighted loss, say) as `info=`; one
   with two parameters is called as `loss(model, batch)`.
+- **Its class count, for per-class metrics.** A family declared `Metric("recall_*", ..., per_class=True)`
+  has one member per class, `recall_<index>`. `class_count(raw)` says how many classes there are: from the
+  task's options when they fix it (`raw` may be None), else from the raw files in `raw` as `prepare` would
+  count them; None when it cannot say. The pre-run check asks it when a gate policy or an early-stopping
+  metric names one member (`recall_7`), so that a class the data does not have is refused before anything
+  trains, not by the gate after a whole training.
 
 A task is loaded from `--task NAME` (a built-in: `tabular`, `image`), `--task path/to/file.py:Attr` or
 `--task package.module:Attr` (training/tasks/loader.py). `Attr` is a `Task` instance, or a class or factory
@@ -234,7 +240,7 @@ REQUIRED_METHODS = (
 )
 REQUIRED_ATTRIBUTES = ("name", "raw_suffixes", "metrics", "default_primary_metric")
 # Methods a task may have (see the contract above); the engine does without them.
-OPTIONAL_METHODS = ("configure_optimization", "fsdp_modules")
+OPTIONAL_METHODS = ("configure_optimization", "fsdp_modules", "class_count")
 
 
 @dataclass(frozen=True)
@@ -284,6 +290,18 @@ def built_model(task: Task, info: Mapping[str, Any]) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise _broken(task, "build_model", _described(model), "a torch.nn.Module (the model itself)")
     return model
+
+
+def class_count_of(task: Task, raw: Path | None) -> int | None:
+    """`task.class_count(raw)` when the task has a per-class metric family and the hook (None otherwise),
+    refused in one line unless a whole number >= 1 or None."""
+    hook = getattr(task, "class_count", None)
+    if not task.metrics.per_class or not callable(hook):
+        return None
+    count = hook(raw)
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise _broken(task, "class_count", repr(count), "a whole number >= 1, or None when it cannot say")
+    return count
 
 
 def loss_takes_info(task: Task) -> bool:

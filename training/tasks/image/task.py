@@ -35,7 +35,7 @@ from training.tasks.image.features import prepared_features, raw_folder_features
 from training.tasks.image.manifest import RERUN_HINT, read_manifest, read_split
 from training.tasks.image.model import CnnConfig, ImageClassifier, InChunks, augment
 from training.tasks.image.prepare import prepare_images
-from training.tasks.image.raw_images import RAW_SUFFIXES
+from training.tasks.image.raw_images import RAW_SUFFIXES, list_labelled_images
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,16 @@ class ImageTask:
             "dropout": self.dropout,
             "augment": self.augment,
         }
+
+    def class_count(self, raw: Path | None) -> int | None:
+        """The classes its per-class recalls cover: the class folders in `raw` with images, as preparing
+        finds them; None without data, or when `raw` is not in the class-folder layout (prepare says why)."""
+        if raw is None:
+            return None
+        try:
+            return len(list_labelled_images(Path(raw))[0])
+        except InputError:
+            return None
 
     # -- data ----------------------------------------------------------------------------------------------
 

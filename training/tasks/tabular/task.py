@@ -28,6 +28,7 @@ from core.metrics import BUILTIN_TASK_METRICS
 from training.data.splits import SPLIT_NAMES, SplitFractions
 from training.tasks.base import FeatureTable, MetricSet, TaskData, TensorSplit
 from training.tasks.classification import metrics_from_logits
+from training.tasks.tabular.class_count import raw_class_count
 from training.tasks.tabular.dataset import load_prepared
 from training.tasks.tabular.model import ModelConfig, TabularClassifier
 from training.tasks.tabular.prepare import deduplicate, prepare
@@ -108,6 +109,13 @@ class TabularTask:
 
     def options(self) -> Mapping[str, Any]:
         return dict(self._options)
+
+    def class_count(self, raw: Path | None) -> int | None:
+        """The classes its per-class recalls cover: the options' (n_classes, or the classes named), else
+        the labels in `raw` as preparing would count them; None without either."""
+        if self.schema.n_classes is not None:
+            return self.schema.n_classes
+        return raw_class_count(raw, self.schema.label_column) if raw is not None else None
 
     # -- data ------------------------------------------------------------------------------------------
 
