@@ -87,10 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
         # One INFO line per storage request would bury the decisions the commands print.
         logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
-        args.environ = dict(os.environ)
-        args.state_root = state_root(args.environ, Path.cwd())
         args.warm_starter = starter  # `retrain run`'s, for its runner to use and end
         try:
+            training_cli.keep_mlflow_credentials_apart(args, os.environ)
+            args.environ = dict(os.environ)
+            args.state_root = state_root(args.environ, Path.cwd())
             return args.handler(args)
         except RetrainError as error:  # PipelineError and the front door's errors included
             print(f"retrain: error: {mask_secrets(str(error))}", file=sys.stderr)

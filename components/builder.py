@@ -43,6 +43,7 @@ from components.task_ref import DEFAULT_TASK, parse_task_reference, snapshot_tex
 from core.blob_urls import EXPECTED_BLOB_URL, parse_blob_url
 from core.secrets import mask_secrets
 from core.storage.locations import parse_location
+from core.task_ref import secret_options
 from core.text import quoted
 
 if TYPE_CHECKING:
@@ -90,6 +91,20 @@ def check_registry_lock(url: str, where: str = REGISTRY_LOCK_INPUT, *, folder: b
         )
     parse_blob_url(url, where, SubmissionError)
     return url
+
+
+def check_pipeline_task_options(options: Mapping[str, Any], where: str = "task options") -> None:
+    """Refuses a task secret's value (core/task_ref.py) in an Azure ML pipeline: a job shows its inputs
+    (and any environment variable it sets) to every reader of the workspace, and a step can be handed no
+    value a job would not show. The task reads such a secret itself, from the workspace's Key Vault; the
+    placeholder `***` passes, for a training environment that carries RETRAIN_TASK_SECRETS."""
+    secrets = sorted(secret_options(options))
+    if secrets:
+        raise SubmissionError(
+            f"{where}: {secrets} hold the value of a secret, which an Azure ML job shows to every reader of "
+            "the workspace; read it in the task from the workspace's Key Vault (the compute's managed "
+            "identity) instead of passing it as a task option"
+        )
 
 
 def checkpoints_path(datastore: str, key: str) -> str:
@@ -206,6 +221,7 @@ class PipelineBuild:
         """The build for one attempt of a request; `compute` overrides the request's per-step compute (the
         dedicated fallback). `pipeline_file` gives the defaults the checkpoint key resolves."""
         check_datastore_name(datastore)
+        check_pipeline_task_options(request.task_options, f"model {request.model_name!r}: task options")
         pinned = _PINNED_ASSET.fullmatch(request.data.uri)
         if pinned and pinned["version"] != request.data.version:
             raise SubmissionError(

@@ -24,6 +24,7 @@ from components.request import COMPLETED, RunRequest, Submission
 from components.specs import PIPELINE_FILE
 from core.files import staged_folder
 from core.secrets import mask_secrets
+from core.task_ref import written_options
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def request_to_dict(request: RunRequest) -> dict[str, Any]:
         "compute": dict(request.compute),
         "component_versions": dict(request.component_versions),
         "task": request.task,
-        "task_options": dict(request.task_options),
+        "task_options": written_options(request.task_options),
         "task_sha256": request.task_sha256,
         "run_key": request.run_key,
     }

@@ -37,6 +37,7 @@ from core.errors import InputError
 from core.files import file_sha256, write_atomically
 from core.gate_rules import check_gate_parameters
 from core.metrics import Direction, Metric, MetricSet, configured_metrics
+from core.task_ref import task_secrets_environment
 from core.train_rules import VALIDATION_PREFIX, check_train_parameters, validation_metric
 
 CHECK_COMMAND = ("-m", "training.cli", "check-model")
@@ -91,6 +92,9 @@ class TaskRun(Protocol):
 
     @property
     def task_options_text(self) -> str: ...
+
+    @property
+    def task_options(self) -> Mapping[str, Any]: ...
 
     @property
     def task_sha256(self) -> str | None: ...
@@ -218,6 +222,8 @@ class SubprocessPreflight:
         argv = [self.python, *CHECK_COMMAND, *check_arguments(request, where, raw)]
         try:
             environ = self.environ if self.environ is not None else dict(os.environ)
+            # The options' secrets stand as `***` in the arguments, their values in the environment.
+            environ = {**environ, **task_secrets_environment(request.task_options, environ)}
             done = self.runner.run(argv, self.code_root, environ, self.timeout_s)
         except (OSError, subprocess.TimeoutExpired) as error:
             raise SubmissionError(

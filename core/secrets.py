@@ -1,15 +1,20 @@
 """The one secret masking: what every record, log line, MLflow param and printed message passes through,
-and the MLflow tracking credentials taken out of a URL so that they never stand on a command line."""
+which names are a credential's, and the MLflow tracking credentials taken out of a URL so that they never
+stand on a command line nor reach MLflow inside one."""
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from core.errors import InputError
+
 log = logging.getLogger(__name__)
+
+MASK = "***"  # what stands in a secret's place, wherever one is written
 
 # Where a credential hides in text that names a location or a setting. One list, applied to everything this
 # project writes or prints (records, logs, cache entries, MLflow tags and params, command output):
@@ -53,6 +58,12 @@ _SECRET_PATTERNS = (
 _CREDENTIAL_KEY = re.compile(f"(?i){_CREDENTIAL_NAME}")
 
 
+def is_secret_name(name: str) -> bool:
+    """Whether a setting or option named `name` holds a credential (`api_token`, `client_secret`,
+    `storage_key`, ...): the names whose values are masked wherever they are written."""
+    return bool(_CREDENTIAL_KEY.fullmatch(name))
+
+
 def mask_secrets(text: str) -> str:
     """`text` with every credential `_SECRET_PATTERNS` finds replaced by '***': what may be written."""
     for pattern, replacement in _SECRET_PATTERNS:
@@ -68,8 +79,8 @@ def mask_secrets_in(value: Any) -> Any:
         return mask_secrets(value)
     if isinstance(value, Mapping):
         return {
-            mask_secrets_in(key): "***"
-            if isinstance(item, str) and isinstance(key, str) and _CREDENTIAL_KEY.fullmatch(key)
+            mask_secrets_in(key): MASK
+            if isinstance(item, str) and isinstance(key, str) and is_secret_name(key)
             else mask_secrets_in(item)
             for key, item in value.items()
         }
@@ -134,6 +145,38 @@ def tracking_credentials_apart(uri: str) -> tuple[str, dict[str, str]]:
     user, _, password = user_info.partition(":")
     environment = {MLFLOW_USERNAME_VARIABLE: unquote(user), MLFLOW_PASSWORD_VARIABLE: unquote(password)}
     return urlunsplit(parts._replace(netloc=host)), environment
+
+
+# Where MLflow looks for its stores when no URI is given to it.
+MLFLOW_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
+def mlflow_credentials_apart(environ: MutableMapping[str, str], uri: str | None = None) -> str | None:
+    """Take the user info out of every MLflow store URI a process was given, into MLflow's own credential
+    variables in `environ`: MLFLOW_TRACKING_URI and MLFLOW_REGISTRY_URI are rewritten without it, and `uri`
+    (a command's `--mlflow-tracking-uri`) comes back without it.
+
+    MLflow writes the tracking URI it is given where no masking reaches: its "View run ... at: URI" lines
+    go straight to sys.stdout (a step's log, a terminal). A URI with no user info has none to show, and
+    MLflow still sends the user and password, as basic auth, from the variables; the processes this one
+    starts inherit them. For a process's entry point, before MLflow is used. Two different logins cannot
+    both be MLflow's (it takes one user and password per process): refused in one line."""
+    given: dict[str, dict[str, str]] = {}
+    for name in MLFLOW_URI_VARIABLES:
+        if environ.get(name):
+            environ[name], given[name] = tracking_credentials_apart(environ[name])
+    if uri:
+        uri, given["--mlflow-tracking-uri"] = tracking_credentials_apart(uri)
+    logins = {where: login for where, login in given.items() if login}
+    if len({tuple(sorted(login.items())) for login in logins.values()}) > 1:
+        raise InputError(
+            f"{' and '.join(logins)} carry different users or passwords; MLflow takes one login per process "
+            f"({MLFLOW_USERNAME_VARIABLE}, {MLFLOW_PASSWORD_VARIABLE}): give the same one, or set those "
+            "variables and leave the user info out of the URIs"
+        )
+    for login in logins.values():
+        environ.update(login)
+    return uri
 
 
 def displayable_url(url: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from core.errors import InputError, RetrainError
 from core.flags import add_flags, config_from_namespace
-from core.secrets import mask_logged_secrets, mask_secrets
+from core.secrets import mask_logged_secrets, mask_secrets, mlflow_credentials_apart
 from training.data.prepare_config import PrepareConfig
 from training.drift import cli as drift_cli
 from training.engine.train_args import add_train_arguments
@@ -148,6 +148,15 @@ def quiet_library_output(environ: MutableMapping[str, str]) -> None:
     environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
+def keep_mlflow_credentials_apart(args: argparse.Namespace, environ: MutableMapping[str, str]) -> None:
+    """MLflow is given no URI with user info, neither the environment's nor the command's own
+    `--mlflow-tracking-uri` (core.secrets.mlflow_credentials_apart): it prints the URI it has."""
+    uri = getattr(args, "mlflow_tracking_uri", None)
+    uri = mlflow_credentials_apart(environ, uri if isinstance(uri, str) else None)
+    if hasattr(args, "mlflow_tracking_uri"):
+        args.mlflow_tracking_uri = uri
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_library_output(os.environ)
     args = build_parser().parse_args(argv)
@@ -156,9 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     mask_logged_secrets()
-    args.environ = dict(os.environ)
-    args.state_root = state_root(args.environ, Path.cwd())
     try:
+        keep_mlflow_credentials_apart(args, os.environ)
+        args.environ = dict(os.environ)
+        args.state_root = state_root(args.environ, Path.cwd())
         return args.handler(args)
     except RetrainError as error:
         print(f"retrain: error: {mask_secrets(str(error))}", file=sys.stderr)

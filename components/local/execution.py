@@ -432,7 +432,7 @@ class PipelineExecution:
     ) -> StepLaunch:
         python = self.options.python
         reports = TorchrunReports.in_folder(folder) if step.distribution is not None else None
-        inputs, credentials = credentials_apart(inputs)
+        inputs, credentials = credentials_apart(inputs, self.request.task_options, self.context.environ)
         return StepLaunch(
             step=step.name,
             argv=tuple(step_argv(step, inputs, paths, nproc, python, reports)),

@@ -26,6 +26,7 @@ from components.builder import (
     DEFAULT_DATASTORE,
     REGISTRY_LOCK_INPUT,
     check_datastore_name,
+    check_pipeline_task_options,
     check_registry_lock,
 )
 from components.cost import CostSettings, CostSettingsError
@@ -161,6 +162,12 @@ class AppSettings:
         self._check_registry_lock()
         if self.submitter == AZUREML:
             self._check_every_model_has_a_scope()
+        if self.submitter != LOCAL:  # an Azure ML job, or its dry run: refused at every flush otherwise
+            for route in self.models:
+                try:
+                    check_pipeline_task_options(route.task_options, f"{route.source} [task.options]")
+                except SubmissionError as error:
+                    raise SettingsError(str(error)) from None
         self._check_emulator_connection()
         if self.landing_folder is not None and self.submitter != LOCAL:
             raise SettingsError(

@@ -9,12 +9,14 @@ import logging
 
 import pytest
 
+from core.errors import InputError
 from core.secrets import (
     MLFLOW_PASSWORD_VARIABLE,
     MLFLOW_USERNAME_VARIABLE,
     mask_logged_secrets,
     mask_secrets,
     mask_secrets_in,
+    mlflow_credentials_apart,
     tracking_credentials_apart,
 )
 
@@ -145,6 +147,37 @@ def test_a_tracking_uri_gives_its_user_info_to_mlflows_variables_and_keeps_the_r
     assert environment == {MLFLOW_USERNAME_VARIABLE: "ops", MLFLOW_PASSWORD_VARIABLE: f"{SECRET}@x"}
     for plain in ("http://127.0.0.1:5000", "sqlite:////tmp/mlflow.db", "databricks://profile", "off", ""):
         assert tracking_credentials_apart(plain) == (plain, {})
+
+
+def test_mlflow_is_given_no_store_uri_with_user_info_its_login_goes_to_its_variables():
+    # MLflow prints the URI it has ("View run ... at: URI") straight to stdout, past every masking.
+    environ = {
+        "MLFLOW_TRACKING_URI": f"https://ops:{SECRET}@mlflow.example.com/t",
+        "MLFLOW_REGISTRY_URI": f"https://ops:{SECRET}@mlflow.example.com/r",
+        "PATH": "/usr/bin",
+    }
+    assert mlflow_credentials_apart(environ, f"http://ops:{SECRET}@127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert environ == {
+        "MLFLOW_TRACKING_URI": "https://mlflow.example.com/t",
+        "MLFLOW_REGISTRY_URI": "https://mlflow.example.com/r",
+        "PATH": "/usr/bin",
+        MLFLOW_USERNAME_VARIABLE: "ops",
+        MLFLOW_PASSWORD_VARIABLE: SECRET,
+    }
+    # URIs without user info, and no option, change nothing; an existing login is kept.
+    plain = {"MLFLOW_TRACKING_URI": "sqlite:////tmp/mlflow.db", MLFLOW_USERNAME_VARIABLE: "me"}
+    assert mlflow_credentials_apart(plain, None) is None
+    assert plain == {"MLFLOW_TRACKING_URI": "sqlite:////tmp/mlflow.db", MLFLOW_USERNAME_VARIABLE: "me"}
+
+
+def test_two_different_mlflow_logins_are_refused_in_one_line_that_shows_neither():
+    # MLflow sends one user and password per process, to whichever store it calls.
+    environ = {"MLFLOW_TRACKING_URI": f"https://ops:{SECRET}@a.example.com"}
+    with pytest.raises(InputError) as raised:
+        mlflow_credentials_apart(environ, f"https://ops:{SECRET}x@b.example.com")
+    message = str(raised.value)
+    assert message.startswith("MLFLOW_TRACKING_URI and --mlflow-tracking-uri carry different users or ")
+    assert SECRET not in message and "\n" not in message
 
 
 def test_a_token_in_a_tracking_uri_is_not_echoed_by_the_registrys_error(monkeypatch):

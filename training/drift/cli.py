@@ -31,6 +31,7 @@ from core.errors import InputError
 from core.files import write_atomically
 from core.flags import add_flags, config_from_namespace
 from core.names import check_model_name
+from core.task_ref import written_options
 from training.drift.options import CHART_FILE, REPORT_FILE, DriftConfig
 from training.drift.tracking import Tracking, log_check, tracking_of
 from training.tasks.task_flags import add_task_option_flag, task_options_from_args
@@ -113,7 +114,7 @@ def _drift(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     check_id = new_check_id(datetime.now(UTC))
     out = config.out if config.out is not None else args.state_root / DRIFT_FOLDER / check_id
     document = report_document(report, config.model_name, check_id, reference, current)
-    document["task"] = {"name": task.name, "options": dict(task.options()), "from": task_source}
+    document["task"] = {"name": task.name, "options": written_options(task.options()), "from": task_source}
     files = write_outputs(document, report, out)
     event_id = None
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.flags import default_of, flag, number_text
-from core.task_ref import options_text
+from core.task_ref import options_text, written_options
 from core.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
 from core.train_rules import (
     CANDIDATE_AUTO,
@@ -410,14 +410,18 @@ class TrainConfig:
         return CANDIDATE_BEST if self.validates else CANDIDATE_LAST
 
     def trajectory(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in TRAJECTORY_FIELDS}
+        """The trajectory options as checkpoint records hold them (a task secret as `***`: its value
+        decides nothing a resume compares, core/task_ref.py)."""
+        values = {name: getattr(self, name) for name in TRAJECTORY_FIELDS}
+        return {**values, "task_options": written_options(self.task_options)}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; what checkpoints and metadata record (tracking location excluded: it may hold a
-        host name, and does not describe the run)."""
+        host name, and does not describe the run; a task secret as `***`)."""
         values = asdict(self)
         for name in ("mlflow_tracking_uri", "mlflow_artifact_location"):
             values.pop(name)
+        values["task_options"] = written_options(self.task_options)
         return {key: str(value) if isinstance(value, Path) else value for key, value in values.items()}
 
 
@@ -441,9 +445,14 @@ def trajectory_mismatches(saved: dict[str, Any], current: TrainConfig) -> list[s
     """Human-readable differences between a checkpoint's trajectory options and the current ones."""
     # A checkpoint from before an option existed was made with the option's default.
     defaults = {each.name: default_of(each) for each in fields(TrainConfig)}
+    # Compared as written: a task secret is `***` on both sides (in a checkpoint from before secrets were
+    # kept out of records too, whose value is then never shown).
+    if isinstance(recorded := saved.get("task_options"), dict):
+        saved = {**saved, "task_options": written_options(recorded)}
+    values = current.trajectory()
     return [
-        f"--{name.replace('_', '-')} {_shown_option(name, getattr(current, name))} "
+        f"--{name.replace('_', '-')} {_shown_option(name, values[name])} "
         f"(checkpoint: {_shown_option(name, saved.get(name, defaults[name]))})"
         for name in TRAJECTORY_FIELDS
-        if saved.get(name, defaults[name]) != getattr(current, name)
+        if saved.get(name, defaults[name]) != values[name]
     ]

@@ -41,6 +41,7 @@ from typing import Any
 from core.errors import InputError
 from core.flags import config_to_argv
 from core.secrets import tracking_credentials_apart
+from core.task_ref import task_secrets_environment
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
 from training.checkpoint.stores import newest_record, open_checkpoint_lease, open_checkpoint_store
 from training.engine.batch_split import micro_batch_size
@@ -174,9 +175,11 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     from training.checkpoint.estimate import refuse_unfit_checkpoint_location  # torch: loaded with the task
 
     refuse_unfit_checkpoint_location(config, environ, task)
-    # A password in the tracking URI goes to the workers in MLflow's variables, never on their command line
-    # (readable by every user of the machine).
+    # A password in the tracking URI goes to the workers in MLflow's variables, and a task secret in
+    # RETRAIN_TASK_SECRETS, never on their command line (readable by every user of the machine), where the
+    # task options stand as written (core/task_ref.py).
     tracking_uri, credentials = tracking_credentials_apart(config.mlflow_tracking_uri or "")
+    credentials = {**credentials, **task_secrets_environment(config.task_options, environ)}
     command = torchrun_command(replace(config, mlflow_tracking_uri=tracking_uri or None), nproc)
     # One intra-op thread per worker: N workers on N cores, not N x N threads fighting for them.
     environment = {"OMP_NUM_THREADS": "1", **environ, **credentials, LAUNCH_ID_VARIABLE: launch_id}

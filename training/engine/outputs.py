@@ -18,6 +18,7 @@ from torch import nn
 
 from core.errors import InputError
 from core.files import write_atomically
+from core.task_ref import written_options
 from training.tasks.base import built_model
 
 if TYPE_CHECKING:
@@ -44,12 +45,13 @@ def write_model(
     task_options: Mapping[str, Any],
     info: Mapping[str, Any],
 ) -> Path:
-    """model.pt in `out_dir`: everything `load_model_file` needs to rebuild `model`."""
+    """model.pt in `out_dir`: everything `load_model_file` needs to rebuild `model` (a task secret as
+    `***`, which the loader gives its value from the environment of whoever rebuilds it)."""
     path = out_dir / MODEL_FILE
     payload = {
         "format": MODEL_FORMAT,
         "task": task_ref,
-        "task_options": dict(task_options),
+        "task_options": written_options(task_options),
         "info": dict(info),
         "state_dict": model.state_dict(),
     }

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 import training
+from core.task_ref import written_options
 from training.checkpoint.checkpointer import Checkpointer, LoadedCheckpoint
 from training.checkpoint.manager import CheckpointManager
 from training.checkpoint.records import REASON_INTERVAL
@@ -418,7 +419,11 @@ class Trainer:
             "evictions_survived": run.evictions_survived,
             "attempts": run.attempts,
             "final_metrics": final_metrics,
-            "task": {"ref": config.task, "name": self.task.name, "options": config.task_options},
+            "task": {
+                "ref": config.task,
+                "name": self.task.name,
+                "options": written_options(config.task_options),
+            },
             "info": dict(self.data.info),
             "throughput": {
                 "samples_per_second": self._meter.samples_per_second(),

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from core.errors import RetrainError
-from core.secrets import mask_logged_secrets, mask_secrets
+from core.secrets import mask_logged_secrets, mask_secrets, mlflow_credentials_apart
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.lease import CheckpointLease, LeasedStore
 from training.checkpoint.sharded import ShardGroup
@@ -184,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(int(os.environ.get("RANK", "0")))
     try:
+        # The launcher passes no user info on the command line; the environment's goes to MLflow's variables.
+        args.mlflow_tracking_uri = mlflow_credentials_apart(os.environ, args.mlflow_tracking_uri)
         config = config_from_args(args, os.environ, Path.cwd())
         launch_id = os.environ.get(LAUNCH_ID_VARIABLE) or uuid.uuid4().hex[:12]
         return run_worker(config, launch_id, os.environ, watch_parent=True)

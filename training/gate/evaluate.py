@@ -28,7 +28,8 @@ from core.errors import InputError
 from core.files import write_atomically
 from core.gate_rules import AS_FLAGS, resampling_conflict
 from core.names import check_model_name
-from core.task_ref import options_text, parse_task_ref
+from core.secrets import MASK
+from core.task_ref import options_text, parse_task_ref, secret_options, written_options
 from training.engine.outputs import METADATA_FILE, MODEL_FILE, read_model_payload, scores, weights_sha256
 from training.gate.bootstrap import Resampling, paired_document, resampled_scores
 from training.gate.options import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
@@ -135,6 +136,13 @@ def candidate_task(
             "leave --task out to use the one the model records"
         )
     task = load_task(task_ref, given_options)
+    # model.pt holds a task secret as `***`: the value given now stands in for it (a rotated token is the
+    # same training), and the environment's where none is given.
+    given_secrets = secret_options(given_options)
+    recorded_options = {
+        name: given_secrets.get(name, value) if value == MASK else value
+        for name, value in recorded_options.items()
+    }
     # Compared as the task sees them, defaults filled in: {} and the defaults written out are the same.
     if dict(task.options()) != dict(load_task(task_ref, recorded_options).options()):
         raise InputError(
@@ -241,7 +249,7 @@ def task_document(candidate: TrainedModel) -> dict[str, Any]:
     return {
         "ref": candidate.task_ref,
         "name": candidate.task.name,
-        "options": dict(candidate.rebuilt.task_options),
+        "options": written_options(candidate.rebuilt.task_options),
         "file_sha256": task_file_sha256(ref),
         "code_sha256": task_code_sha256(ref),
     }

@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 from core.errors import InputError, RetrainError
 from core.files import file_sha256
 from core.sources import INSTALLED_FOLDERS, file_task_sources, task_sources_sha256
-from core.task_ref import TASK_FORMS, TaskRef, parse_task_ref
+from core.task_ref import TASK_FORMS, TaskRef, parse_task_ref, with_task_secrets
 from training.tasks.base import Task, missing_parts
 
 
@@ -158,14 +159,25 @@ def _instantiate(ref: TaskRef, target: Any, options: Mapping[str, Any]) -> Any:
         raise InputError(f"--task {ref.text!r}: cannot build the task ({_one_line(error)})") from error
 
 
-def load_task(text: str, options: Mapping[str, Any] | None = None, cwd: Path | None = None) -> Task:
-    """The task `text` names, built with `options`, checked to have every part of the contract."""
+def load_task(
+    text: str,
+    options: Mapping[str, Any] | None = None,
+    cwd: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Task:
+    """The task `text` names, built with `options`, checked to have every part of the contract.
+
+    A task secret written as `***` (a step's or worker's command line, a model.pt, a lineage tag: see
+    core/task_ref.py) is given its value from `environ`'s RETRAIN_TASK_SECRETS, by default this process's:
+    every process that builds a task does it here (a step, a torchrun worker, MLflow's serving process), so
+    none can pass the placeholder to the task instead."""
     ref = parse_task_ref(text, cwd or Path.cwd())
+    given = with_task_secrets(options or {}, os.environ if environ is None else environ)
     module = _import_module(ref)
     if not hasattr(module, ref.attribute):
         where = ref.path or ref.module
         raise InputError(f"--task {ref.text!r}: {where} has no attribute {ref.attribute!r}")
-    task = _instantiate(ref, getattr(module, ref.attribute), dict(options or {}))
+    task = _instantiate(ref, getattr(module, ref.attribute), given)
     missing = missing_parts(task)
     if missing:
         raise InputError(
