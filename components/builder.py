@@ -24,6 +24,7 @@ from components.errors import SpecError, SubmissionError
 from components.request import RunRequest
 from components.run_inputs import (
     DATA_INPUT,
+    PREVIOUS_PREPARED_INPUT,
     RESERVED_INPUTS,
     TRIGGER_INPUT,
     UNPINNED_DATA_VERSION,
@@ -54,6 +55,8 @@ DATASTORE_SETTING = "RETRAIN_AZUREML_DATASTORE"
 DEFAULT_DATASTORE = "workspaceblobstore"
 CHECKPOINTS_ROOT = "retrain/checkpoints"
 TRAIN_STEP = "train"
+PREP_STEP = "prep"  # its rejected_inputs output says which raw files it left out (core/rejected_inputs.py)
+PREPARED_OUTPUT = "prepared_data"  # prep's prepared data version, which a later run's prep builds on
 CHECKPOINTS_OUTPUT = "checkpoints"
 # The register component's input naming the lock blob that serialises champion changes across nodes.
 REGISTRY_LOCK_INPUT = "registry_lock"
@@ -131,14 +134,20 @@ def compute_reference(name: str) -> str:
     return f"{_AZUREML}{compute_name(name)}"
 
 
-def _check_data_uri(uri: str, allow_latest: bool) -> None:
+def is_data_uri(uri: str, allow_latest: bool = False) -> bool:
+    """Whether an Azure ML job can read `uri` as data: a pinned asset (or its latest version), or a URI of
+    a datastore path or storage; a local folder is not one."""
     if _PINNED_ASSET.fullmatch(uri) or uri.startswith(_DATA_URI_SCHEMES):
-        return
-    if allow_latest and _LATEST_ASSET.fullmatch(uri):
+        return True
+    return allow_latest and _LATEST_ASSET.fullmatch(uri) is not None
+
+
+def _check_data_uri(uri: str, allow_latest: bool, what: str = "data") -> None:
+    if is_data_uri(uri, allow_latest):
         return
     latest = ", azureml:<asset>@latest" if allow_latest else ""
     raise SubmissionError(
-        f"data {uri!r}: expected azureml:<asset>:<version>{latest} or an "
+        f"{what} {uri!r}: expected azureml:<asset>:<version>{latest} or an "
         "azureml://datastores/<datastore>/paths/<prefix>/ URI"
     )
 
@@ -177,9 +186,16 @@ class PipelineBuild:
     # The register step's lock, a blob URL prefix (components/azureml/registry_lock.py derives it from the
     # datastore); a `registry_lock` parameter wins. None: the step's default, a lock folder on its node.
     registry_lock: str | None = None
+    # The prepared data version the prep step builds on (RunRequest.previous_prepared), a URI Azure ML reads:
+    # set on the prep step's `previous_prepared` input.
+    previous_prepared: str | None = None
 
     def __post_init__(self) -> None:
         _check_data_uri(self.data_uri, self.allow_latest_data)
+        if self.previous_prepared is not None:
+            _check_data_uri(
+                self.previous_prepared, False, f"previous prepared data ({PREVIOUS_PREPARED_INPUT})"
+            )
         for lock in (self.registry_lock, self.parameters.get(REGISTRY_LOCK_INPUT)):
             if lock is not None:
                 check_registry_lock(str(lock), f"registry lock {REGISTRY_LOCK_INPUT}")
@@ -251,6 +267,7 @@ class PipelineBuild:
             task_options=request.task_options_text,
             task_file=task.path,
             registry_lock=registry_lock,
+            previous_prepared=request.previous_prepared,
         )
 
 
@@ -310,6 +327,13 @@ def _step_literals(step: StepSpec, build: PipelineBuild) -> dict[str, Any]:
     }
     if build.registry_lock and REGISTRY_LOCK_INPUT in step.component.inputs:
         literals.setdefault(REGISTRY_LOCK_INPUT, build.registry_lock)  # a `registry_lock` parameter wins
+    if build.previous_prepared and PREVIOUS_PREPARED_INPUT in step.component.inputs:
+        from azure.ai.ml import Input
+
+        literals[PREVIOUS_PREPARED_INPUT] = Input(
+            type=step.component.inputs[PREVIOUS_PREPARED_INPUT].type,
+            path=_input_path(build.previous_prepared),
+        )
     return literals
 
 

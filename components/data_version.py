@@ -25,6 +25,7 @@ from pathlib import Path
 from components.errors import PipelineError
 from core.files import file_sha256, make_read_only, staged_folder, write_atomically
 from core.secrets import mask_secrets
+from core.text import escaped
 from core.versions import MANIFEST_SUFFIX, raw_version
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,11 @@ def is_raw_name(name: str, suffixes: tuple[str, ...], depth: int) -> bool:
     )
 
 
-def _raw_files(folder: Path, suffixes: tuple[str, ...], depth: int) -> list[tuple[str, Path]]:
+def _raw_files(
+    folder: Path, suffixes: tuple[str, ...], depth: int, links: bool = True
+) -> list[tuple[str, Path]]:
+    """The raw files below `folder`; without `links`, a symbolic link (to a file or a folder) is left out
+    with one warning line, never followed."""
     require_folder(folder)
     found = []
     for parent, dirnames, filenames in os.walk(folder):
@@ -121,20 +126,28 @@ def _raw_files(folder: Path, suffixes: tuple[str, ...], depth: int) -> list[tupl
         dirnames[:] = (
             [] if level + 1 >= depth else sorted(name for name in dirnames if not name.startswith("."))
         )
+        for name in [*dirnames, *filenames]:
+            path = Path(parent, name)
+            if not links and not name.startswith(".") and path.is_symlink():
+                log.warning("%s: a symbolic link, left out (links are never followed); expected a regular "
+                            "file", escaped(path))  # fmt: skip
+                if name in dirnames:
+                    dirnames.remove(name)
         for name in filenames:
             relative = Path(parent, name).relative_to(folder).as_posix()
-            if is_raw_name(relative, suffixes, depth):
+            if is_raw_name(relative, suffixes, depth) and (links or not Path(parent, name).is_symlink()):
                 found.append((relative, Path(parent, name)))
     return sorted(found)
 
 
 def manifest_of_folder(
-    folder: Path, suffixes: tuple[str, ...] = RAW_SUFFIXES, depth: int = 1
+    folder: Path, suffixes: tuple[str, ...] = RAW_SUFFIXES, depth: int = 1, *, links: bool = True
 ) -> DataManifest:
     """The manifest of the raw files in `folder` (is_raw_name; other files are not data), each named by
-    its path relative to the folder."""
+    its path relative to the folder; without `links`, symbolic links are left out, never followed (a
+    landing folder's: anyone who can drop a file there could link any file of the machine)."""
     folder = Path(folder)
-    files = _raw_files(folder, suffixes, depth)
+    files = _raw_files(folder, suffixes, depth, links)
     if not files:
         where = "" if depth == 1 else f" in it or up to {depth - 1} sub-folder level(s) down"
         raise DataError(

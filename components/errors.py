@@ -20,6 +20,12 @@ class SubmissionError(PipelineError):
     """A run request cannot be submitted as asked (bad request, quota, duplicate)."""
 
 
+class RunRefused(SubmissionError):
+    """A submitter refused the run before starting anything, for what it was asked to run (its task refuses
+    its gate policy or a parameter, or a metric names a class its data lacks): nothing ran, and the same
+    request is refused again, so a caller holds it rather than counting it as a run."""
+
+
 class JobNotFound(SubmissionError):
     """The submitter has no job of that name (never created, or gone): a job in flight that is not found
     will never end, and whoever waits for it must stop waiting."""

@@ -5,7 +5,9 @@ which it writes to `registration.json` in the pipeline's `registration` output: 
 refusal and the gate's reasons. `gate_details` reads that into a submission's details (`registered_version`,
 `decision`, `reasons`), next to what a failed run leaves there (`failed_step`, `log_tail`, `error`);
 `describe_outcome` turns such details into the one line that `retrain run`, `retrain flush` and
-`retrain trigger` print, a promotion with its reasons as a refusal has them:
+`retrain trigger` print, a promotion with its reasons as a refusal has them. `rejected_details` reads the
+raw files the prepare step left out (its `rejected_inputs` output, core/rejected_inputs.py), which the front
+door records and pins into no later data version. `describe_outcome`'s lines:
 
     Completed, registered as v3: macro_f1 0.9612 beats champion v2's 0.9544 by at least 0.002 on dv-...
     Completed, refused: accuracy 0.4100 is below the floor 0.8; ...
@@ -23,11 +25,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from components.request import COMPLETED, FAILED
+from core.rejected_inputs import REPORT_FILE, read_report
 from core.secrets import mask_secrets
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,11 @@ log = logging.getLogger(__name__)
 REGISTRATION_OUTPUT = "registration"
 REGISTRATION_FILE = "registration.json"
 REGISTERED, REFUSED = "registered", "refused"
+# A submission's details key for the raw files its prepare step left out (rejected_details).
+REJECTED_KEY = "rejected_inputs"
+# A submission's details key for where its prepare step's data version lies (a local folder, an Azure ML
+# URI), which the model's next run builds on (RunRequest.previous_prepared).
+PREPARED_KEY = "prepared_data"
 # What every step's command line prints before exiting non-zero (training/cli.py, training/engine/worker.py):
 # in a log tail it is the line that says why, wherever torchrun's own report puts it.
 _STEP_ERROR = "retrain: error: "
@@ -59,6 +67,25 @@ def read_registration(outputs: Mapping[str, str]) -> dict[str, Any] | None:
 def gate_details(outputs: Mapping[str, str]) -> dict[str, Any]:
     """The gate's decision from a completed run's pipeline outputs; empty when it is not known."""
     return decision_details(read_registration(outputs))
+
+
+def rejected_details(folders: Iterable[str]) -> dict[str, Any]:
+    """The raw files the prepare step left out (core/rejected_inputs.py), from its `rejected_inputs`
+    output folder(s), as a submission's details: `{REJECTED_KEY: [{"name", "reason"}, ...]}`; empty when
+    no report is known (no prepare step ran, or one from before reports). A report that cannot be read is
+    said in one warning and left out: it never fails the run it describes."""
+    found: dict[str, dict[str, str]] = {}
+    known = False
+    for folder in folders:
+        try:
+            files = read_report(Path(folder))
+        except ValueError as error:
+            log.warning("the raw files prep left out are not known: %s/%s %s", folder, REPORT_FILE, error)
+            continue
+        if files is not None:
+            known = True
+            found.update((file.name, file.to_dict()) for file in files)
+    return {REJECTED_KEY: [found[name] for name in sorted(found)]} if known else {}
 
 
 def decision_details(record: Mapping[str, Any] | None) -> dict[str, Any]:

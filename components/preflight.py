@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from components.errors import SubmissionError
+from components.errors import RunRefused, SubmissionError
 from components.run_inputs import GATE_INPUTS
 from components.specs import REPO_ROOT
 from core.errors import InputError
@@ -56,9 +56,10 @@ CHECK_CODE = (
 )
 
 
-class PreflightRefused(SubmissionError):
+class PreflightRefused(RunRefused):
     """The check ran and refused the task or its gate policy (not: it could not run): the same task file
-    content, options and policy are refused again, so the verdict may be kept."""
+    content, options and policy are refused again, so the verdict may be kept; raised by a local run's
+    pre-run check, nothing has run."""
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,10 @@ class TaskRun(Protocol):
     def task(self) -> str: ...
 
     @property
-    def task_options_text(self) -> str: ...
+    def task_options(self) -> Mapping[str, Any]: ...
 
     @property
-    def task_options(self) -> Mapping[str, Any]: ...
+    def task_options_text(self) -> str: ...
 
     @property
     def task_sha256(self) -> str | None: ...

@@ -88,9 +88,20 @@ class RunRequest:
     task: str = DEFAULT_TASK
     task_options: Mapping[str, Any] = field(default_factory=dict)
     task_sha256: str | None = None
+    # The prepared data version the prepare step builds on (its `previous_prepared` input): the model's last
+    # good one, whose schema the run keeps and whose files it does not read again. A local folder for a
+    # local run, an Azure ML URI (a datastore path) for a job; None: prepared from the raw data alone.
+    previous_prepared: str | None = None
 
     def __post_init__(self) -> None:
         check_model_name(self.model_name, "model name", SubmissionError)
+        if self.previous_prepared is not None and (
+            not isinstance(self.previous_prepared, str) or not self.previous_prepared.strip()
+        ):
+            raise SubmissionError(
+                f"previous prepared data {self.previous_prepared!r}: expected the folder or URI of an "
+                "earlier prepared data version"
+            )
         reference = parse_task_reference(self.task, None, "task")
         object.__setattr__(self, "task", reference.text)
         object.__setattr__(self, "task_options", check_task_options(self.task_options))

@@ -20,6 +20,9 @@ DATA_VERSION_INPUT = "raw_data_version"
 ENVIRONMENT_VERSION_INPUT = "environment_version"
 TASK_INPUT = "task"
 TASK_OPTIONS_INPUT = "task_options"
+# The prepare step's own input that the run sets on it (RunRequest.previous_prepared), as Azure ML pipeline
+# YAML has no optional pipeline inputs: the model's last good prepared data version.
+PREVIOUS_PREPARED_INPUT = "previous_prepared"
 RESERVED_INPUTS = (
     DATA_INPUT,
     MODEL_NAME_INPUT,
@@ -28,6 +31,7 @@ RESERVED_INPUTS = (
     ENVIRONMENT_VERSION_INPUT,
     TASK_INPUT,
     TASK_OPTIONS_INPUT,
+    PREVIOUS_PREPARED_INPUT,
 )
 # The register step's gate policy inputs: a model's configuration file sets them ([gate]); unset, the
 # register step takes the task's defaults.

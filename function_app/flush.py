@@ -15,6 +15,11 @@ nothing reached the submitter), or exists without a job (recovery asks the submi
 name, which a submitter derives from the model and data version: found, it is adopted; not found, the
 record fails). A failed submission returns its claims to pending, once. The record a recovery writes also
 fences a flush that lost its lease while stalled: its own create or retag then fails and it stops.
+
+A submitter may refuse the run in 6 before anything runs (`RunRefused`: the local run's pre-run check, a
+class the data lacks): then the record is marked held (failed, with the reason), its claims return to
+pending saying why, and the state forgets the submission and uncounts it from the day's budget, in that
+order; a crash after the mark is finished by the next holder, which sees the held record.
 """
 
 from __future__ import annotations
@@ -28,9 +33,21 @@ from typing import Any
 
 from components.cost import CostSettings, with_estimate
 from components.data_version import DataManifest
-from components.errors import JobNotFound, SubmissionError
-from components.request import FAILED, TERMINAL_STATES, DataRef, RunRequest, Submitter, job_name_for
+from components.errors import JobNotFound, RunRefused, SubmissionError
+from components.outcome import PREPARED_KEY, REJECTED_KEY
+from components.request import (
+    COMPLETED,
+    FAILED,
+    TERMINAL_STATES,
+    DataRef,
+    RunRequest,
+    Submitter,
+    job_name_for,
+)
+from components.task_ref import parse_task_reference
+from core.secrets import displayable_url
 from core.storage.leases import Holder
+from core.text import escaped
 from function_app.events.triggers import COALESCED, KIND_BLOB, REJECTED, SUBMITTED
 from function_app.ledger.ledger import PENDING, Claim, Ledger
 from function_app.ledger.records import SUBMITTING, InputPin, LedgerBusyError, SubmissionRecord
@@ -45,6 +62,7 @@ from function_app.policy.rules import (
     flush_verdict,
     latest_blobs,
     start_submission,
+    withdraw_submission,
     without_future_times,
 )
 from function_app.settings.models import ModelRoute
@@ -54,6 +72,7 @@ log = logging.getLogger(__name__)
 
 # The durable steps of a flush, in order, as `on_step` hears them (tests stop a flush at each).
 STEPS = ("state-saved", "record-created", "claims-taken", "submitted")
+HELD_STEP = "held"  # instead of "submitted": the submitter refused, the record is marked held, not withdrawn
 # A flush is a few store round trips and one submission; the Functions host stops a function after
 # host.json's functionTimeout (5 min). A flush lease a blob holder has kept for twice that is no flush's.
 STUCK_FLUSH_LEASE_SECONDS = 600
@@ -61,7 +80,23 @@ BREAK_LEASE_HELP = "README, 'A flush lease that never frees', says how to break 
 BASIS = "basis"  # a submission on a request's own data: the submission whose manifest is the landing data
 # The tag of a claim whose file was gone or changed when its batch was pinned: dropped, never retried.
 DROPPED = "dropped"
-OUTCOME_KEYS = ("registered_version", "decision", "reasons", "failed_step", "log_tail", "run_id")
+# A submission its submitter refused before anything ran (a pre-run check): held and withdrawn, not a run.
+HELD = "held"
+# A submission's task (its reference), and the prepared data version its prep step builds on (the model's
+# last good one: {"uri", "task", FAILED_RUNS}), which the next submission carries forward until one completes.
+TASK, PREVIOUS, FAILED_RUNS = "task", "previous_prepared", "failed_runs"
+# Runs in a row that failed given one previous prepared version, after which it is given no more.
+MAX_FAILED_ON_PREVIOUS = 2
+OUTCOME_KEYS = (
+    PREPARED_KEY,
+    "registered_version",
+    "decision",
+    "reasons",
+    "failed_step",
+    "log_tail",
+    "run_id",
+    REJECTED_KEY,
+)
 
 
 @dataclass(frozen=True)
@@ -135,7 +170,7 @@ class Flusher:
                 self.verdicts[model] = FlushVerdict(False, reason)
                 (log.warning if stuck else log.info)("flush %s: %s", model, reason)
                 return []
-            self._reconcile(model)
+            self._reconcile(route)
             now = self._clock()
             state, version = self._settled(model, now)
             pending = self._batch(self._ledger.claims(model))
@@ -160,7 +195,8 @@ class Flusher:
                     self.verdicts[model] = FlushVerdict(False, _nothing_left(dropped))
                     return []
                 view = replace(view, pending=tuple(_item(claim) for claim in pending))
-            new_state, items = start_submission(view, submission_id, now)
+            raw_version = manifest.version if manifest is not None else named and named.version
+            new_state, items = start_submission(view, submission_id, now, raw_version)
             if not self._ledger.save_state(model, new_state, version):
                 raise LedgerBusyError(f"model {model!r}: its state changed under the flush lease; retry")
             self._on_step("state-saved")
@@ -175,8 +211,9 @@ class Flusher:
                 {
                     **({BASIS: self._basis_id(state)} if any(item.data_uri for item in items) else {}),
                     **({DROPPED: [gone.line() for gone in dropped]} if dropped else {}),
+                    **self._lineage(route, state),
                 },
-                raw_version=manifest.version if manifest is not None else named and named.version,
+                raw_version=raw_version,
                 inputs=_inputs(manifest, items),
             )
             if not self._ledger.create_submission(record):
@@ -193,7 +230,8 @@ class Flusher:
                 raise LedgerBusyError(
                     f"flush of {model!r} lost its lease before submitting; the next one recovers"
                 )
-            return [self._submit(route, record, items, manifest, named)]
+            submitted = self._submit(route, record, items, manifest, named, state.last_submission_at)
+            return [] if submitted is None else [submitted]
 
     def _settled(self, model: str, now: datetime) -> tuple[ModelState, str | None]:
         """The model's state, with a time another instance's fast clock put in the future clamped to now
@@ -262,7 +300,18 @@ class Flusher:
         basis = self._ledger.submission(basis_id) if basis_id is not None else None
         if basis is None or "manifest" not in basis.details:
             return None
-        return DataManifest.from_json(basis.details["manifest"])
+        # A file its prep left out does not fit the model: it is carried into no later version.
+        left_out = {
+            str(item.get("name"))
+            for item in basis.details.get(REJECTED_KEY) or ()
+            if isinstance(item, Mapping)
+        }
+        files = tuple(
+            file
+            for file in DataManifest.from_json(basis.details["manifest"]).files
+            if file.name not in left_out
+        )
+        return DataManifest(files) if files else None
 
     def _basis_id(self, state: ModelState) -> str | None:
         if state.last_finished_id is None:
@@ -271,6 +320,51 @@ class Flusher:
         if previous is None:
             return None
         return previous.details.get(BASIS, previous.id)
+
+    def _lineage(self, route: ModelRoute, state: ModelState) -> dict[str, Any]:
+        """What a new submission's record says it prepares from: its task, and the model's last good
+        prepared data version, which its prep step builds on (`_previous_prepared`) when the same task made
+        it: another task's is not a version this one reads."""
+        task = parse_task_reference(route.task, None, "task").text
+        previous = self._previous_prepared(state)
+        if previous is not None and previous.get("task") != task:
+            log.info(
+                "flush %s: the last good prepared data version is task %s's, not %s's; the next run is "
+                "prepared without it",
+                route.name, escaped(str(previous.get("task"))), escaped(task),
+            )  # fmt: skip
+            previous = None
+        return {TASK: task, **({PREVIOUS: previous} if previous is not None else {})}
+
+    def _previous_prepared(self, state: ModelState) -> dict[str, Any] | None:
+        """The model's last good prepared data version: the prepare step's output of the last submission
+        that completed (trained and evaluated, whether or not the gate promoted it: its data was good), as
+        the last finished submission knows it: its own output if it completed, else the version it was
+        given, which it carries forward. Its schema is the model's, so a new file of another schema, however
+        large, is the one prep leaves out. None before any; and once MAX_FAILED_ON_PREVIOUS runs in a row
+        given one version have failed (a job output deleted from its datastore fails every job reading it),
+        the next run is prepared without it."""
+        last = None if state.last_finished_id is None else self._ledger.submission(state.last_finished_id)
+        if last is None:
+            return None
+        own, task = last.details.get(PREPARED_KEY), last.details.get(TASK)
+        if last.status == COMPLETED and isinstance(own, str) and isinstance(task, str):
+            return {"uri": own, "task": task, FAILED_RUNS: 0}
+        given = last.details.get(PREVIOUS)
+        if not isinstance(given, Mapping) or not isinstance(given.get("uri"), str):
+            return None
+        failed = given.get(FAILED_RUNS)
+        failed = failed if isinstance(failed, int) and not isinstance(failed, bool) else 0
+        if last.status != COMPLETED and last.job_name is not None:  # its run was given it, and failed
+            failed += 1
+        if failed >= MAX_FAILED_ON_PREVIOUS:
+            log.warning(
+                "flush %s: %d runs in a row given the prepared data version %s failed; the next run is "
+                "prepared without it, its schema from most of its raw data",
+                last.model_name, failed, displayable_url(str(given["uri"])),
+            )  # fmt: skip
+            return None
+        return {**given, FAILED_RUNS: failed}
 
     # -- submitting -------------------------------------------------------------------------------------
 
@@ -281,12 +375,16 @@ class Flusher:
         items: tuple[PendingItem, ...],
         manifest: DataManifest | None,
         named: DataRef | None,
-    ) -> SubmissionRecord:
+        cooldown_from: datetime | None,
+    ) -> SubmissionRecord | None:
+        """The submission sent, and recorded as its submitter reports it; None when the submitter refused
+        it before anything ran (its pre-run check): the batch is then held, and no budget spent."""
         try:
             data = named if manifest is None else self._pinner.pin(manifest, route.name)
         except PinError as error:  # a file went after the batch was checked: this one fails, once
             return self._pin_failed(record, str(error))
         assert data is not None  # the record has a data version only when there is data
+        previous = record.details.get(PREVIOUS)  # the model's last good prepared data version (_lineage)
         request, estimate = with_estimate(
             RunRequest(
                 model_name=route.name,
@@ -297,6 +395,7 @@ class Flusher:
                 instance_count=self._plan.nodes,
                 task=route.task,
                 task_options=route.task_options,
+                previous_prepared=str(previous["uri"]) if isinstance(previous, Mapping) else None,
             ),
             self._plan.cost,
         )
@@ -305,7 +404,13 @@ class Flusher:
         # even when the submission then fails.
         record = record.with_estimate(estimate.to_dict(), self._clock())
         self._ledger.update_submission(record)
-        submission = self._submitter.submit(request)
+        try:
+            submission = self._submitter.submit(request)
+        except RunRefused as refusal:  # nothing ran: the batch waits for a fix, as a refused task's does
+            held = self._held(record, str(refusal), cooldown_from)
+            self._on_step(HELD_STEP)
+            self._withdraw(held)
+            return None
         self._on_step("submitted")
         details = {**record.details, **_outcome(submission.details)}
         if manifest is not None:
@@ -322,6 +427,7 @@ class Flusher:
             "submitted %s as %s (%s): %s", record.id, submission.job_name, data.version, submission.status
         )
         if submission.status in TERMINAL_STATES:
+            self._leave_out_rejected(updated)
             self._finish(record.model_name, record.id, submission.status)
         return updated
 
@@ -376,24 +482,65 @@ class Flusher:
         log.warning("flush %s: %s", model, held)
         return []
 
-    def _finish_without_data(self, record: SubmissionRecord) -> SubmissionRecord:
-        failed = record.with_status(
-            FAILED, self._clock(), details={"reason": "nothing to train on: no data has landed yet"}
+    def _held(
+        self, record: SubmissionRecord, reason: str, cooldown_from: datetime | None
+    ) -> SubmissionRecord:
+        """The submission refused by its submitter before anything ran, recorded as failed and held, with
+        the start of the submission before it, from which the cooldown counts again (`_withdraw`)."""
+        held = record.with_status(
+            FAILED,
+            self._clock(),
+            details={
+                **record.details,
+                "reason": f"held: {reason}",
+                HELD: {"cooldown_from": None if cooldown_from is None else cooldown_from.isoformat()},
+            },
         )
+        self._ledger.update_submission(held)
+        return held
+
+    def _withdraw(self, record: SubmissionRecord) -> None:
+        """A held submission (`_held`) withdrawn as if never started: its claims return to pending, saying
+        why, and the model's state forgets it, uncounted in the day's budget. Each step may be done again: a
+        flush that stopped between them is finished by the next one (_reconcile)."""
+        model, held = record.model_name, str(record.details["reason"])
+        self._ledger.retag(
+            self._ledger.claims(model, tag=record.id),
+            lambda event: event.with_decision(COALESCED, held, None),
+            PENDING,
+        )
+        since = (record.details.get(HELD) or {}).get("cooldown_from")
+        state, version = self._ledger.load_state(model)
+        new_state = withdraw_submission(
+            state, record.id, None if since is None else datetime.fromisoformat(since)
+        )
+        if new_state is not state and not self._ledger.save_state(model, new_state, version):
+            raise LedgerBusyError(f"model {model!r}: its state changed under the flush lease; retry")
+        self.verdicts[model] = FlushVerdict(False, held)
+        log.warning("flush %s: %s", model, held)
+
+    def _finish_without_data(self, record: SubmissionRecord) -> SubmissionRecord:
+        reason = "nothing to train on: no data has landed yet"
+        failed = record.with_status(FAILED, self._clock(), details={**record.details, "reason": reason})
         self._ledger.update_submission(failed)
         self._finish(record.model_name, record.id, "Completed")  # nothing to retry: its items are done
         return failed
 
     # -- recovery ---------------------------------------------------------------------------------------
 
-    def _reconcile(self, model: str) -> None:
+    def _reconcile(self, route: ModelRoute) -> None:
         """Finish the submission in flight once its job has ended; recover one a crashed flush left."""
+        model = route.name
         state, _ = self._ledger.load_state(model)
         submission_id = state.in_flight_id
         if submission_id is None:
             return
         now = self._clock()
         record = self._ledger.submission(submission_id)
+        if record is None:
+            # Absent, or unreadable and moved aside: a job the submitter has by the batch's name was
+            # submitted all the same, and is followed from a record rebuilt, never started a second time.
+            record = self._rebuilt_record(route, state, now)
         if record is None:
             # The flush that took this batch stopped before recording it: nothing reached the submitter.
             # The record written here also fences that flush, should it still be running.
@@ -405,18 +552,25 @@ class Flusher:
                     FAILED,
                     state.in_flight_since or now,
                     (),
-                    {"reason": "the flush stopped before recording the submission; nothing was submitted"},
+                    {
+                        "reason": "the flush stopped before recording the submission; nothing was submitted",
+                        **self._lineage(route, state),
+                    },
                     updated_at=now,
                 )
             )
             return self._end(model, submission_id, FAILED)
+        if record.job_name is None and HELD in record.details:
+            # Its submitter refused it before anything ran; the flush that held it stopped withdrawing it.
+            return self._withdraw(record)
         if record.job_name is None and record.status == SUBMITTING:
             found = self._find_job(model, record.raw_version)
             if found is None:
                 reason = (
                     "the flush stopped before the submitter accepted the job; its items return to pending"
                 )
-                self._ledger.update_submission(record.with_status(FAILED, now, details={"reason": reason}))
+                failed = record.with_status(FAILED, now, details={**record.details, "reason": reason})
+                self._ledger.update_submission(failed)
                 return self._end(model, submission_id, FAILED)
             reason = found.details.get("reason") if found.status == FAILED else None
             record = record.with_status(
@@ -437,27 +591,103 @@ class Flusher:
             )
         status = record.status
         if record.job_name is not None:
-            status, reason = self._job_status(record.job_name)
+            status, reason, outcome = self._job_status(record.job_name)
             if status not in TERMINAL_STATES:
                 return None
-            details = {**record.details, "reason": reason} if reason else record.details
-            self._ledger.update_submission(record.with_status(status, now, details=details))
+            details = {**record.details, **outcome, **({"reason": reason} if reason else {})}
+            record = record.with_status(status, now, details=details)
+            self._ledger.update_submission(record)
+            self._leave_out_rejected(record)
         elif status not in TERMINAL_STATES:
             status = FAILED
         return self._end(model, submission_id, status)
 
-    def _job_status(self, job_name: str) -> tuple[str, str | None]:
-        """The job's status, and why it failed when the submitter says: a job the submitter no longer
-        has (deleted, or never kept) is Failed, as is a local run whose runner died, so that nothing waits
-        on it forever."""
+    def _rebuilt_record(self, route: ModelRoute, state: ModelState, now: datetime) -> SubmissionRecord | None:
+        """The in-flight submission's record, written again when it cannot be read but its job exists
+        (found by the name its raw data version gives, as for a flush that died before recording the job):
+        its events are the claims it took, its manifest the one its batch makes on the last basis, so that
+        the next batch builds on it. None when no job has that name: nothing reached the submitter."""
+        assert state.in_flight_id is not None and state.in_flight_since is not None
+        found = self._find_job(route.name, state.in_flight_raw_version)
+        if found is None:
+            return None
+        claims = self._ledger.claims(route.name, tag=state.in_flight_id)
+        items = tuple(_item(claim) for claim in claims)
+        details: dict[str, Any] = {
+            "rebuilt": "its record was unreadable; rebuilt from its job and claims",
+            **self._lineage(route, state),
+        }
+        if any(item.data_uri for item in items):
+            details[BASIS] = self._basis_id(state)  # a request's own data: the next batch builds on the basis
+        else:
+            details["manifest"] = batch_manifest(
+                latest_blobs(items), self._previous_manifest(state), route.scope
+            ).to_json()
+        record = new_submission(
+            state.in_flight_id,
+            route.name,
+            state.in_flight_kind or KIND_BLOB,
+            found.status,
+            state.in_flight_since,
+            tuple(claim.record.id for claim in claims),
+            details,
+            raw_version=state.in_flight_raw_version,
+            inputs=tuple(InputPin(blob.url, f"etag:{blob.etag}") for blob in latest_blobs(items)),
+            updated_at=now,
+        ).with_status(found.status, now, job_name=found.job_name, backend=found.backend)
+        if not self._ledger.create_submission(record):
+            raise LedgerBusyError(f"submission {record.id} was recorded by another flush; stopping")
+        log.warning(
+            "submission %s of %s: its record was unreadable; rebuilt from its job %s (%s), which is "
+            "followed, not submitted again",
+            record.id, route.name, found.job_name, found.status,
+        )  # fmt: skip
+        return record
+
+    def _job_status(self, job_name: str) -> tuple[str, str | None, dict[str, Any]]:
+        """The job's status, why it failed when the submitter says, and what it reports of its outcome
+        (OUTCOME_KEYS): a job the submitter no longer has (deleted, or never kept) is Failed, as is a local
+        run whose runner died, so that nothing waits on it forever."""
         try:
             job = self._submitter.status(job_name)
         except JobNotFound as gone:
             log.warning(
                 "job %s is gone (%s); its submission fails and its items return to pending", job_name, gone
             )
-            return FAILED, f"the job is gone: {gone}"
-        return job.status, job.details.get("reason") if job.status == FAILED else None
+            return FAILED, f"the job is gone: {gone}", {}
+        reason = job.details.get("reason") if job.status == FAILED else None
+        return job.status, reason, _outcome(job.details) if job.status in TERMINAL_STATES else {}
+
+    def _leave_out_rejected(self, record: SubmissionRecord) -> None:
+        """The raw files the run's prepare step left out because they do not fit (its REJECTED_KEY): each
+        is named once, in one warning line; the claims that brought them end `DROPPED` with the reason, so
+        they never return to pending; and the next batch's manifest leaves them out (_previous_manifest).
+        The file's newer version, if one lands, comes with its own event."""
+        rejected = [item for item in record.details.get(REJECTED_KEY) or () if isinstance(item, Mapping)]
+        if not rejected:
+            return
+        pinned = record.details.get("manifest")
+        sources = {file.name: file.source for file in DataManifest.from_json(pinned).files} if pinned else {}
+        why: dict[str, str] = {}
+        for item in rejected:
+            name, reason = str(item.get("name")), str(item.get("reason"))
+            source = sources.get(name)
+            shown = f"{escaped(name)} ({displayable_url(source)})" if source else escaped(name)
+            log.warning(
+                "flush %s: submission %s left out raw file %s, which does not fit: %s; no later version "
+                "pins it",
+                record.model_name, record.id, shown, reason,
+            )  # fmt: skip
+            if source is not None:
+                why[source] = reason
+        left_out = [
+            claim for claim in self._ledger.claims(record.model_name, tag=record.id) if _source(claim) in why
+        ]
+        self._ledger.retag(
+            left_out,
+            lambda event: event.with_decision(REJECTED, f"left out by prep: {why[_blob_url(event)]}"),
+            DROPPED,
+        )
 
     def _find_job(self, model: str, raw_version: str | None) -> Any:
         if raw_version is None:

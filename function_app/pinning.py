@@ -14,7 +14,9 @@ and pins the rest. A pin that still meets one (it went in the moment between) fa
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import posixpath
 import shutil
 from collections.abc import Callable, Iterable
@@ -298,7 +300,7 @@ class LandingFolderCopy:
         if not self._folder.is_dir():
             raise PinError(f"landing folder {self._folder}: not a folder; expected the folder to list")
         try:
-            listed = manifest_of_folder(self._folder, suffixes, self._depth).files
+            listed = manifest_of_folder(self._folder, suffixes, self._depth, links=False).files
         except DataError:
             listed = ()  # no raw files at all: said below, as for a folder of empty ones
         files = [
@@ -321,7 +323,10 @@ class LandingFolderCopy:
         found = []
         for file in manifest.files:
             path, listed = self._folder / file.name, file.fingerprint.removeprefix("etag:")
-            if not path.is_file():
+            link = _link_below(self._folder, file.name)
+            if link is not None:
+                found.append(Vanished(file, f"landing file {path}", _a_link(link, path)))
+            elif not path.is_file():
                 found.append(Vanished(file, f"landing file {path}", _gone(listed)))
             elif content_etag(path) != listed:
                 found.append(Vanished(file, f"landing file {path}", _changed(listed)))
@@ -330,13 +335,41 @@ class LandingFolderCopy:
     def _copy(self, file: DataFile) -> bytes:
         path = self._folder / file.name
         listed = file.fingerprint.removeprefix("etag:")
-        try:
-            data = path.read_bytes()
+        link = _link_below(self._folder, file.name)
+        if link is not None:
+            raise PinError(f"landing file {path}: {_a_link(link, path)}")
+        try:  # O_NOFOLLOW: a link put in its place since the check above is refused, not followed
+            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise PinError(f"landing file {path}: {_gone(listed)}") from None
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise PinError(f"landing file {path}: {_a_link(path)}") from None
+        with os.fdopen(descriptor, "rb") as stream:
+            try:
+                data = stream.read()
+            except IsADirectoryError:
+                raise PinError(f"landing file {path}: {_gone(listed)}") from None
         if etag_of_bytes(data) != listed:
             raise PinError(f"landing file {path}: {_changed(listed)}")
         return data
+
+
+def _link_below(folder: Path, name: str) -> Path | None:
+    """The first symbolic link on the way from `folder` to its file `name` ('circle/a.png'), if any."""
+    path = folder
+    for part in name.split("/"):
+        path = path / part
+        if path.is_symlink():
+            return path
+    return None
+
+
+def _a_link(link: Path, path: Path | None = None) -> str:
+    """Why a landing file behind a link is refused: a link could stand for any file on this machine."""
+    what = "a symbolic link" if path is None or link == path else f"under the symbolic link {link}"
+    return f"{what}, which is never followed; expected a regular file in the landing folder"
 
 
 class RegisteredSnapshot:

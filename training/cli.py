@@ -47,6 +47,8 @@ def _sample_data(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
+    from core.rejected_inputs import names, write_report
+    from training.data.rejection import prepare_fitting
     from training.data.splits import SplitFractions
     from training.gate.check import checked_class_count, names_a_class_member
     from training.gate.policy import policy_of
@@ -62,7 +64,10 @@ def _prepare(args: argparse.Namespace) -> int:
     policy = policy_of(task, **config.policy.given(), where=where)
     if names_a_class_member(task, policy):  # recall_7: a class the data may not have
         checked_class_count(task, policy, config.raw, where)
-    version = task.prepare(config.raw, config.out, previous=config.previous, split=split)
+    # A raw file that does not fit costs that file: the task prepares the others (training/data/rejection.py).
+    version, rejected = prepare_fitting(
+        lambda raw: task.prepare(raw, config.out, previous=config.previous, split=split), config.raw
+    )
     if not isinstance(version, str) or not version.strip() or not config.out.is_dir():
         # The step's output would be cached as a data version that is not one: the step fails instead.
         raise InputError(
@@ -70,7 +75,15 @@ def _prepare(args: argparse.Namespace) -> int:
             f"{'a folder' if config.out.is_dir() else 'absent'}; expected the data version it wrote "
             "into that folder (text, e.g. 'dv-0123456789abcdef')"
         )
-    log.info("prepared data version %s in %s", version, config.out)
+    if config.rejected is not None:  # written whether or not a file was left out: none is news too
+        write_report(config.rejected, rejected)
+    if rejected:
+        log.warning(
+            "prepared data version %s in %s without %d raw file(s) that do not fit: %s",
+            version, config.out, len(rejected), names(rejected),
+        )  # fmt: skip
+    else:
+        log.info("prepared data version %s in %s", version, config.out)
     return 0
 
 

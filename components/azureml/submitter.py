@@ -10,6 +10,10 @@ submitting the same request again finds the run instead of starting another. Wha
 - it ended unsuccessfully: resubmit only when it was preempted (components/azureml/fallback.py), under
   the next attempt's name, on the dedicated cluster once the policy says so; otherwise report it.
 
+A request's previous prepared data version (the model's last good one, an `azureml://` URI) goes to the prep
+step's `previous_prepared` input. Once a job has ended, `status` reports what its prep step said: the raw
+files it left out, and where its prepared data version lies (`prepared_data`), read through the workspace.
+
 Every Azure call goes through the `AzureMLWorkspace` seam; azure-ai-ml is imported only when a job is built.
 """
 
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +29,35 @@ from components.azureml.fallback import Attempt, FallbackPolicy, decide_next_att
 from components.azureml.quota import check_quota
 from components.azureml.registry_lock import resolve_registry_lock
 from components.azureml.workspace import AzureMLWorkspace, JobRecord
-from components.builder import DEFAULT_DATASTORE, TRAIN_STEP, PipelineBuild, build_pipeline_job
+from components.builder import (
+    DEFAULT_DATASTORE,
+    PREP_STEP,
+    PREPARED_OUTPUT,
+    TRAIN_STEP,
+    PipelineBuild,
+    build_pipeline_job,
+    is_data_uri,
+)
 from components.code_snapshot import with_code_snapshot
 from components.errors import JobNotFound, SubmissionError
-from components.request import CANCELED, COMPLETED, FAILED, QUEUED, RUNNING, RunRequest, Submission
+from components.outcome import PREPARED_KEY, REJECTED_KEY
+from components.request import (
+    CANCELED,
+    COMPLETED,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    TERMINAL_STATES,
+    RunRequest,
+    Submission,
+)
+from core.rejected_inputs import REPORT_FILE, REPORT_OUTPUT, parse_report
 
 log = logging.getLogger(__name__)
 
 BACKEND = "azureml"
+# A child job's properties when Azure ML reused an earlier job's step: whose outputs are its outputs.
+REUSED_FLAG, REUSED_JOB = "azureml.isreused", "azureml.reusedrunid"
 _STATUS = {
     "NotStarted": QUEUED,
     "Starting": QUEUED,
@@ -86,6 +111,15 @@ class AzureMLSubmitter:
         self.settings = settings or AzureSettings()
 
     def submit(self, request: RunRequest) -> Submission:
+        previous = request.previous_prepared
+        if previous is not None and not is_data_uri(previous):
+            # A local run's folder (the model was trained here before): no job can read it.
+            log.warning(
+                "run %s: its previous prepared data version %s is not in Azure ML; it is prepared from the "
+                "raw data alone, its schema from most of that data",
+                request.run_key, previous,
+            )  # fmt: skip
+            request = replace(request, previous_prepared=None)
         attempts = self._attempts(request)
         if not attempts:
             return self._create(request, 0, None, reason="first attempt")
@@ -108,7 +142,41 @@ class AzureMLSubmitter:
             raise JobNotFound(
                 f"job {job_name!r}: not found in the workspace; expected a name printed by `retrain submit`"
             )
-        return _submission(record)
+        return _submission(record, **self._prep_outcome(record))
+
+    def _prep_outcome(self, record: JobRecord) -> dict[str, Any]:
+        """Once a job has ended, what its prepare step says: the raw files it left out (its
+        `rejected_inputs` output), which the front door never pins again, and where its prepared data
+        version lies, which the model's next run builds on. Empty while it runs, or when prep did not
+        complete; what cannot be read is said in one warning and costs nothing else."""
+        if submission_status(record.status) not in TERMINAL_STATES:
+            return {}
+        prep = next(
+            (child for child in self.workspace.child_jobs(record.name) if child.display_name == PREP_STEP),
+            None,
+        )
+        if prep is None or submission_status(prep.status) != COMPLETED:
+            return {}
+        return {**self._rejected_inputs(record.name, prep), **self._prepared(record.name, prep)}
+
+    def _rejected_inputs(self, job_name: str, prep: JobRecord) -> dict[str, Any]:
+        try:
+            data = self.workspace.output_file(prep.name, REPORT_OUTPUT, REPORT_FILE)
+            files = None if data is None else parse_report(data)
+        except (SubmissionError, ValueError) as error:
+            log.warning("job %s: the raw files its prep left out are not known: %s", job_name, error)
+            return {}
+        return {} if files is None else {REJECTED_KEY: [file.to_dict() for file in files]}
+
+    def _prepared(self, job_name: str, prep: JobRecord) -> dict[str, Any]:
+        # A step Azure ML reused from an earlier job ran nothing: its outputs are that job's.
+        reused = prep.properties.get(REUSED_FLAG) == "true" and prep.properties.get(REUSED_JOB)
+        try:
+            uri = self.workspace.output_uri(reused or prep.name, PREPARED_OUTPUT)
+        except SubmissionError as error:
+            log.warning("job %s: where its prepared data lies is not known: %s", job_name, error)
+            return {}
+        return {} if uri is None else {PREPARED_KEY: uri}
 
     # -- attempts -------------------------------------------------------------------------------------
 

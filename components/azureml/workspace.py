@@ -15,6 +15,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -121,6 +122,16 @@ class AzureMLWorkspace(Protocol):
     def create_job(self, job: PipelineJob) -> JobRecord: ...
 
     def child_jobs(self, parent_name: str) -> list[JobRecord]: ...
+
+    def output_file(self, job_name: str, output_name: str, file_name: str) -> bytes | None:
+        """The file `file_name` of an ended job's named output; None when the job has no such output or
+        the output no such file."""
+        ...
+
+    def output_uri(self, job_name: str, output_name: str) -> str | None:
+        """Where an ended job's named output lies, as a URI a later job can take as an input (an
+        `azureml://` datastore path); None when the job has no such output."""
+        ...
 
     def get_compute(self, name: str) -> ComputeRecord | None: ...
 
@@ -307,6 +318,40 @@ class MLClientWorkspace:
 
     def child_jobs(self, parent_name: str) -> list[JobRecord]:
         return [job_record(child) for child in self.client.jobs.list(parent_job_name=parent_name) if child]
+
+    def output_file(self, job_name: str, output_name: str, file_name: str) -> bytes | None:
+        import tempfile
+
+        from azure.core.exceptions import AzureError, ResourceNotFoundError
+
+        with tempfile.TemporaryDirectory(prefix="retrain-output-") as folder:
+            try:
+                self.client.jobs.download(job_name, download_path=folder, output_name=output_name)
+            except ResourceNotFoundError:
+                return None
+            except AzureError as error:  # one line; the caller decides what an unknown output costs
+                raise SubmissionError(
+                    f"job {job_name!r}: its output {output_name!r} could not be read "
+                    f"({str(error).splitlines()[0] if str(error) else type(error).__name__})"
+                ) from None
+            # azure-ai-ml downloads a named output into <download_path>/named-outputs/<output name>/.
+            path = Path(folder, "named-outputs", output_name, file_name)
+            return path.read_bytes() if path.is_file() else None
+
+    def output_uri(self, job_name: str, output_name: str) -> str | None:
+        from azure.core.exceptions import AzureError
+
+        try:
+            # Run history's record of the output's data, as `jobs.download` asks it (azure-ai-ml 1.35): the
+            # job ARM returns need not carry a step's output URI (an output without a path of its own).
+            found = self.client.jobs._get_named_output_uri(job_name, output_name)
+        except AzureError as error:  # one line; the caller decides what an unknown output costs
+            raise SubmissionError(
+                f"job {job_name!r}: where its output {output_name!r} lies could not be read "
+                f"({str(error).splitlines()[0] if str(error) else type(error).__name__})"
+            ) from None
+        uri = found.get(output_name)
+        return str(uri) if uri else None
 
     def get_compute(self, name: str) -> ComputeRecord | None:
         from azure.core.exceptions import ResourceNotFoundError

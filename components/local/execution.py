@@ -2,9 +2,10 @@
 
 A step is reused, as Azure ML reuses one, when everything that decides its outputs is unchanged: the
 component version, the code snapshot (fingerprint.py), the environment spec, the command line template,
-its parameter values, the content of each input (an upstream output by the hash recorded with it), the
-process count, and for a user's task its code: a task file's content (on Azure ML it is part of the code
-snapshot; here it is read where it is), or a module task's package sources. Together they make the step's
+its parameter values, the content of each input (an upstream output by the hash recorded with it; prep's
+previous prepared data version, which decides its schema, by its files), the process count, and for a
+user's task its code: a task file's content (on Azure ML it is part of the code snapshot; here it is read
+where it is), or a module task's package sources. Together they make the step's
 cache key (cache.py). So that a key never names code or data other than what ran, the code snapshot and the
 task's code are hashed again as each step starts and once it has ended, and its inputs are hashed as it
 starts (a pinned raw version also against its manifest, an upstream output against the hash it was
@@ -53,6 +54,7 @@ from components.local.plan import (
     process_count,
     step_argv,
     step_input_values,
+    step_parameters,
 )
 from components.local.resumes import resume_lines, warning_lines
 from components.local.runs import RunRecord, RunStore, StepAttempt, StepRecord
@@ -220,7 +222,7 @@ class PipelineExecution:
             for producer, produced in self.produced.items()
             for output, path in produced.paths.items()
         }
-        inputs = step_input_values(step, self.values, self.request.parameters, upstream_paths)
+        inputs = step_input_values(step, self.values, step_parameters(self.request), upstream_paths)
         nproc = process_count(step, self.request)
         cached_outputs = sorted(set(step.component.outputs) - durable_outputs(step))
         self._check_code(step)

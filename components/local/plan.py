@@ -23,7 +23,12 @@ from components.errors import SpecError, SubmissionError
 from components.local.commands import render_command
 from components.local.launch import TorchrunReports, launch_argv
 from components.request import RunRequest
-from components.run_inputs import DATA_INPUT, RESERVED_INPUTS, reserved_values
+from components.run_inputs import (
+    DATA_INPUT,
+    PREVIOUS_PREPARED_INPUT,
+    RESERVED_INPUTS,
+    reserved_values,
+)
 from components.specs import ParentInput, PipelineSpec, Port, StepOutput, StepSpec
 from core.gate_rules import GATE_RULES
 from core.secrets import mask_secrets
@@ -40,14 +45,14 @@ TASK_MODEL_OPTIONS = ("hidden_width", "hidden_layers", "dropout")
 
 
 def _overridable_inputs(pipeline: PipelineSpec) -> set[str]:
-    names = set(pipeline.inputs) - set(RESERVED_INPUTS)
+    names = set(pipeline.inputs)
     for step in pipeline.steps.values():
         names |= {
             name
             for name in step.component.inputs
             if not isinstance(step.inputs.get(name), ParentInput | StepOutput)
         }
-    return names
+    return names - set(RESERVED_INPUTS)
 
 
 def check_parameters(pipeline: PipelineSpec, parameters: Mapping[str, Any]) -> None:
@@ -55,7 +60,8 @@ def check_parameters(pipeline: PipelineSpec, parameters: Mapping[str, Any]) -> N
         if name in RESERVED_INPUTS:
             raise SubmissionError(
                 f"parameter {name}: set by the run itself (--data, --model-name, the trigger, --task and "
-                "--task-option, or the model's configuration file); remove it"
+                "--task-option, the model's configuration file, or the front door's last good prepared "
+                "data version); remove it"
             )
     unknown = sorted(set(parameters) - _overridable_inputs(pipeline))
     moved = [name for name in unknown if name in TASK_MODEL_OPTIONS]
@@ -195,6 +201,16 @@ def pipeline_values(pipeline: PipelineSpec, request: RunRequest) -> dict[str, An
     )
     values.update({name: value for name, value in reserved.items() if name in pipeline.inputs})
     values.update({name: value for name, value in request.parameters.items() if name in pipeline.inputs})
+    return values
+
+
+def step_parameters(request: RunRequest) -> dict[str, Any]:
+    """What a step's inputs that no step binds take: the request's parameters, and what the run sets on a
+    step itself (prep's `previous_prepared`, the request's previous prepared data version), as the Azure ML
+    builder sets them on the step."""
+    values = dict(request.parameters)
+    if request.previous_prepared is not None:
+        values[PREVIOUS_PREPARED_INPUT] = request.previous_prepared
     return values
 
 

@@ -15,13 +15,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from components.builder import PREP_STEP, PREPARED_OUTPUT
 from components.errors import JobNotFound
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.local.launch import ProcessStarted
 from components.local.runs import ABANDONED
-from components.outcome import gate_details
+from components.outcome import PREPARED_KEY, gate_details, rejected_details
 from components.preflight import Preflight
-from components.request import FAILED, RunRequest, Submission
+from components.request import COMPLETED, FAILED, RunRequest, Submission
+from core.rejected_inputs import REPORT_OUTPUT
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,11 @@ class _LoggingStream(io.TextIOBase):
 
 
 def _details(record: RunRecord) -> dict[str, Any]:
+    prepared = [
+        step.outputs[PREPARED_OUTPUT]
+        for step in record.steps
+        if step.name == PREP_STEP and step.status == COMPLETED and PREPARED_OUTPUT in step.outputs
+    ]
     return {
         "run_id": record.run_id,
         "outputs": dict(record.outputs),
@@ -47,6 +54,14 @@ def _details(record: RunRecord) -> dict[str, Any]:
         "error": record.error,
         # The gate's decision, so that a caller of the submitter learns what the run changed.
         **gate_details(record.outputs),
+        # The raw files prep left out, which the front door never pins again: known once prep completed,
+        # whatever a later step did.
+        **rejected_details(
+            step.outputs[REPORT_OUTPUT] for step in record.steps if REPORT_OUTPUT in step.outputs
+        ),
+        # Where the prepared data version lies, which the model's next run builds on (a cache entry,
+        # never written again).
+        **({PREPARED_KEY: prepared[0]} if prepared else {}),
     }
 
 
@@ -87,6 +102,15 @@ class LocalSubmitter:
         self._force_rerun = force_rerun
 
     def submit(self, request: RunRequest) -> Submission:
+        previous = request.previous_prepared
+        if previous is not None and not Path(previous).is_dir():
+            # A cache entry deleted since (the cache may be cleared): prepared from the raw data alone.
+            log.warning(
+                "run %s: its previous prepared data version %s is gone; it is prepared from the raw data "
+                "alone, its schema from most of that data",
+                request.run_key, previous,
+            )  # fmt: skip
+            request = replace(request, previous_prepared=None)
         try:
             record = self._runner.run(request, force_rerun=self._force_rerun)
         except LocalStepFailed as failure:

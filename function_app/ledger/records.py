@@ -436,6 +436,7 @@ def rebuild_state(model_name: str, submissions: list[SubmissionRecord]) -> Model
         in_flight_id=in_flight.id if in_flight else None,
         in_flight_since=in_flight.created_at if in_flight else None,
         in_flight_kind=in_flight.kind if in_flight else None,
+        in_flight_raw_version=in_flight.raw_version if in_flight else None,
         last_submission_at=newest.created_at,
         runs_day=day,
         runs_today=sum(1 for s in ours if utc_day(s.created_at) == day),

@@ -8,7 +8,8 @@ and their eTag a hash of their content), or the configured container itself (Azu
 managed identity), listed under the prefix. A folder's non-hidden files are blobs, directly in it or, for a
 scope of depth 2 (the image task's class folders), in a non-hidden sub-folder (`circle/a.png` is the blob
 `<prefix>/circle/a.png`); a deeper file or a dot-file (an editor's or a copy's temporary) is not part of
-the landing data.
+the landing data, and a symbolic link is refused in one warning line, never followed (it could stand for
+any file on the machine).
 
 What was delivered is remembered in `<state>/watch/<source>.json`, written atomically after each poll, so a
 restart does not deliver the same versions again; were it lost, the ledger would still dedupe them (its key
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from core.errors import RetrainError
 from core.files import write_atomically
+from core.text import escaped
 from function_app.events.blob_created import BLOB_CREATED, BLOCK_BLOB
 from function_app.events.blob_paths import blob_url
 from function_app.pinning import content_etag
@@ -47,6 +49,7 @@ STATE_SCHEMA = 1
 WATCH_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
 WATCH_RESOURCE_GROUP = "retrain-watch"
 _EVENT_NAMESPACE = uuid.UUID("5d1c8c3e-6f55-4c1e-9a7e-3f1f3c2b9a10")  # event ids: uuid5 of url + eTag
+LINK = "symbolic link"  # a folder source's memo of a link it refused (and said so)
 
 
 class WatchError(RetrainError):
@@ -114,7 +117,18 @@ class FolderSource:
         if not self.folder.is_dir():
             raise WatchError(f"landing folder {self.folder}: not a folder; expected the folder to watch")
         blobs, memo = [], {}
-        for relative, path in _visible_files(self.folder, self.scope.depth):
+        files, links = _visible_files(self.folder, self.scope.depth)
+        for relative in links:
+            # A link could stand for any file on this machine (`ln -s /etc/passwd x.csv`): it is never
+            # followed, nor delivered. Said once, until it is gone or replaced.
+            if cache.get(relative) != LINK:
+                log.warning(
+                    "landing folder %s: %s is a symbolic link; it is not delivered (links are never "
+                    "followed); expected a regular file",
+                    self.folder, escaped(relative),
+                )  # fmt: skip
+            memo[relative] = LINK
+        for relative, path in files:
             stat = path.stat()
             known = cache.get(relative)
             # The hash is what identifies the version; re-hash only what changed since the last poll.
@@ -129,20 +143,24 @@ class FolderSource:
         return blobs, memo
 
 
-def _visible_files(folder: Path, depth: int) -> list[tuple[str, Path]]:
-    """(path relative to `folder`, path) of its non-hidden files, in non-hidden sub-folders down to `depth`
-    levels (1: its direct files), sorted. Every suffix is announced: the front door rejects what is not
-    data, saying why, as Event Grid would report any blob."""
-    found = []
+def _visible_files(folder: Path, depth: int) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(path relative to `folder`, path) of its non-hidden regular files, in non-hidden sub-folders down to
+    `depth` levels (1: its direct files), sorted; and the relative paths of the symbolic links among them
+    (to a file or a folder), which are never followed. Every suffix is announced: the front door rejects
+    what is not data, saying why, as Event Grid would report any blob."""
+    found, links = [], []
     for path in sorted(folder.iterdir()):
         if path.name.startswith("."):
             continue
-        if path.is_file():
+        if path.is_symlink():
+            links.append(path.name)
+        elif path.is_file():
             found.append((path.name, path))
         elif path.is_dir() and depth > 1:
-            inside = _visible_files(path, depth - 1)
+            inside, inner_links = _visible_files(path, depth - 1)
             found += [(f"{path.name}/{relative}", inner) for relative, inner in inside]
-    return found
+            links += [f"{path.name}/{relative}" for relative in inner_links]
+    return found, links
 
 
 class ContainerSource:

@@ -10,7 +10,8 @@ The rules, per model:
   most W after the first pending arrival, whichever comes first. A batch of drift alerts and HTTP requests
   only has no burst to wait for and is ready at once.
 - One run in flight per model; at least C seconds from one submission's start to the next one's start; at
-  most B submissions per UTC day (failed ones count: the budget bounds the cost, and the retries).
+  most B submissions per UTC day (failed ones count: the budget bounds the cost, and the retries). A
+  submission the submitter refused before anything ran (`withdraw_submission`) is not one: it is uncounted.
 - Whatever arrives meanwhile is kept pending and joins the next run: nothing is ever dropped.
 - `force` (an HTTP request's) skips the cooldown and the debounce wait, never the dedupe, never the one
   run in flight, and never the daily budget: the budget is the cost cap, and repeated forced calls with
@@ -62,6 +63,7 @@ __all__ = [
     "latest_blobs",
     "on_arrival",
     "start_submission",
+    "withdraw_submission",
     "without_future_times",
 ]
 
@@ -231,9 +233,10 @@ def _ready_reason(
 
 
 def start_submission(
-    state: ModelState, submission_id: str, now: datetime
+    state: ModelState, submission_id: str, now: datetime, raw_version: str | None = None
 ) -> tuple[ModelState, tuple[PendingItem, ...]]:
-    """Move every pending item into the in-flight submission `submission_id`, started at `now`.
+    """Move every pending item into the in-flight submission `submission_id`, started at `now`, on the raw
+    data version `raw_version` (None: no data yet, or a registered asset's).
 
     Counts the run in the day's budget and starts the cooldown. The caller saves the new state (compare-and-
     set) before it submits: the state that won the race is the one that submits. Refuses a second run in
@@ -256,6 +259,7 @@ def start_submission(
         in_flight_since=now,
         in_flight_items=items,
         in_flight_kind=batch_kind(items),
+        in_flight_raw_version=raw_version,
         last_submission_at=now,
         runs_day=day,
         runs_today=state.runs_on(now) + 1,
@@ -292,9 +296,37 @@ def finish_submission(
         in_flight_since=None,
         in_flight_items=(),
         in_flight_kind=None,
+        in_flight_raw_version=None,
         last_finished_id=submission_id,
         last_finished_at=now,
         last_outcome=status,
+    )
+
+
+def withdraw_submission(
+    state: ModelState, submission_id: str, last_submission_at: datetime | None
+) -> ModelState:
+    """Undo `start_submission` of `submission_id`, which its submitter refused before anything ran (its
+    pre-run check): its items go back to pending, it is no longer counted in its day's budget, and the
+    cooldown counts from `last_submission_at`, the start of the submission before it.
+
+    Idempotent: withdrawing a submission that is not the one in flight returns `state` unchanged.
+    """
+    if state.in_flight_id != submission_id:
+        return state
+    if last_submission_at is not None:
+        last_submission_at = aware(last_submission_at, "last_submission_at")
+    counted = state.in_flight_since is not None and state.runs_day == utc_day(state.in_flight_since)
+    return replace(
+        state,
+        pending=(*state.in_flight_items, *state.pending),
+        in_flight_id=None,
+        in_flight_since=None,
+        in_flight_items=(),
+        in_flight_kind=None,
+        in_flight_raw_version=None,
+        last_submission_at=last_submission_at,
+        runs_today=max(state.runs_today - 1, 0) if counted else state.runs_today,
     )
 
 

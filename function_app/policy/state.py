@@ -13,6 +13,7 @@ from typing import Any
 
 from core.errors import RetrainError
 from core.names import check_model_name
+from core.versions import is_version
 from function_app.events.triggers import KIND_BLOB, KINDS, TriggerRequest
 
 STATE_SCHEMA = 1
@@ -163,6 +164,7 @@ class PendingItem:
 _ITEM_FIELDS = tuple(item_field.name for item_field in fields(PendingItem))
 _STATE_TIMES = ("in_flight_since", "last_submission_at", "last_finished_at")
 _STATE_ITEMS = ("pending", "in_flight_items")
+_NEWER_FIELDS = ("in_flight_kind", "in_flight_raw_version")
 
 
 def utc_day(moment: datetime) -> str:
@@ -185,6 +187,10 @@ class ModelState:
     # The in-flight batch's kind: what a recovery records when the flush that took it died before its
     # submission record existed.
     in_flight_kind: str | None = None
+    # The in-flight batch's raw data version, which names its job (components.request.job_name_for): what
+    # a recovery asks the submitter for when the submission's record cannot be read, so that a job still
+    # running is followed, never started a second time.
+    in_flight_raw_version: str | None = None
     last_submission_at: datetime | None = None
     runs_day: str | None = None
     runs_today: int = 0
@@ -217,9 +223,16 @@ class ModelState:
 
     def _check_in_flight(self) -> None:
         if self.in_flight_id is None:
-            if self.in_flight_since is not None or self.in_flight_items:
-                raise PolicyError("model state: in-flight time or items without an in-flight submission id")
+            if self.in_flight_since is not None or self.in_flight_items or self.in_flight_raw_version:
+                raise PolicyError(
+                    "model state: in-flight time, items or data version without an in-flight submission id"
+                )
             return
+        if self.in_flight_raw_version is not None and not is_version(self.in_flight_raw_version):
+            raise PolicyError(
+                f"model state in_flight_raw_version {self.in_flight_raw_version!r}: expected 'rd-<16 hex "
+                "digits>'"
+            )
         if not isinstance(self.in_flight_id, str) or not _SUBMISSION_ID.fullmatch(self.in_flight_id):
             raise PolicyError(
                 f"submission id {self.in_flight_id!r}: expected 1-128 letters, digits, '.', '_' or '-'"
@@ -267,11 +280,12 @@ class ModelState:
                 f"model state schema {found!r}: expected {STATE_SCHEMA}, as ModelState.to_dict writes"
             )
         try:
-            # in_flight_kind is newer than the schema: a state saved before it loads without one.
+            # in_flight_kind and in_flight_raw_version are newer than the schema: a state saved before
+            # them loads without them.
             values = {
                 state_field.name: data[state_field.name]
-                if state_field.name != "in_flight_kind"
-                else data.get("in_flight_kind")
+                if state_field.name not in _NEWER_FIELDS
+                else data.get(state_field.name)
                 for state_field in fields(cls)
             }
             values |= {

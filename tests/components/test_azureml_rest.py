@@ -243,7 +243,7 @@ def test_publish_registers_the_environment_then_each_component_on_one_uploaded_s
     assert components == [
         f"PUT {ARM_HOST}{WORKSPACE}/components/{name}/versions/{version}?api-version={COMPONENTS}"
         for name, version in (
-            ("retrain_drift", 2), ("retrain_evaluate", 4), ("retrain_prep", 5), ("retrain_register", 5),
+            ("retrain_drift", 2), ("retrain_evaluate", 4), ("retrain_prep", 6), ("retrain_register", 5),
             ("retrain_train", 7),
         )
     ]  # fmt: skip
@@ -327,7 +327,7 @@ def test_a_submission_sends_the_pinned_pipeline_job_on_the_published_components(
     assert job["inputs"]["raw_data_version"]["value"] == VERSION
     steps = job["jobs"]
     assert list(steps) == ["prep", "train", "evaluate", "register"]
-    for name, version in (("prep", 5), ("train", 7), ("evaluate", 4), ("register", 5)):
+    for name, version in (("prep", 6), ("train", 7), ("evaluate", 4), ("register", 5)):
         assert steps[name]["componentId"] == f"{WORKSPACE}/components/retrain_{name}/versions/{version}"
     assert steps["train"]["computeId"] == f"{WORKSPACE}/computes/gpu-spot"
     assert steps["prep"]["computeId"] == f"{WORKSPACE}/computes/cpu-cluster"
@@ -371,6 +371,28 @@ def test_a_second_submission_finds_the_job_and_sends_nothing_else(published, wor
     assert lines[-2:] == [  # the second finds attempt 0 and no attempt 1
         f"GET {ARM_HOST}{WORKSPACE}/jobs/{request.job_name(attempt)}?api-version={JOBS}" for attempt in (0, 1)
     ]
+
+
+def test_the_last_good_prepared_version_reaches_the_prep_step_as_a_uri_folder_input(
+    published, workspace, far_side
+):
+    _, server = far_side
+    other = "rd-1122334455667788"
+    previous = f"azureml://subscriptions/{SUB}/resourcegroups/{RG}/workspaces/{WS}/datastores/" + (
+        "workspaceblobstore/paths/azureml/calm_fig_prep_1234/prepared_data/"
+    )  # where run history says the last good job's prep output lies
+    request = RunRequest(
+        model_name="digits", data=DataRef(other, f"azureml:digits-raw:{other}"), previous_prepared=previous
+    )
+    server.take()
+
+    AzureMLSubmitter(workspace, AzureSettings(registered_components=True)).submit(request)
+
+    sent = server.take()
+    documented(sent)
+    steps = sent[-1].body["properties"]["jobs"]
+    assert steps["prep"]["inputs"]["previous_prepared"] == {"uri": previous, "job_input_type": "uri_folder"}
+    assert all("previous_prepared" not in steps[name]["inputs"] for name in ("train", "evaluate", "register"))
 
 
 def test_a_schedule_is_created_as_a_long_running_operation_with_its_cron_and_job(

@@ -298,3 +298,38 @@ def test_status_maps_azure_states_and_unknown_jobs_are_errors():
     assert [submission_status(state) for state in ("Preparing", "Completed", "Failed", "Canceled")] == [
         QUEUED, COMPLETED, FAILED, CANCELED,
     ]  # fmt: skip
+
+
+# The prep output of the model's last good job, where Azure ML keeps a step's output (run history says so).
+PREVIOUS = "azureml://datastores/workspaceblobstore/paths/azureml/quiet_lime_prep_0a1b/prepared_data/"
+
+
+def test_the_last_good_prepared_version_is_the_prep_steps_previous_prepared_input():
+    class ValidatingWorkspace(RecordingWorkspace):
+        def create_job(self, job):
+            self.validation = job._validate()
+            self.rest = job._to_rest_object().as_dict()["properties"]  # the body MLClient sends
+            return super().create_job(job)
+
+    workspace = ValidatingWorkspace()
+
+    AzureMLSubmitter(workspace).submit(make_request(previous_prepared=PREVIOUS))
+
+    assert workspace.validation.passed, workspace.validation.error_messages
+    steps = workspace.rest["jobs"]
+    assert steps["prep"]["inputs"]["previous_prepared"] == {"uri": PREVIOUS, "job_input_type": "uri_folder"}
+    assert [name for name, step in steps.items() if "previous_prepared" in step["inputs"]] == ["prep"]
+
+
+def test_a_local_folder_as_previous_prepared_version_is_dropped_with_a_warning(caplog, tmp_path):
+    workspace = RecordingWorkspace()
+
+    AzureMLSubmitter(workspace).submit(make_request(previous_prepared=str(tmp_path)))
+
+    (job,) = workspace.sent
+    assert "previous_prepared" not in job._to_dict()["jobs"]["prep"].get("inputs", {})
+    [line] = [record.getMessage() for record in caplog.records if "previous prepared" in record.getMessage()]
+    assert line == (
+        f"run {RUN_KEY}: its previous prepared data version {tmp_path} is not in Azure ML; it is prepared "
+        "from the raw data alone, its schema from most of that data"
+    )

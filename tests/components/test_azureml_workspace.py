@@ -119,3 +119,40 @@ def test_a_data_lake_datastore_has_no_blob_container_url():
         AzureDataLakeGen2Datastore(name="lake", account_name="lakeacct", filesystem="raw")
     )
     assert (record.kind, record.container_name, record.container_url) == ("AzureDataLakeGen2", "raw", None)
+
+
+def test_an_outputs_uri_is_what_run_history_says_as_jobs_download_asks_it():
+    import inspect
+    from types import SimpleNamespace
+
+    from azure.ai.ml.operations import JobOperations
+    from azure.core.exceptions import HttpResponseError
+
+    # The data-plane lookup `jobs.download` makes for a named output, which the seam asks too: a private
+    # method of azure-ai-ml 1.35, held to its signature here so that an upgrade that moves it fails a test.
+    assert list(inspect.signature(JobOperations._get_named_output_uri).parameters) == [
+        "self", "job_name", "output_names",
+    ]  # fmt: skip
+    uri = (
+        "azureml://subscriptions/s/resourcegroups/r/workspaces/w/datastores/d/paths/azureml/p/prepared_data/"
+    )
+    asked: list[tuple[str, str]] = []
+
+    def named_output_uri(job_name, output_names):
+        asked.append((job_name, output_names))
+        if job_name == "broken":
+            raise HttpResponseError(message="(ServiceError) run history is unavailable\nCode: ServiceError")
+        return {"prepared_data": uri} if job_name == "prep-1" else {}
+
+    workspace = MLClientWorkspace(WorkspaceRef("sub", "rg", "ws"), credential=DefaultAzureCredential())
+    workspace._client = SimpleNamespace(jobs=SimpleNamespace(_get_named_output_uri=named_output_uri))
+
+    assert workspace.output_uri("prep-1", "prepared_data") == uri
+    assert workspace.output_uri("prep-2", "prepared_data") is None
+    with pytest.raises(SubmissionError) as raised:
+        workspace.output_uri("broken", "prepared_data")
+    assert str(raised.value) == (
+        "job 'broken': where its output 'prepared_data' lies could not be read ((ServiceError) run "
+        "history is unavailable)"
+    )
+    assert asked == [("prep-1", "prepared_data"), ("prep-2", "prepared_data"), ("broken", "prepared_data")]

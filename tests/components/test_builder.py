@@ -97,7 +97,7 @@ def test_registered_components_reference_the_published_versions():
     job = build_pipeline_job(PipelineBuild.for_request(make_request(), registered_components=True))
     components = {name: step["component"] for name, step in job._to_dict()["jobs"].items()}
     assert components == {
-        "prep": "azureml:retrain_prep:5",
+        "prep": "azureml:retrain_prep:6",
         "train": "azureml:retrain_train:7",
         "evaluate": "azureml:retrain_evaluate:3",  # the request pins it
         "register": "azureml:retrain_register:5",
@@ -188,7 +188,7 @@ def test_the_built_job_agrees_with_pipeline_yml(built, from_yaml):
 
 
 def test_the_same_component_version_as_the_yaml_uses_the_yaml():
-    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "5"})))
+    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "6"})))
     assert job._to_dict()["jobs"]["prep"]["component"]["command"].startswith("python -m training.cli prepare")
 
 
@@ -205,6 +205,15 @@ def test_trigger_arguments_are_safe_on_a_command_line():
             r"parameter epochz: not an input of the pipeline; expected one of \[",
         ),
         ({"parameters": {"model_name": "x"}}, r"parameter model_name: set by the run itself"),
+        # The model's last good prepared version is the request's to set (the front door's), not a parameter.
+        (
+            {"parameters": {"previous_prepared": "azureml://x"}},
+            r"parameter previous_prepared: set by the run",
+        ),
+        (
+            {"previous_prepared": "/tmp/prepared"},
+            r"previous prepared data \(previous_prepared\) '/tmp/prepared': expected azureml:<asset>:",
+        ),
         (
             {"parameters": {"epochs": "many"}},
             r"parameter epochs='many': expected an integer \(it sets train\.epochs\)",

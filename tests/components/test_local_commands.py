@@ -126,6 +126,7 @@ def test_the_request_sets_the_data_model_name_and_trigger():
         ),
         ({"raw_data": "/x"}, r"parameter raw_data: set by the run itself"),
         ({"model_name": "x"}, r"parameter model_name: set by the run itself"),
+        ({"previous_prepared": "/x"}, r"parameter previous_prepared: set by the run itself"),
         ({"prepared_data": "/x"}, r"parameters \['prepared_data'\]: not inputs of the pipeline"),
     ],
 )

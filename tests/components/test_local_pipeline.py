@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.components.run_requests import SMALL_MODEL, SMALL_TRAINING, copy_raw, pinned_request
+from helpers.components.run_requests import SMALL_MODEL, SMALL_TRAINING, pinned_request
 
 import retrain_cli
 from components import cli_local
@@ -203,8 +203,10 @@ def test_new_data_reruns_every_step_and_a_degraded_data_set_is_refused_by_the_ga
 def test_a_failing_step_fails_the_run_with_its_log_tail_and_leaves_the_cache_intact(
     state, sample_raw, first_run, tmp_path, capsys
 ):
-    bad = copy_raw(sample_raw, tmp_path / "bad")
-    header, *rows = (bad / "batch-0001.csv").read_text().splitlines(keepends=True)
+    # Its only file does not fit: a bad file among good ones would be left out, and the rest trained.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    header, *rows = (sample_raw / "batch-0001.csv").read_text().splitlines(keepends=True)
     (bad / "batch-0005.csv").write_text(header.replace("label", "lable", 1) + "".join(rows[:3]))
     entries_before = cache_entries(state)
 

@@ -336,3 +336,37 @@ def test_a_pipeline_whose_steps_no_starter_could_fork_runs_without_one(quick_pip
     assert launcher._starter is None
     steps = load_pipeline_spec().steps.values()
     assert all(starts_as_module(step.component.command, step.distribution) for step in steps)
+
+
+def test_a_previous_prepared_version_reaches_the_step_that_takes_it_and_its_content_keys_the_step(
+    quick_pipeline, quick_request, state, tmp_path
+):
+    # `make` plays prep: an optional folder input `previous_prepared`, which no step binds.
+    make = quick_pipeline.folder / "make.yml"
+    make.write_text(
+        make.read_text()
+        .replace(
+            "  note: {type: string, optional: true}\n",
+            "  previous_prepared: {type: uri_folder, optional: true}\n",
+        )
+        .replace("$[[--note ${{inputs.note}}]]", "$[[--note ${{inputs.previous_prepared}}]]")
+    )
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    (previous / "manifest.json").write_text('{"data_version": "dv-1"}')
+    runner, _ = quick_runner(quick_pipeline, state)
+
+    without = runner.run(quick_request())
+    given = runner.run(quick_request(previous_prepared=str(previous)))
+    again = runner.run(quick_request(previous_prepared=str(previous)))
+    (previous / "manifest.json").write_text('{"data_version": "dv-2"}')  # another version, same folder
+    changed = runner.run(quick_request(previous_prepared=str(previous)))
+
+    assert "--note" not in without.step("make").command
+    assert given.step("make").command[-2:] == ("--note", str(previous))
+    made = Path(given.step("make").outputs["made"], "made.txt").read_text()
+    assert made == f"30 {previous}"
+    assert reused(without)["make"] is False and reused(given)["make"] is False
+    assert reused(again)["make"] is True
+    assert reused(changed)["make"] is False  # the key holds the version's content, not only its place
+    assert len({run.step("make").cache_key for run in (without, given, changed)}) == 3

@@ -14,7 +14,7 @@ from helpers.components.quick_pipeline import QuickPipeline, QuickRequest
 from components import cli_local
 from components.data_version import DataError
 from components.errors import ConfigError, SubmissionError
-from components.local import RunnerOptions
+from components.local import RunnerOptions, RunStore
 from components.request import COMPLETED, FAILED, Submitter
 from components.submitters.local import LocalSubmitter
 
@@ -58,6 +58,35 @@ def test_a_failed_run_is_a_failed_submission_with_the_step_and_its_log_tail(
     assert submission.details["log_tail"][-1] == "finish: failing on purpose, as asked"
     assert submitter.status(submission.job_name).status == FAILED
     assert "make      started" in caplog.text  # with no stream given, progress goes to the log
+
+
+def test_a_previous_prepared_version_that_is_gone_is_dropped_with_a_warning_and_the_run_goes_on(
+    quick_pipeline, quick_request, tmp_path, caplog
+):
+    make = quick_pipeline.folder / "make.yml"  # `make` plays prep: it takes a previous version
+    make.write_text(
+        make.read_text()
+        .replace(
+            "  note: {type: string, optional: true}\n",
+            "  previous_prepared: {type: uri_folder, optional: true}\n",
+        )
+        .replace("$[[--note ${{inputs.note}}]]", "$[[--note ${{inputs.previous_prepared}}]]")
+    )
+    gone = tmp_path / "state" / "cache" / "prep" / "0123abcd" / "prepared_data"  # a cleared cache entry
+    submitter = quick_submitter(quick_pipeline, tmp_path / "state", io.StringIO())
+    request = quick_request(previous_prepared=str(gone))
+    caplog.set_level(logging.WARNING, logger="components.submitters.local")
+
+    submission = submitter.submit(request)
+
+    assert submission.status == COMPLETED
+    run = RunStore(tmp_path / "state" / "runs").load(submission.details["run_id"])
+    assert "--note" not in run.step("make").command  # the step was not given the folder
+    [line] = [record.getMessage() for record in caplog.records]
+    assert line == (
+        f"run {request.run_key}: its previous prepared data version {gone} is gone; it is prepared from the "
+        "raw data alone, its schema from most of that data"
+    )
 
 
 def test_status_of_an_unknown_job_is_a_one_line_error(quick_pipeline, tmp_path):

@@ -21,10 +21,15 @@ from helpers.function_app.corpus import EVENT_GRID, PREFIX, blob_created
 from helpers.function_app.flush_harness import front_door
 from helpers.function_app.front_door_settings import app_settings
 
+from components.data_version import DataManifest
+from components.errors import JobNotFound
+from components.request import COMPLETED, RUNNING, RunRequest, Submission
 from function_app.ledger.ledger import Ledger, open_ledger
 from function_app.ledger.store import QUARANTINE, BlobRecordStore, LocalRecordStore, quarantine_name
 from function_app.local.cli import register_commands
 from function_app.service import FrontDoor
+from function_app.settings.app import AppSettings
+from function_app.wiring import build_front_door
 
 MODEL = "digits"
 
@@ -233,3 +238,67 @@ def test_two_readers_moving_one_record_aside_at_once_keep_one_copy(kind, tmp_pat
         assert moved == [target, target]
         assert stores[0].read(record) is None and stores[0].read(target).data.endswith(b"{torn")
     assert len(list(stores[0].list(f"{QUARANTINE}/"))) == 10
+
+
+class RunningJobs:
+    """Azure ML's job service at the Submitter seam: a job runs until the test ends it."""
+
+    def __init__(self) -> None:
+        self.status_of: dict[str, str] = {}
+
+    def submit(self, request: RunRequest) -> Submission:
+        name = request.job_name()
+        if name not in self.status_of:  # Azure ML refuses a second job of one name: the first is returned
+            self.status_of[name] = RUNNING
+        return self.status(name)
+
+    def status(self, job_name: str) -> Submission:
+        if job_name not in self.status_of:
+            raise JobNotFound(f"job {job_name!r}: not found")
+        return Submission(job_name, "jobs", self.status_of[job_name], "")
+
+
+def test_a_damaged_record_of_a_running_job_is_rebuilt_from_the_job_and_no_second_run_is_spent(
+    ledger_at, tmp_path, caplog
+):
+    environ, raw = ledger_at
+    jobs = RunningJobs()
+    door = build_front_door(AppSettings.from_environ(environ), environ, submitter=jobs)
+    first_claims = _deliver(door, "a.csv")
+    [running] = door.flush(ignore_quiet=True)
+    name = f"submissions/{running.id}.json"
+    raw.put(name, raw.get(name)[:40])  # damaged while its job runs
+    arrival = door.deliver(blob_created(EVENT_GRID, f"{PREFIX}/b.csv", eTag="0x2"), "blob")
+    assert arrival.decision == "coalesced"  # it joins the next run, once this one has ended
+
+    caplog.set_level(logging.WARNING)
+    assert door.flush(ignore_quiet=True) == []  # the job still runs: nothing else is started
+
+    assert list(jobs.status_of) == [running.job_name]
+    rebuilt = _open(environ).submission(running.id)
+    assert (rebuilt.status, rebuilt.job_name, rebuilt.raw_version) == (
+        RUNNING,
+        running.job_name,
+        running.raw_version,
+    )
+    assert list(rebuilt.events) == first_claims
+    assert DataManifest.from_json(rebuilt.details["manifest"]).version == running.raw_version
+    assert any(
+        f"submission {running.id} of {MODEL}: its record was unreadable; rebuilt" in r.getMessage()
+        for r in caplog.records
+    )
+    state, _ = _open(environ).load_state(MODEL)
+    assert (state.in_flight_id, state.runs_on(datetime.now(UTC))) == (running.id, 1)
+
+    # Once it ends, the next batch builds on what it trained on, and only then starts.
+    jobs.status_of[running.job_name] = COMPLETED
+    [second] = door.flush(ignore_quiet=True)
+    assert (
+        list(second.events) == [arrival.record_id]
+        and _open(environ).submission(running.id).status == COMPLETED
+    )
+    assert [file.name for file in DataManifest.from_json(second.details["manifest"]).files] == [
+        "a.csv",
+        "b.csv",
+    ]
+    assert _open(environ).load_state(MODEL)[0].runs_on(datetime.now(UTC)) == 2

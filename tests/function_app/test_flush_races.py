@@ -22,7 +22,7 @@ from helpers.function_app.flush_harness import (
 )
 from helpers.function_app.front_door_settings import app_settings
 
-from function_app.flush import STEPS
+from function_app.flush import HELD_STEP, STEPS
 from function_app.ledger.ledger import open_ledger
 from function_app.ledger.records import SUBMITTING
 
@@ -108,3 +108,38 @@ def test_a_flush_killed_at_each_step_is_recovered_once_by_the_next(tmp_path, ste
     [dead] = [s for s in ledger.snapshot()["submissions"] if s["id"] == state.in_flight_id]
     # A flush killed after the submitter accepted the job: adopted; earlier: failed, its blobs resubmitted.
     assert dead["status"] == ("Completed" if step == "submitted" else "Failed")
+
+
+def test_a_flush_killed_while_holding_a_refused_run_is_finished_by_the_next_and_spends_no_budget(tmp_path):
+    environ = app_settings(tmp_path / "home")
+    board = tmp_path / "board"
+    urls = _deliver_batch(environ, board, 0)
+    refusal = "preflight: primary_metric names metric 'recall_99', which the task does not report"
+
+    # The submitter's pre-run check refuses the run; the flush dies once the record says held.
+    assert run_to_death(environ, str(board), HELD_STEP, refuse=refusal) == -9
+    ledger = open_ledger(environ["RETRAIN_LEDGER"])
+    state, _ = ledger.load_state("digits")
+    assert state.in_flight_id is not None and state.runs_today == 1  # counted, for now
+    held_id = state.in_flight_id
+
+    # The next flush finishes withdrawing it, then tries the batch again: refused again, held again.
+    door = front_door(environ, board, refuse=refusal)
+    assert door.flush(ignore_quiet=True) == []
+    state, _ = ledger.load_state("digits")
+    assert (state.in_flight_id, state.runs_today, state.last_submission_at) == (None, 0, None)
+    assert door.verdicts()["digits"].reason == f"held: {refusal}"
+    pending = ledger.claims("digits")
+    assert sorted(claim.record.item.blob.url for claim in pending) == sorted(urls)
+    assert {claim.record.reason for claim in pending} == {f"held: {refusal}"}
+    records = ledger.snapshot()["submissions"]
+    assert [s["status"] for s in records] == ["Failed", "Failed"]  # two refused, neither ran
+    assert records[0]["id"] == held_id and records[0]["details"]["reason"] == f"held: {refusal}"
+
+    # Fixed, the batch goes: one run counted, every blob in it once.
+    [submitted] = front_door(environ, board).flush(ignore_quiet=True)
+    assert submitted.status == "Completed"
+    assert sorted(pin.url for pin in submitted.inputs) == sorted(urls)
+    state, _ = ledger.load_state("digits")
+    assert state.runs_today == 1 and state.in_flight_id is None and ledger.claims("digits") == []
+    assert len(JobBoard(board).jobs()) == 1

@@ -40,6 +40,7 @@ from function_app.policy.rules import (
     latest_blobs,
     on_arrival,
     start_submission,
+    withdraw_submission,
     without_future_times,
 )
 
@@ -301,6 +302,22 @@ def test_a_completed_run_is_done_and_finishing_is_idempotent():
     assert finish_submission(state, "someone-else", at(100)) is state
     with pytest.raises(PolicyError, match="terminal"):
         finish_submission(state, "sub-1", at(100), status=RUNNING)
+
+
+def test_a_withdrawn_submission_never_happened_for_the_budget_or_the_cooldown():
+    state = submitted_at(0)  # the run before, finished
+    state = finish_submission(state, "sub-1", at(100), status=COMPLETED)
+    _, state = arrive(state, (drift_request("run-2"), 200))
+    started, items = start_submission(state, "sub-2", at(4000))  # its submitter then refuses it
+
+    withdrawn = withdraw_submission(started, "sub-2", state.last_submission_at)
+
+    assert [item.dedupe_key for item in withdrawn.pending] == [item.dedupe_key for item in items]
+    assert withdrawn.in_flight_id is None and withdrawn.in_flight_raw_version is None
+    assert (withdrawn.runs_today, withdrawn.last_submission_at) == (1, at(0))  # as before it started
+    assert (withdrawn.last_finished_id, withdrawn.last_outcome) == ("sub-1", COMPLETED)  # no run ended
+    assert withdraw_submission(withdrawn, "sub-2", at(0)) is withdrawn  # idempotent
+    assert flush_verdict(withdrawn, at(4000), SETTINGS).submit  # no cooldown from the withdrawn one
 
 
 def test_a_stale_in_flight_run_reconciled_as_failed_is_retried_after_the_cooldown():

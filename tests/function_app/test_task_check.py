@@ -1,21 +1,29 @@
 """A user's task file whose gate policy names a metric the task does not report is refused by the flush
 before anything is recorded or spent: no submission, no run counted in the day's budget, no training. Its
 claims stay pending and say why. The check (the real preflight, a `python -m training.cli check-model`
-process) runs once per version of the file, whichever front door flushes."""
+process) runs once per version of the file, whichever front door flushes. A class's metric that only the
+data can refuse (the built-in tabular task on digits: `recall_99` of 10 classes) is refused by the local
+run's pre-run check once the data is pinned: the flush holds the batch the same way and gives back the
+run it had counted."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from helpers.function_app import corpus
 from helpers.function_app.front_door_settings import app_settings
 
 from components.preflight import RecordedPreflight, SubprocessPreflight
+from components.request import COMPLETED
 from components.run_settings import RunSettings
 from function_app.ledger.ledger import PENDING
+from function_app.local.watch import FolderSource, Watcher
 from function_app.pinning import content_etag
+from function_app.service import utc_now
 from function_app.settings.app import AppSettings
 from function_app.wiring import build_front_door
+from training.tasks.tabular.sample_data import write_sample_batches
 
 # A complete task as far as the preflight looks; each import of the file (one per check process) adds a
 # line to the counter file next to it.
@@ -207,3 +215,69 @@ def test_a_class_s_metric_or_stopping_metric_the_user_s_task_cannot_report_is_he
     assert (state.runs_today, state.in_flight_id) == (0, None)  # no budget spent
     assert again.ledger_snapshot()["submissions"] == []
     assert not (Path(environ["RETRAIN_HOME"]) / "runs").exists()  # nothing ran
+
+
+# The built-in tabular task on digits: no option fixes its class count, the data does (labels 0-9).
+DIGITS_MODEL_FILE = """\
+[task]
+ref = "tabular"
+
+[task.options]
+hidden_width = 16
+
+[gate]
+primary_metric = "accuracy"
+min_improvement = 0.0
+floors = {}
+first_model_floors = {}
+max_regression = {}
+
+[pipeline]
+epochs = 1
+global_batch_size = 64
+checkpoint_every_seconds = "off"
+
+[trigger]
+prefix = "digits"
+"""
+
+
+def test_a_class_the_data_lacks_holds_the_batch_at_its_pre_run_check_and_spends_no_budget(tmp_path):
+    landing, home, models = tmp_path / "landing", tmp_path / "home", tmp_path / "models"
+    write_sample_batches(landing, batches=1)
+    models.mkdir()
+    (models / "digits.toml").write_text(DIGITS_MODEL_FILE)
+    settings = app_settings(
+        home,
+        RETRAIN_SUBMITTER="local",
+        RETRAIN_MODELS="digits",
+        RETRAIN_MODELS_DIR=str(models),
+        RETRAIN_LANDING_FOLDER=str(landing),
+    )
+    for single in ("RETRAIN_MODEL_NAME", "RETRAIN_BLOB_PREFIX"):  # the file's [trigger] says them
+        settings.pop(single)
+    # The steps' environment, as `retrain flush` gives them its own; the setting wins over the file's [gate].
+    environ = {**os.environ, **settings, "RETRAIN_PIPELINE_PARAMETERS": "primary_metric=recall_99"}
+    front = _front_door(environ)  # start-up cannot know the class count: only the data fixes it
+    scope = front.settings.models[0].scope
+    Watcher(FolderSource(landing, scope), scope, home, lambda e: front.deliver(e, "blob"), utc_now).poll()
+
+    for door in (front, _front_door(environ)):  # two flushes, the second from a fresh process
+        assert door.flush(ignore_quiet=True) == []
+        reason = door.verdicts()["digits"].reason
+        assert reason.startswith("held: preflight: ") and "\n" not in reason
+        assert "primary_metric names metric 'recall_99'" in reason
+        assert "recall_0 to recall_9 for its 10 classes" in reason
+        state, _ = door.ledger.load_state("digits")
+        assert (state.runs_today, state.in_flight_id, state.last_submission_at) == (0, None, None)
+        (claim,) = door.ledger.claims("digits", PENDING)  # still pending, saying why
+        assert claim.record.reason == reason and claim.record.submission is None
+        assert not (home / "runs").exists() or not any((home / "runs").iterdir())  # no step ran
+
+    # The setting fixed, the next flush trains the held batch.
+    environ.pop("RETRAIN_PIPELINE_PARAMETERS")
+    [trained] = _front_door(environ).flush(ignore_quiet=True)
+    assert trained.status == COMPLETED, trained.details
+    assert trained.details["decision"] == "registered"
+    state, _ = front.ledger.load_state("digits")
+    assert state.runs_today == 1 and front.ledger.claims("digits", PENDING) == []

@@ -230,6 +230,29 @@ def test_incremental_falls_back_to_a_full_preparation_when_seen_files_changed(
     assert manifest_content(incremental) == manifest_content(prepare(raw, tmp_path / "full"))
 
 
+@pytest.mark.parametrize("previous", ["gone", "not-a-version", "another-tasks"])
+def test_a_previous_version_that_does_not_read_costs_the_increment_never_the_preparation(
+    sample_raw, tmp_path, caplog, previous
+):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    shutil.copy(sorted(sample_raw.iterdir())[0], raw)
+    folder = tmp_path / "previous"
+    if previous != "gone":  # a deleted cache entry or job output
+        folder.mkdir()
+    if previous == "another-tasks":  # the image task's manifest: another format
+        (folder / "manifest.json").write_text(json.dumps({"format": "retrain-images/1", "data_version": "x"}))
+
+    caplog.set_level(logging.WARNING, logger="training.tasks.tabular.prepare")
+    built = prepare(raw, tmp_path / "v1", previous=folder)
+
+    [warning] = [record.getMessage() for record in caplog.records]
+    assert warning.startswith(f"not building on {folder}: ") and warning.endswith("; preparing all raw files")
+    assert "\n" not in warning
+    assert built.previous_version is None
+    assert manifest_content(built) == manifest_content(prepare(raw, tmp_path / "full"))
+
+
 def test_existing_empty_output_folder_is_filled(sample_raw, tmp_path, prepared):
     (tmp_path / "mount").mkdir()
 
@@ -281,8 +304,9 @@ def test_unwritable_output_leaves_nothing_behind(sample_raw, tmp_path):
 
 
 def _bad_value(raw: Path) -> None:
-    write_sample_batches(raw, batches=2)
-    path = raw / "batch-0002.csv"
+    # One file: a bad file among good ones is left out and the rest prepared (test_prepare_rejects.py).
+    write_sample_batches(raw, batches=1)
+    path = raw / "batch-0001.csv"
     rows = list(csv.reader(path.open()))
     rows[17][HEADER.index("pixel_5")] = "abc"
     write_csv(path, rows[1:], header=rows[0])
@@ -341,7 +365,7 @@ BAD_INPUTS = {
     ),
     "unexpected column": (_header([*HEADER, "colour"]), "batch-0001.csv: unexpected column 'colour'"),
     "non-numeric": (
-        _bad_value, f"batch-0002.csv: data row 17, column 'pixel_5': expected {FINITE}, got 'abc'",
+        _bad_value, f"batch-0001.csv: data row 17, column 'pixel_5': expected {FINITE}, got 'abc'",
     ),
     "infinite": (
         _cells((2, "pixel_0", "inf")),

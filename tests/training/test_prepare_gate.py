@@ -10,6 +10,7 @@ import pytest
 
 from components.local.commands import render_command
 from components.specs import REPO_ROOT, load_component_spec
+from core.rejected_inputs import read_report
 from training.cli import main
 from training.tasks.tabular.task import DIGITS_OPTIONS
 
@@ -27,7 +28,8 @@ def _prep_argv(raw, out, **gate) -> list[str]:
         "split": "0.8,0.1,0.1",
         **gate,
     }
-    argv = render_command(prep.command, inputs, {"prepared_data": out}, "prep")
+    outputs = {"prepared_data": out, "rejected_inputs": f"{out}-rejected"}
+    argv = render_command(prep.command, inputs, outputs, "prep")
     assert argv[:3] == ["python", "-m", "training.cli"]
     return argv[3:]
 
@@ -59,6 +61,7 @@ def test_prep_with_a_policy_the_task_can_meet_prepares(sample_raw, tmp_path):
 
     assert main(_prep_argv(sample_raw, tmp_path / "out", **gate)) == 0
     assert (tmp_path / "out" / "manifest.json").is_file()
+    assert read_report(tmp_path / "out-rejected") == ()  # every raw file fits, and the report says so
 
 
 @pytest.mark.parametrize("options", [json.dumps(DIGITS_OPTIONS), "{}"])  # n_classes = 10, or the labels'

@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.rejected_inputs import RejectedFile, read_report
 from training.cli import main
 from training.tasks.tabular.prepare import inferred_class_count
+from training.tasks.tabular.schema import read_manifest
 
 HEADER = ["row_key", "label", "x0", "x1"]
 
@@ -29,20 +31,38 @@ def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], *options: str) 
     return lines[0]
 
 
+BEYOND = (
+    "data row 7, column 'label': expected an integer class in [0, 10), the range the other labels fill, got "
+    "999999999; if the classes really go that far, declare them with the task option n_classes (or classes)"
+)
+
+
 def test_a_label_far_beyond_the_inferred_classes_is_refused_naming_its_row_and_range(tmp_path, capsys):
     raw = tmp_path / "raw"
-    _write(raw, "batch-1.csv", [index % 10 for index in range(40)])
     labels: list[object] = [index % 10 for index in range(40)]
     labels[6] = 999999999
     _write(raw, "batch-2.csv", labels)
 
     line = _refused(tmp_path, capsys)
 
-    assert line == (
-        f"retrain: error: {raw / 'batch-2.csv'}: data row 7, column 'label': expected an integer class in "
-        "[0, 10), the range the other labels fill, got 999999999; if the classes really go that far, "
-        "declare them with the task option n_classes (or classes)"
+    assert line == f"retrain: error: {raw / 'batch-2.csv'}: {BEYOND}"
+
+
+def test_a_file_with_a_label_far_beyond_the_others_is_left_out_and_the_rest_prepared(tmp_path):
+    raw = tmp_path / "raw"
+    _write(raw, "batch-1.csv", [index % 10 for index in range(40)])
+    labels: list[object] = [index % 10 for index in range(40)]
+    labels[6] = 999999999
+    _write(raw, "batch-2.csv", labels)
+
+    code = main(
+        ["prepare", "--raw", str(raw), "--out", str(tmp_path / "out"), "--rejected", str(tmp_path / "r")]
     )
+
+    assert code == 0
+    assert read_report(tmp_path / "r") == (RejectedFile("batch-2.csv", BEYOND),)
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest.schema.n_classes == 10 and [file.name for file in manifest.raw_files] == ["batch-1.csv"]
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,13 @@ class PrepareConfig:
         default=None,
         metadata=flag(parse=Path, help="an earlier prepared version to build on incrementally"),
     )
+    rejected: Path | None = field(
+        default=None,
+        metadata=flag(
+            parse=Path,
+            help="folder for rejected.json: the raw files left out because they do not fit, and why",
+        ),
+    )
     split: str = field(
         default=DEFAULT_SPLIT,
         metadata=flag(

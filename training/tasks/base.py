@@ -189,7 +189,9 @@ class Task(Protocol):
     def prepare(self, raw: Path, out: Path, *, previous: Path | None, split: SplitFractions) -> str:
         """Raw files in `raw` -> a prepared data version written into `out` (new or empty); returns its
         content-derived version. With `previous`, unchanged raw files are not decoded again. Bad input
-        raises `InputError` naming the file and what was expected, and writes nothing."""
+        raises `InputError` naming the file and what was expected, and writes nothing; raw files that do
+        not fit (while others may) raise `RawFilesRejected`, each with its reason: the prepare step leaves
+        them out and calls prepare again on the others (training/data/rejection.py)."""
         ...
 
     def load(self, data_dir: Path) -> TaskData:

@@ -72,6 +72,10 @@ class RecordingWorkspace:
 
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     children: dict[str, list[JobRecord]] = field(default_factory=dict)
+    # The files of ended jobs' named outputs: (job name, output name, file name) -> bytes.
+    outputs: dict[tuple[str, str, str], bytes] = field(default_factory=dict)
+    # Where ended jobs' named outputs lie: (job name, output name) -> URI.
+    output_uris: dict[tuple[str, str], str] = field(default_factory=dict)
     computes: dict[str, ComputeRecord] = field(default_factory=standard_computes)
     sizes: list[VmSizeRecord] = field(default_factory=standard_sizes)
     usage_rows: list[UsageRecord] = field(default_factory=standard_usages)
@@ -107,6 +111,14 @@ class RecordingWorkspace:
     def child_jobs(self, parent_name: str) -> list[JobRecord]:
         self.calls.append(("child_jobs", parent_name))
         return list(self.children.get(parent_name, []))
+
+    def output_file(self, job_name: str, output_name: str, file_name: str) -> bytes | None:
+        self.calls.append(("output_file", (job_name, output_name, file_name)))
+        return self.outputs.get((job_name, output_name, file_name))
+
+    def output_uri(self, job_name: str, output_name: str) -> str | None:
+        self.calls.append(("output_uri", (job_name, output_name)))
+        return self.output_uris.get((job_name, output_name))
 
     def get_compute(self, name: str) -> ComputeRecord | None:
         self.calls.append(("get_compute", name))

@@ -3,7 +3,8 @@ test file), and the Azure ML control plane's stand-in they submit to.
 
 `JobBoard` plays Azure ML's job service at the `Submitter` seam, in a folder every process shares: a job
 is created once under its name (Azure ML refuses a duplicate name), and its status can be asked for by name
-from any process, as a recovering flush asks for it. Every job ends at once, Completed."""
+from any process, as a recovering flush asks for it. Every job ends at once, Completed. A board told to
+refuse plays the local submitter whose pre-run check refuses the run before anything runs (`RunRefused`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from components.errors import SubmissionError
+from components.errors import RunRefused, SubmissionError
 from components.request import COMPLETED, RunRequest, Submission
 from core.files import create_atomically
 from function_app.service import FrontDoor
@@ -27,11 +28,14 @@ BACKEND = "job-board"
 
 
 class JobBoard:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, refuse: str | None = None) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.refuse = refuse
 
     def submit(self, request: RunRequest) -> Submission:
+        if self.refuse is not None:
+            raise RunRefused(self.refuse)
         name = request.job_name()
         job = {"job_name": name, "run_key": request.run_key, "data": request.data.uri, "tags": request.tags()}
         create_atomically(self.folder / f"{name}.json", json.dumps(job).encode())  # False: it exists already
@@ -49,10 +53,13 @@ class JobBoard:
 
 
 def front_door(
-    environ: Mapping[str, str], board: Path, on_step: Callable[[str], None] | None = None
+    environ: Mapping[str, str],
+    board: Path,
+    on_step: Callable[[str], None] | None = None,
+    refuse: str | None = None,
 ) -> FrontDoor:
     settings = AppSettings.from_environ(environ)
-    return build_front_door(settings, environ, submitter=JobBoard(board), on_step=on_step)
+    return build_front_door(settings, environ, submitter=JobBoard(board, refuse), on_step=on_step)
 
 
 def flush_in_trials(
@@ -69,14 +76,15 @@ def flush_in_trials(
         results.put((trial, worker, submitted))
 
 
-def flush_and_die_at(environ: dict[str, str], board: str, step: str) -> None:
-    """Flush, and SIGKILL this very process when the flush reaches `step` (function_app/flush.py STEPS)."""
+def flush_and_die_at(environ: dict[str, str], board: str, step: str, refuse: str | None = None) -> None:
+    """Flush, and SIGKILL this very process when the flush reaches `step` (function_app/flush.py STEPS,
+    or HELD_STEP with a board that refuses)."""
 
     def die(reached: str) -> None:
         if reached == step:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    front_door(environ, Path(board), on_step=die).flush(ignore_quiet=True)
+    front_door(environ, Path(board), on_step=die, refuse=refuse).flush(ignore_quiet=True)
 
 
 def run_together(target: Any, arguments: list[tuple[Any, ...]], rounds: int) -> list[Any]:
@@ -95,10 +103,10 @@ def run_together(target: Any, arguments: list[tuple[Any, ...]], rounds: int) -> 
     return outcomes
 
 
-def run_to_death(environ: dict[str, str], board: str, step: str) -> int:
+def run_to_death(environ: dict[str, str], board: str, step: str, refuse: str | None = None) -> int:
     """Run `flush_and_die_at` in a fresh process; its exit code (-9 when it died at the step)."""
     process = multiprocessing.get_context("spawn").Process(
-        target=flush_and_die_at, args=(environ, board, step)
+        target=flush_and_die_at, args=(environ, board, step, refuse)
     )
     process.start()
     process.join(timeout=120)

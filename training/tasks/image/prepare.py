@@ -1,7 +1,8 @@
 """Prepare images: a class-folder tree of PNG/JPEG files in, one content-versioned data version out.
 
 Everything happens in memory before anything is written: list and fingerprint every image, decode the ones
-the previous version has not seen with the same content (the others' pixels come from its stored arrays),
+the previous version has not seen with the same content (the others' pixels come from its stored arrays;
+an image that cannot be decoded is rejected, naming itself, and the others are prepared without it),
 assign each image to a split by a salted hash of its key `<class>/<file name>` alone (so an image never
 changes split as data grows), and build the manifest. Then `publish` writes the files, the manifest last.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import InputError
+from core.rejected_inputs import RawFilesRejected, rejected_for
 from core.text import escaped
 from training.data.publish import publish
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
@@ -105,13 +107,20 @@ def _pixels(
     """uint8 [N, height, width, 3] for `images`, and how many had to be decoded."""
     pixels = np.empty((len(images), *size, 3), dtype=np.uint8)
     decoded = 0
+    rejected, first = [], None
     for row, image in enumerate(images):
         known = reusable.get(image.key)
         if known is not None and known[0] == image.sha256:
             pixels[row] = known[1]
-        else:
+            continue
+        try:
             pixels[row] = decode_image(image.path, size)
-            decoded += 1
+        except InputError as error:  # that image costs itself: the others are prepared without it
+            rejected.append(rejected_for(image.path, image.key, error))
+            first = first or str(error)
+        decoded += 1
+    if rejected:
+        raise RawFilesRejected(rejected, first)
     return pixels, decoded
 
 

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.errors import InputError
+from core.rejected_inputs import RawFilesRejected, rejected_for
 from core.text import escaped
 from training.data.publish import publish
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
@@ -83,18 +84,21 @@ def prepare(
     """Prepare the raw batches in `raw` as a data version in `out` (new or empty) and return its manifest.
 
     With `previous` (an earlier output), files it already saw unchanged are not re-read: their rows come
-    from its prepared splits. The result is identical to a full preparation. If `out` already holds the
-    same data version this is a no-op returning that manifest. A schema with open parts (feature columns,
-    class count) has them fixed here, from the first raw file's header and the labels, and the manifest
-    records the result.
+    from its prepared splits. The result is identical to a full preparation. A `previous` that does not read
+    as a tabular data version (gone, damaged, another task's) is said in one warning and not built on. If
+    `out` already holds the same data version this is a no-op returning that manifest. A schema with open
+    parts (feature columns, class count) has them fixed here, and the manifest records the result: the
+    feature columns as `previous` has them (prepared with these options), else as the header of most of
+    the raw data (`with_features`); the class count from the labels. Raw files that do not fit are
+    rejected together (RawFilesRejected), each naming itself, before anything is written.
     """
     raw, out = Path(raw), Path(out)
     split = split or SplitFractions()
     existing = existing_manifest(out, read_manifest)
     paths = list_raw_files(raw)
-    schema = with_features(schema, paths)
+    previous_manifest = _previous_manifest(Path(previous)) if previous is not None else None
+    schema = with_features(schema, paths, previous_manifest.schema if previous_manifest else None)
     fingerprints = [fingerprint(path) for path in paths]
-    previous_manifest = read_manifest(Path(previous)) if previous is not None else None
     earlier = (Path(previous), previous_manifest) if previous is not None and previous_manifest else None
     gathered = _gather(fingerprints, schema, earlier)
     if gathered.table.num_rows == 0:
@@ -132,6 +136,20 @@ def prepare(
     return manifest
 
 
+def _previous_manifest(previous: Path) -> Manifest | None:
+    """The previous version's manifest; None, with a warning, when it is not a tabular data version that
+    reads (another task's output, a damaged or deleted folder): that costs the increment and the schema it
+    would fix, never the preparation."""
+    try:
+        return read_manifest(previous)
+    except (InputError, OSError, UnicodeDecodeError) as error:
+        log.warning(
+            "not building on %s: %s; preparing all raw files",
+            escaped(previous), escaped(str(error).splitlines()[0]),
+        )  # fmt: skip
+        return None
+
+
 def _stats(gathered: _Gathered, deduplicated: Deduplicated) -> PrepStats:
     return PrepStats(
         raw_rows=sum(entry.rows for entry in gathered.raw_files),
@@ -158,11 +176,26 @@ def _gather(
             "not building on previous version %s: %s; preparing all raw files",
             previous_manifest.data_version, escaped(reason),  # the reason may quote a file's name or data
         )  # fmt: skip
-    tables = [read_raw_file(item.path, schema) for item in fingerprints]
+    tables = _read_every(fingerprints, schema)
     entries = tuple(
         _raw_entry(item, table.num_rows) for item, table in zip(fingerprints, tables, strict=True)
     )
     return _Gathered(pa.concat_tables(tables), entries, (0, 0))
+
+
+def _read_every(fingerprints: Sequence[RawFingerprint], schema: TableSchema) -> list[pa.Table]:
+    """Every file read and validated; the files that do not fit are rejected together, each naming itself
+    (a bad file costs that file: the prepare step prepares the rest)."""
+    tables, rejected, first = [], [], None
+    for item in fingerprints:
+        try:
+            tables.append(read_raw_file(item.path, schema))
+        except InputError as error:
+            rejected.append(rejected_for(item.path, item.name, error))
+            first = first or str(error)
+    if rejected:
+        raise RawFilesRejected(rejected, first)
+    return tables
 
 
 def _why_not_incremental(
@@ -194,7 +227,7 @@ def _incremental(
 ) -> _Gathered:
     seen = {entry.name: entry for entry in previous.raw_files}
     new = [item for item in fingerprints if item.name not in seen]
-    tables = [read_raw_file(item.path, schema) for item in new]
+    tables = _read_every(new, schema)
     log.info(
         "building on %s: reusing %d rows from %d raw files, reading %d new raw files",
         previous.data_version, sum(table.num_rows for table in earlier), len(seen), len(new),
@@ -241,11 +274,12 @@ def _refuse_beyond(table: pa.Table, schema: TableSchema, raw: Path, beyond: np.n
     rows = table.column(SOURCE_ROW_COLUMN).to_numpy()[beyond]
     first = min(range(len(rows)), key=lambda index: (files[index], rows[index]))
     value = table.column(schema.label_column).to_numpy()[beyond][first]
-    raise InputError(
+    error = InputError(
         f"{escaped(raw / files[first])}: data row {rows[first]}, column {schema.label_column!r}: expected an "
         f"integer class in [0, {count}), the range the other labels fill, got {value}; if the classes really "
         "go that far, declare them with the task option n_classes (or classes)"
     )
+    raise RawFilesRejected([rejected_for(raw / files[first], str(files[first]), error)], str(error))
 
 
 def _raw_entry(item: RawFingerprint, rows: int) -> RawFileEntry:

@@ -12,6 +12,7 @@ a message quotes from the data (file names, column names, cells, pyarrow's reaso
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import pyarrow.parquet as pq
 
 from core.errors import InputError
 from core.files import file_sha256
+from core.rejected_inputs import RawFilesRejected, rejected_for
 from core.text import escaped
 from training.tasks.tabular.schema import (
     DERIVED_KEY_COLUMN,
@@ -109,16 +111,68 @@ def header_columns(path: Path) -> list[str]:
         raise _unreadable(path, error) from error
 
 
-def with_features(schema: TableSchema, paths: list[Path]) -> TableSchema:
-    """`schema` with open feature columns fixed from the first raw file's header."""
+def with_features(schema: TableSchema, paths: list[Path], previous: TableSchema | None = None) -> TableSchema:
+    """`schema` with open feature columns fixed: as the `previous` data version has them when it was
+    prepared with these options (the model's last good version), else as the header of most of the raw
+    data (by bytes; then by files; then the earliest name) has them. Which file sorts first decides
+    nothing: a file of another header is rejected when it is read, naming itself. Raises RawFilesRejected,
+    every file with its reason, when no file has a header with the key, the label and features."""
     if schema.feature_columns is not None or not paths:
         return schema
-    if paths[0].stat().st_size == 0:
-        raise InputError(
-            f"{escaped(paths[0])}: the file is empty (0 bytes); expected a header row with "
-            f"{schema.describe_columns()}"
-        )
-    return schema.with_features_from(header_columns(paths[0]))
+    if previous is not None and previous.feature_columns and schema.accepts(previous):
+        return dataclasses.replace(schema, feature_columns=previous.feature_columns)
+    headers: dict[frozenset[str], _HeaderVote] = {}
+    problems = []
+    for order, path in enumerate(paths):
+        try:
+            header = _usable_header(path, schema)
+        except InputError as error:
+            problems.append(rejected_for(path, path.name, error))
+            continue
+        vote = headers.setdefault(frozenset(header), _HeaderVote(header, order))
+        vote.bytes += path.stat().st_size
+        vote.files += 1
+    if headers:
+        chosen = max(headers.values(), key=lambda vote: (vote.bytes, vote.files, -vote.order))
+        return schema.with_features_from(list(chosen.header))
+    # No file could fix the schema: the first readable header does, so each file's own read says what it
+    # lacks against it (as it did before there was a choice to make).
+    first: InputError | None = None
+    for path in paths:
+        try:
+            if path.stat().st_size:
+                return schema.with_features_from(header_columns(path))
+        except InputError as error:
+            first = first or error
+    raise RawFilesRejected(problems, None if first is None else str(first))
+
+
+@dataclass
+class _HeaderVote:
+    """The raw files that share one set of columns: the first one's header, and how much data they hold."""
+
+    header: tuple[str, ...]
+    order: int
+    bytes: int = 0
+    files: int = 0
+
+
+def _usable_header(path: Path, schema: TableSchema) -> tuple[str, ...]:
+    """The file's header, if a schema could be fixed from it: the key and label columns, at least one
+    feature column, no column twice; else InputError naming the file."""
+    expected = f"expected a header row with {schema.describe_columns()}"
+    if path.stat().st_size == 0:
+        raise InputError(f"{escaped(path)}: the file is empty (0 bytes); {expected}")
+    header = tuple(header_columns(path))
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise InputError(f"{escaped(path)}: repeated column(s) {escaped(', '.join(repeated))}; {expected}")
+    missing = [name for name in (schema.key_column, schema.label_column) if name and name not in header]
+    if missing:
+        raise InputError(f"{escaped(path)}: missing column(s) {escaped(', '.join(missing))}; {expected}")
+    if not [name for name in header if name not in (schema.key_column, schema.label_column)]:
+        raise InputError(f"{escaped(path)}: no columns besides the key and the label; {expected}")
+    return header
 
 
 def read_raw_file(path: Path, schema: TableSchema) -> pa.Table:
