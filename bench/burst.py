@@ -1,6 +1,11 @@
-"""The front door's concurrent burst (part 4 of bench/triggers.py): DELIVERERS spawned processes, each with
-its own front door, released together by a barrier to pull events from one shared cursor; the baseline is
-as many processes doing plain create-if-absent uploads in the same Azurite."""
+"""The front door's concurrent burst and storm (parts 4 and 5 of bench/triggers.py): DELIVERERS spawned
+processes, each with its own front door, released together by a barrier to pull events from one shared
+cursor; the baseline is as many processes doing plain create-if-absent uploads in the same Azurite.
+
+The burst is 5,000 events, mostly first arrivals. The storm is two events per blob: each blob's event, and
+either Event Grid's redelivery of it or a second write event for the same blob version. Every duplicate
+costs the ledger two conditional writes (the claim it lost, and its own record), a first arrival one, so
+the storm's floor is Azurite's create-if-absent rate times the events over the writes they need."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import statistics
 import threading
 import time
 import traceback
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +27,7 @@ from typing import Any
 from front_door_kit import CLAIM_BYTES, azurite, blob_events, handler, ledger_settings, percentile
 
 BURST_BLOBS, BURST_VERSIONS, BURST_REDELIVERIES, DELIVERERS = 2000, 2, 1000, 8
+STORM_BLOBS = 1000  # each with two events
 SETUP_TIMEOUT_S = 300  # a process that is not ready by then has failed; the others stop waiting
 
 
@@ -181,6 +188,34 @@ def _flush_check(environ: dict[str, str], payloads: list[dict]) -> dict:
 def burst() -> dict:
     originals = BURST_BLOBS * BURST_VERSIONS
     payloads = blob_events(originals, BURST_REDELIVERIES, BURST_BLOBS, random.Random(20261201))
+    result = _measured(payloads, writes=len(payloads))
+    return {"blobs": BURST_BLOBS, "redeliveries": BURST_REDELIVERIES, **result}
+
+
+def storm_events(rng: random.Random) -> list[dict]:
+    """Two events for each of STORM_BLOBS blobs, shuffled: its Blob-created event, then, for every other blob,
+    Event Grid's redelivery of that event, and for the others a second write event for the same blob version
+    (another event id, as two subscriptions or a second write of one version bring)."""
+    firsts = blob_events(STORM_BLOBS, 0, STORM_BLOBS, rng)
+    seconds = [
+        event if number % 2 == 0 else {**event, "id": str(uuid.UUID(int=rng.getrandbits(128)))}
+        for number, event in enumerate(firsts)
+    ]
+    events = firsts + seconds
+    rng.shuffle(events)
+    return events
+
+
+def storm() -> dict:
+    payloads = storm_events(random.Random(20261206))
+    # A first arrival writes its claim; a duplicate tries the claim (which exists) and writes its own record.
+    writes = STORM_BLOBS + 2 * (len(payloads) - STORM_BLOBS)
+    return {"blobs": STORM_BLOBS, **_measured(payloads, writes)}
+
+
+def _measured(payloads: list[dict], writes: int) -> dict:
+    """Our rate over `payloads` between two baselines of as many create-if-absent uploads, then one flush;
+    `floor_per_s` is the events a second the baseline's rate allows when they need `writes` writes."""
     count = len(payloads)
     with azurite() as (_, endpoint, connection, pid):
         from azure.storage.blob import BlobServiceClient
@@ -191,20 +226,21 @@ def burst() -> dict:
         before = _together(_creator, (connection, "before", count), count, pid)
         print(f"baseline (before): {before['per_s']:.0f} creates/s", flush=True)
         ours = _together(_deliverer, (environ, payloads), count, pid)
-        print(f"burst: {ours['per_s']:.0f} events/s, errors {ours['errors'] or 'none'}", flush=True)
+        print(f"ours: {ours['per_s']:.0f} events/s, errors {ours['errors'] or 'none'}", flush=True)
         after = _together(_creator, (connection, "after", count), count, pid)
         print(f"baseline (after): {after['per_s']:.0f} creates/s", flush=True)
         check = _flush_check(environ, payloads)
     baseline = statistics.mean([before["per_s"], after["per_s"]])
+    floor = baseline * count / writes
     return {
         "events": count,
-        "blobs": BURST_BLOBS,
-        "redeliveries": BURST_REDELIVERIES,
+        "writes": writes,
         "processes": DELIVERERS,
         "ours": ours,
         "baseline_before": before,
         "baseline_after": after,
         "baseline_per_s": baseline,
-        "ratio": ours["per_s"] / baseline,
+        "floor_per_s": floor,
+        "ratio": ours["per_s"] / floor,
         "flush": check,
     }

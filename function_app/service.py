@@ -3,11 +3,13 @@
 Event Grid delivers at least once, several Function instances handle events at once, and a burst brings
 thousands. An event costs one read (its model's small state, for the decision's word) and one conditional
 write: its claim, created if absent under its dedupe key, which records the decision and the item it adds
-to the batch. A claim that loses is a duplicate: it reads the claim that won and, unless it is that event
-redelivered, records itself beside it in one more create-if-absent write, keyed by its own event id, so
-that every event id has a record. Nothing all events must win is written, so the cost of an event does not
-grow with what is pending. Flushes (function_app/flush.py) assemble the batch from the claims, one flush
-per model at a time. Permanent rejections are recorded and returned; transient failures
+to the batch. A claim that loses is a duplicate, and records itself beside the claim in one more
+create-if-absent write, keyed by its own event id, so that every event id has a record; it does not read
+the claim first (a redelivery of the claim's own event leaves one such note, which the ledger folds into
+the claim), so a duplicate costs two conditional writes and no read. An HTTP retry reads the claim, since
+its answer quotes the first request's decision. Nothing all events must win is written, so the cost of an
+event does not grow with what is pending. Flushes (function_app/flush.py) assemble the batch from the
+claims, one flush per model at a time. Permanent rejections are recorded and returned; transient failures
 (storage, the submitter) raise, so Event Grid retries.
 """
 
@@ -162,18 +164,19 @@ class FrontDoor:
         subject = request.blob.name if request.blob is not None else None
         if self.ledger.claim(claim):
             return EventOutcome(claim.id, request.event_id, request.kind, decision, reason, subject=subject)
-        # A duplicate: the claim that won is read (which event it holds; for an HTTP retry, which body), and
-        # this delivery is recorded beside it unless it is that very event again.
-        earlier = self.ledger.claim_of(request.model_name, claim.id)
-        if earlier is None or earlier.record.event_id != request.event_id:
-            self.ledger.record_duplicate(
-                DuplicateRecord.of(
-                    request.event_id, request.kind, request.model_name, request.received_at, claim.id
-                )
+        # A duplicate, recorded beside the claim under its own event id. Not read first to tell the claim's
+        # own event redelivered from another one: a read costs what a write does, and the ledger folds a
+        # note of the claim's own event into the claim (every event id keeps one record).
+        self.ledger.record_duplicate(
+            DuplicateRecord.of(
+                request.event_id, request.kind, request.model_name, request.received_at, claim.id
             )
+        )
         if fingerprint is None:
             reason = f"duplicate of an event already claimed as {claim.id}"
             return EventOutcome(claim.id, request.event_id, request.kind, DUPLICATE, reason, subject=subject)
+        # An HTTP retry is answered with the first request's decision (and refused for another body).
+        earlier = self.ledger.claim_of(request.model_name, claim.id)
         what = f"{earlier.record.decision} as {claim.id}" if earlier else "claimed by another delivery"
         return EventOutcome(
             claim.id,

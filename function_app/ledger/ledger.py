@@ -18,11 +18,13 @@ safe when two readers move it at once) with a warning naming it, and goes on wit
 lists what is there. A damaged model state is rebuilt from the model's submissions (the claims are its
 pending items) and saved in its place.
 
-A delivery whose claim lost is a duplicate. The claim's own event redelivered needs nothing more: the
-claim is its record. Another event (a second write event for the same blob version, an HTTP retry) costs
-one more conditional write, `duplicates/<model>/<e-id>.json`, created if absent under its own event id's
-hash and naming the claim it duplicates, so every event id has one record, a redelivery of that event
-writes nothing new, and a first arrival still costs its one write.
+A delivery whose claim lost is a duplicate, and costs one more conditional write,
+`duplicates/<model>/<e-id>.json`, created if absent under its own event id's hash and naming the claim it
+duplicates: a second write event for the same blob version, an HTTP retry, or the claim's own event
+redelivered. The front door does not read the claim to tell the last from the others (a read costs a
+storage round trip, as the write does); the snapshot leaves out a duplicate record of its claim's own event,
+since the claim is that event's record. So every event id has one record, a redelivery writes nothing new
+after its first, and a first arrival still costs its one write.
 
 An HTTP request's Idempotency-Key is the front door's, not a model's: before its claim, the key's
 record (`keys/<id>.json`, created if absent) binds it to one model and one body, so the same key for

@@ -408,9 +408,14 @@ def build_snapshot(
     quarantined: list[str],
     duplicates: list[DuplicateRecord] | None = None,
 ) -> dict[str, Any]:
+    """The ledger as `retrain ledger` shows it. A duplicate record of its claim's own event (a redelivery:
+    the front door records a lost claim's event without reading the claim) is left out: the claim is that
+    event's record, so every event id has one."""
+    claimed = {event.id: event.event_id for event in events}
+    duplicates = [each for each in duplicates or [] if claimed.get(each.duplicate_of) != each.event_id]
     return {
         "events": [e.to_dict() for e in sorted(events, key=lambda e: (e.received_at, e.id))],
-        "duplicates": [d.to_dict() for d in sorted(duplicates or [], key=lambda d: (d.received_at, d.id))],
+        "duplicates": [d.to_dict() for d in sorted(duplicates, key=lambda d: (d.received_at, d.id))],
         "submissions": [s.to_dict() for s in sorted(submissions, key=lambda s: (s.created_at, s.id))],
         "quarantined": sorted(quarantined),
     }
