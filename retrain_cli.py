@@ -4,8 +4,10 @@
 register, drift), those that read the model registry (models, lineage, rollback, serve) and the planner
 (plan); `components.cli_local` the local pipeline runner (run, runs); `components.cli_azure` the Azure ML side
 (submit, publish, schedule); `function_app.local.cli` the front door played locally (event, watch, trigger,
-flush, ledger); `demo.cli` the whole loop on one machine (demo). Each handler gets the local state folder
-and the environment on its arguments, so no library code reads os.environ.
+flush, ledger); `demo.cli` the whole loop on one machine (demo). One command is this file's own, since it
+asks every room: `gc`, which removes the pinned data nothing needs any more (components/retention.py) and
+must hear from the front door's ledger, the local runs and the registry what they still use. Each handler
+gets the local state folder and the environment on its arguments, so no library code reads os.environ.
 """
 
 from __future__ import annotations
@@ -44,7 +46,57 @@ def build_parser() -> argparse.ArgumentParser:
     cli_azure.register_commands(commands)
     front_door_cli.register_commands(commands)
     demo_cli.register_commands(commands)
+    _register_gc(commands)
     return parser
+
+
+def _register_gc(commands: argparse._SubParsersAction) -> None:
+    from components.retention import DEFAULT_KEEP
+
+    gc = commands.add_parser(
+        "gc",
+        help="remove the pinned data versions nothing needs any more, and the bytes only they held",
+        description="Keeps each model's newest pins, the data of the front door's unfinished submissions "
+        "and of each model's last finished one, of the local runs in progress, and of every registered "
+        "model version; removes the other pinned versions, then every stored file no version holds.",
+    )
+    gc.add_argument(
+        "--keep", type=int, default=DEFAULT_KEEP, help=f"newest pins kept per model (default {DEFAULT_KEEP})"
+    )
+    gc.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    gc.set_defaults(handler=_gc)
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from components.local.runs import IN_PROGRESS, RunStore
+    from components.retention import collect, pinned_versions
+    from core.versions import is_raw_version
+    from function_app.local.cli import open_configured_ledger
+    from training.gate.lineage import RAW_DATA_VERSION, tag
+    from training.gate.registry import ModelRegistry, resolve_store
+
+    data_root = args.state_root / "data"
+    in_use: dict[str, dict[str, str]] = open_configured_ledger(args.environ).raw_versions_in_use()
+    for run in RunStore(args.state_root / "runs").list():
+        if run.status in IN_PROGRESS and is_raw_version(run.data_version):
+            in_use.setdefault(run.model_name, {})[run.data_version] = f"run {run.run_id} is {run.status}"
+    registry = ModelRegistry(resolve_store(None, args.environ, args.state_root))
+    for model_name in sorted({pinned.model_name for pinned in pinned_versions(data_root)}):
+        for info in registry.versions(model_name):
+            version = tag(info.tags, RAW_DATA_VERSION)
+            if version is not None:
+                in_use.setdefault(model_name, {}).setdefault(
+                    version, f"registered as {model_name} v{info.version}"
+                )
+    done = collect(data_root, in_use, args.keep, args.dry_run)
+    for pinned, why in done.kept:
+        print(f"kept     {pinned.describe()}: {why}")
+    for pinned in done.removed:
+        print(f"{'would remove' if args.dry_run else 'removed '} {pinned.describe()}")
+    freed = done.objects
+    verb = "would free" if args.dry_run else "freed"
+    print(f"{verb} {freed.objects} stored file(s), {freed.bytes:,} bytes, in {data_root}")
+    return 0
 
 
 @contextlib.contextmanager

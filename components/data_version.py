@@ -3,13 +3,15 @@
 A submission never trains on "whatever is in the folder now". It pins a manifest: each raw file's name,
 size and fingerprint (a sha256 of its bytes locally, its eTag in Blob Storage). The sha256 of the manifest's
 canonical JSON is the raw data version (`rd-<16 hex>`), so the same files give the same version, and any
-added, removed or changed file gives another. Locally the version is an immutable folder copy; on Azure it is
+added, removed or changed file gives another. Locally the version is an immutable folder; on Azure it is
 a snapshot prefix registered as a data asset version (components/blob_snapshot.py).
 
 A local copy is `<root>/<version>/` with its manifest beside it, `<root>/<version>.manifest.json`. Its files
-are read-only once published, and it is checked against its manifest before it is used again (pinning the
-same data, a run reading it): a copy that changed anyway (root ignores modes) is pinned again from its
-source when there is one, and otherwise refused in one line naming the file.
+are hard links into the object store beside `root` (core/objects.py, `<state>/data/.objects`), so each file
+is stored once however many versions hold it. They are read-only once published, and the copy is checked
+against its manifest before it is used again (pinning the same data, a run reading it): a copy that changed
+anyway (root ignores modes) is pinned again from its source when there is one, its damaged objects
+replaced, and otherwise refused in one line naming the file.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from components.errors import PipelineError
 from core.files import file_sha256, make_read_only, staged_folder, write_atomically
+from core.objects import ObjectMismatch, ObjectStore
 from core.secrets import mask_secrets
 from core.text import escaped
 from core.versions import MANIFEST_SUFFIX, raw_version
@@ -35,6 +38,7 @@ RAW_SUFFIXES = (".csv", ".parquet")  # the tabular task's; a run pins its own ta
 # depth): bounds a model's [trigger] depth, and the front door's blob scopes.
 MAX_RAW_DEPTH = 8
 CONTENTS_SUFFIX = ".contents.json"  # beside a copy pinned by eTags: its files' sha256, taken as written
+OBJECTS_FOLDER = ".objects"  # beside the models' version folders: every pinned file's bytes, kept once
 
 
 class DataError(PipelineError):
@@ -161,15 +165,24 @@ def manifest_of_folder(
     )
 
 
-def _copy_verified(manifest: DataManifest, source: Path, staging: Path) -> None:
+def data_objects(versions_root: Path) -> ObjectStore:
+    """The object store of the pinned versions under `versions_root` (`<state>/data/<model>`) and of every
+    other model's beside it, `<state>/data/.objects`: a file two versions or two models share is kept once."""
+    return ObjectStore(Path(versions_root).parent / OBJECTS_FOLDER)
+
+
+def _pin_verified(manifest: DataManifest, source: Path, staging: Path, objects: ObjectStore) -> None:
+    """Link each listed file into `staging` from the object store, copying into the store only the files it
+    lacks or holds damaged (each checked against its listed sha256 as it is copied)."""
     for entry in manifest.files:
-        target = staging / entry.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source / entry.name, target)
-        if f"sha256:{file_sha256(target)}" != entry.fingerprint:
+        digest = entry.fingerprint.removeprefix("sha256:")
+        try:
+            objects.put_file(source / entry.name, expected=digest)
+        except ObjectMismatch:
             raise DataError(
                 f"{source / entry.name}: changed while it was being pinned; try again once it is written"
-            )
+            ) from None
+        objects.link(digest, staging / entry.name)
 
 
 def snapshot_folder(
@@ -186,18 +199,21 @@ def snapshot_folder(
     manifest = manifest_of_folder(source, suffixes, depth)
     target = root / manifest.version
     manifest_path = root / f"{manifest.version}{MANIFEST_SUFFIX}"
-    if manifest_path.exists() and target.is_dir():
-        change = pinned_change(target, manifest)
-        if change is None:
-            return manifest, target
-        log.warning("pinned data version %s in %s: %s; pinning it again from %s", manifest.version, target,
-                    change, source)  # fmt: skip
-    with staged_folder(target) as staging:
-        _copy_verified(manifest, source, staging)
-        make_read_only(staging)
-        if target.exists():
-            shutil.rmtree(target)  # incomplete (interrupted before its manifest), or damaged since
-    write_atomically(manifest_path, manifest.to_json().encode())
+    objects = data_objects(root)
+    with objects.writing():  # what is found here (a version, an object) is not collected before it is used
+        if manifest_path.exists() and target.is_dir():
+            change = pinned_change(target, manifest)
+            if change is None:
+                os.utime(manifest_path)  # reused: for retention, as new as a pin just made
+                return manifest, target
+            log.warning("pinned data version %s in %s: %s; pinning it again from %s", manifest.version,
+                        target, change, source)  # fmt: skip
+        with staged_folder(target) as staging:
+            _pin_verified(manifest, source, staging, objects)
+            make_read_only(staging)
+            if target.exists():
+                shutil.rmtree(target)  # incomplete (interrupted before its manifest), or damaged since
+        write_atomically(manifest_path, manifest.to_json().encode())
     return manifest, target
 
 

@@ -29,6 +29,7 @@ from components.data_version import (
     DataError,
     DataFile,
     DataManifest,
+    data_objects,
     is_raw_name,
     manifest_of_folder,
     pinned_change,
@@ -224,25 +225,33 @@ class PlannedSnapshot:
 def _write_snapshot(
     root: Path, manifest: DataManifest, model_name: str, fetch: Callable[[DataFile], bytes]
 ) -> DataRef:
-    """Each file `fetch`ed into a staging folder that becomes the immutable snapshot by one rename; the
-    manifest, written last, marks it complete (a pin interrupted earlier is redone, never half-used). Its
-    files are read-only, and a copy that changed anyway is fetched again (components/data_version.py)."""
+    """Each file linked from the object store into a staging folder that becomes the immutable snapshot by
+    one rename; the manifest, written last, marks it complete (a pin interrupted earlier is redone, never
+    half-used). A file is `fetch`ed only when no earlier pin kept its bytes, or kept them damaged: the store
+    knows a file by its source and fingerprint (a blob's URL and eTag name one state of its bytes), so a
+    version downloads and stores only what is new. Its files are read-only, and a copy that changed anyway
+    is pinned again (components/data_version.py)."""
     target = root / model_name / manifest.version
     manifest_file = root / model_name / f"{manifest.version}{MANIFEST_SUFFIX}"
-    if manifest_file.exists() and target.is_dir() and pinned_change(target, manifest) is None:
-        return DataRef(manifest.version, str(target))
-    hashes: dict[str, str] = {}
-    with staged_folder(target) as staging:
-        for file in manifest.files:
-            path = staging / file.name  # 'circle/a.png': the class folder is made first
-            path.parent.mkdir(parents=True, exist_ok=True)
-            data = fetch(file)
-            path.write_bytes(data)
-            hashes[file.name] = hashlib.sha256(data).hexdigest()
-        make_read_only(staging)
-        shutil.rmtree(target, ignore_errors=True)
-    write_pinned_contents(target, hashes)  # an eTag says nothing of the bytes here: their own hashes do
-    manifest_file.write_text(manifest.to_json())
+    objects = data_objects(target.parent)
+    with objects.writing():  # what is found here (a version, an object) is not collected before it is used
+        if manifest_file.exists() and target.is_dir() and pinned_change(target, manifest) is None:
+            os.utime(manifest_file)  # reused: for retention, as new as a pin just made
+            return DataRef(manifest.version, str(target))
+        hashes: dict[str, str] = {}
+        with staged_folder(target) as staging:
+            for file in manifest.files:
+                known = f"{file.source}#{file.fingerprint}"
+                digest = objects.alias(known)
+                if digest is None or not objects.verify(digest):  # unknown, or changed in place since
+                    digest = objects.put_bytes(fetch(file))
+                    objects.set_alias(known, digest)
+                objects.link(digest, staging / file.name)  # 'circle/a.png': the class folder is made first
+                hashes[file.name] = digest
+            make_read_only(staging)
+            shutil.rmtree(target, ignore_errors=True)
+        write_pinned_contents(target, hashes)  # an eTag says nothing of the bytes here: their own hashes do
+        manifest_file.write_text(manifest.to_json())
     return DataRef(manifest.version, str(target))
 
 

@@ -255,6 +255,26 @@ class Ledger:
                 return True
         raise LedgerBusyError(f"submission {record.id} changed under {MAX_UPDATE_ATTEMPTS} updates; retry")
 
+    def raw_versions_in_use(self) -> dict[str, dict[str, str]]:
+        """model -> {raw version: why} for the pinned data the front door still needs (`retrain gc` keeps
+        it): every unfinished submission's, and each model's last finished one that pinned data, whose files
+        the next batch is built on (rebuild_state's `last`)."""
+        in_use: dict[str, dict[str, str]] = {}
+        last: dict[str, tuple[str, str]] = {}  # model -> (raw version, id) of its newest finished submission
+        records = self._records(f"{SUBMISSIONS}/", SubmissionRecord.from_dict)
+        for record in sorted(records, key=lambda record: (record.updated_at, record.id)):
+            if record.raw_version is None:
+                continue
+            if record.finished:
+                last[record.model_name] = (record.raw_version, record.id)
+            else:
+                why = f"submission {record.id} is {record.status}"
+                in_use.setdefault(record.model_name, {})[record.raw_version] = why
+        for model_name, (version, submission_id) in last.items():
+            why = f"submission {submission_id}, the last finished, is the next batch's basis"
+            in_use.setdefault(model_name, {}).setdefault(version, why)
+        return in_use
+
     def snapshot(self) -> dict[str, Any]:
         """`{"events": [...], "duplicates": [...], "submissions": [...], "quarantined": [...]}`: events,
         duplicates and submissions oldest first, each its record's to_dict; the names of the records moved

@@ -14,6 +14,7 @@ from components.data_version import (
     manifest_of_folder,
     snapshot_folder,
 )
+from core.objects import bytes_stored
 from core.versions import MANIFEST_SUFFIX
 
 
@@ -66,6 +67,22 @@ def test_a_snapshot_is_an_immutable_copy_with_its_manifest_written_last(raw: Pat
     assert DataManifest.from_json(written) == manifest
     (raw / "batch-1.csv").write_text("row_key,label\na,9\n")
     assert (folder / "batch-1.csv").read_text() == "row_key,label\na,1\n"
+
+
+def test_a_later_version_stores_only_the_files_no_earlier_one_pinned(raw: Path, tmp_path: Path):
+    first, first_folder = snapshot_folder(raw, tmp_path / "versions")
+    stored = bytes_stored(tmp_path)
+    (raw / "batch-3.csv").write_text("row_key,label\nb,1\n" * 500)
+
+    second, second_folder = snapshot_folder(raw, tmp_path / "versions")
+
+    assert second.version != first.version
+    grown = (
+        bytes_stored(tmp_path) - stored - (raw / "batch-3.csv").stat().st_size
+    )  # less the new landing file
+    manifest_bytes = len(second.to_json())
+    assert grown == (raw / "batch-3.csv").stat().st_size + manifest_bytes
+    assert (second_folder / "batch-1.csv").stat().st_ino == (first_folder / "batch-1.csv").stat().st_ino
 
 
 def test_snapshotting_the_same_data_again_reuses_the_version(raw: Path, tmp_path: Path):
