@@ -36,6 +36,7 @@ bench: $(VENV_STAMP) $(AZURITE)
 	$(PY) bench/trainer.py
 	$(PY) bench/pipeline.py
 	$(PY) bench/triggers.py
+	$(PY) bench/data_scale.py
 
 $(VENV_STAMP): requirements.txt requirements-dev.txt components/environment/requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
