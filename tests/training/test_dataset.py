@@ -13,7 +13,7 @@ from core.errors import InputError
 from training.tasks.tabular.dataset import load_prepared
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches
-from training.tasks.tabular.schema import SPLIT_NAMES
+from training.tasks.tabular.schema import SPLIT_NAMES, read_split_table
 
 
 @pytest.fixture(scope="module")
@@ -29,26 +29,44 @@ def prepared_copy(prepared_dir, tmp_path) -> Path:
     return Path(shutil.copytree(prepared_dir, tmp_path / "prepared"))
 
 
-def test_splits_are_tensors_of_the_digits_in_key_order(prepared_dir):
+def rows_of(data, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    split = data.split(name)
+    return split.rows[torch.arange(len(split))]
+
+
+def test_splits_are_the_digits_in_key_order_as_float32_features_and_int64_labels(prepared_dir):
     data = load_prepared(prepared_dir)
     digits = load_digits()
 
     for name in SPLIT_NAMES:
-        split = data.split(name)
-        assert split.features.dtype == torch.float32
-        assert split.labels.dtype == torch.int64
-        assert split.features.shape == (len(split), 64)
-        assert split.labels.shape == (len(split),)
-        assert split.keys == sorted(split.keys)
-        rows = [int(key.removeprefix("digits-")) for key in split.keys]
-        assert np.array_equal(split.features.numpy(), digits.data[rows].astype(np.float32))
-        assert np.array_equal(split.labels.numpy(), digits.target[rows])
+        features, labels = rows_of(data, name)
+        assert features.dtype == torch.float32 and labels.dtype == torch.int64
+        assert features.shape == (len(data.split(name)), 64) and labels.shape == (len(data.split(name)),)
+        keys = read_split_table(prepared_dir, data.manifest, name).column("row_key").to_pylist()
+        assert keys == sorted(keys)
+        rows = [int(key.removeprefix("digits-")) for key in keys]
+        assert np.array_equal(features.numpy(), digits.data[rows].astype(np.float32))
+        assert np.array_equal(labels.numpy(), digits.target[rows])
+
+
+def test_a_batch_is_the_rows_asked_for_in_the_order_asked(prepared_dir):
+    data = load_prepared(prepared_dir)
+    features, labels = rows_of(data, "train")
+    order = torch.tensor([5, 0, len(labels) - 1, 5])
+
+    batch_features, batch_labels = data.split("train").rows[order]
+
+    assert torch.equal(batch_features, features[order]) and torch.equal(batch_labels, labels[order])
 
 
 def test_splits_are_disjoint_and_cover_every_row(prepared_dir):
     data = load_prepared(prepared_dir)
 
-    keys = [key for name in SPLIT_NAMES for key in data.split(name).keys]
+    keys = [
+        key
+        for name in SPLIT_NAMES
+        for key in read_split_table(prepared_dir, data.manifest, name).column("row_key").to_pylist()
+    ]
     assert len(keys) == len(set(keys)) == 1797
     assert data.data_version == data.manifest.data_version
     assert data.schema.n_classes == 10
@@ -58,14 +76,14 @@ def test_normalization_is_the_train_statistics_with_std_1_for_constant_features(
     data = load_prepared(prepared_dir)
 
     mean, std = data.normalization
-    train = data.split("train").features.double()
+    train = rows_of(data, "train")[0].double()
     assert mean.dtype == std.dtype == torch.float32
     assert torch.allclose(mean.double(), train.mean(dim=0))
     train_std = train.std(dim=0, unbiased=False)
     varying = train_std > 0
     assert torch.allclose(std.double()[varying], train_std[varying])
     assert std[0] == 1.0  # pixel_0 is blank in every digit
-    assert torch.isfinite((data.split("test").features - mean) / std).all()
+    assert torch.isfinite((rows_of(data, "test")[0] - mean) / std).all()
 
 
 def test_unknown_split_name_is_an_input_error(prepared_dir):
@@ -75,21 +93,22 @@ def test_unknown_split_name_is_an_input_error(prepared_dir):
         load_prepared(prepared_dir).split("holdout")
 
 
-def test_a_changed_split_file_is_refused(prepared_copy):
-    path = prepared_copy / "validation.parquet"
-    path.write_bytes(path.read_bytes() + b"\0")
+def test_a_changed_shard_is_refused(prepared_copy):
+    path = prepared_copy / "validation-00000.inputs.npy"
+    path.write_bytes(path.read_bytes()[:-4] + b"\0\0\0\1")  # one feature of the last row, same size
 
     with pytest.raises(
-        InputError, match=r"validation.parquet: sha256 differs from the manifest.*re-run `retrain prepare`"
+        InputError,
+        match=r"validation-00000.inputs.npy: sha256 differs from the manifest.*re-run `retrain prepare`",
     ):
         load_prepared(prepared_copy)
 
 
-def test_a_missing_split_file_is_refused(prepared_copy):
-    (prepared_copy / "test.parquet").unlink()
+def test_a_missing_shard_is_refused(prepared_copy):
+    (prepared_copy / "test-00000.targets.npy").unlink()
 
     with pytest.raises(
-        InputError, match=r"test.parquet: cannot read the test split.*re-run `retrain prepare`"
+        InputError, match=r"test-00000.targets.npy: cannot read the shard.*re-run `retrain prepare`"
     ):
         load_prepared(prepared_copy)
 
@@ -104,8 +123,8 @@ def test_a_folder_without_manifest_is_refused(prepared_copy):
 def test_a_manifest_with_a_wrong_file_hash_is_refused(prepared_copy):
     path = prepared_copy / "manifest.json"
     document = json.loads(path.read_text())
-    document["splits"]["train"]["file_sha256"] = "0" * 64
+    document["splits"]["train"]["shards"][0]["targets_sha256"] = "0" * 64
     path.write_text(json.dumps(document))
 
-    with pytest.raises(InputError, match=r"train.parquet: sha256 differs from the manifest"):
+    with pytest.raises(InputError, match=r"train-00000.targets.npy: sha256 differs from the manifest"):
         load_prepared(prepared_copy)

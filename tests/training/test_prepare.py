@@ -60,9 +60,11 @@ def manifest_content(manifest: Manifest) -> dict:
 def test_prepare_writes_three_sorted_splits_and_a_manifest(prepared, sample_raw):
     manifest, out = prepared
 
-    assert sorted(path.name for path in out.iterdir()) == [
-        "manifest.json", "test.parquet", "train.parquet", "validation.parquet",
-    ]  # fmt: skip
+    assert sorted(path.name for path in out.iterdir()) == sorted([
+        "manifest.json",
+        *(f"{name}.parquet" for name in SPLIT_NAMES),
+        *(f"{name}-00000.{part}.npy" for name in SPLIT_NAMES for part in ("inputs", "targets")),
+    ])  # fmt: skip
     assert re.fullmatch(r"dv-[0-9a-f]{16}", manifest.data_version)
     assert Manifest.from_json((out / "manifest.json").read_text()) == manifest
     tables = split_tables(out)

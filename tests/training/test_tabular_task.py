@@ -54,10 +54,10 @@ def test_an_iris_csv_with_text_classes_prepares_loads_and_serves(tmp_path):
     assert data.info["feature_columns"] == IRIS_COLUMNS[:4]
     assert data.info["n_classes"] == 3
     assert data.info["classes"] == SPECIES
-    train = data.split("train")
-    assert train.inputs.dtype == torch.float32 and train.targets.dtype == torch.int64
+    inputs, targets = data.split("train")[torch.arange(len(data.split("train")))]
+    assert inputs.dtype == torch.float32 and targets.dtype == torch.int64
     assert sum(len(data.split(name)) for name in ("train", "validation", "test")) == 149  # one exact repeat
-    assert set(torch.unique(train.targets).tolist()) == {0, 1, 2}
+    assert set(torch.unique(targets).tolist()) == {0, 1, 2}
 
     model = task.build_model(data.info).eval()
     answers = task.predict(model, data.info, pd.read_csv(raw / "iris.csv"))

@@ -32,11 +32,16 @@ def score_classifier(model: nn.Module, features: torch.Tensor, labels: torch.Ten
 
 
 def metrics_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    predictions = logits.argmax(dim=1)
-    metrics = {
-        "accuracy": (predictions == labels).float().mean().item(),
-        "loss": nn.functional.cross_entropy(logits, labels).item(),
-    }
+    loss = nn.functional.cross_entropy(logits, labels).item()
+    return metrics_from_predictions(logits.argmax(dim=1), labels, loss)
+
+
+def metrics_from_predictions(
+    predictions: torch.Tensor, labels: torch.Tensor, loss: float
+) -> dict[str, float]:
+    """The metrics of each row's predicted class against its label, with the split's mean `loss` (a split
+    scored in batches sums each batch's loss and divides once)."""
+    metrics = {"accuracy": (predictions == labels).float().mean().item(), "loss": loss}
     f1_scores = []
     for label in torch.unique(torch.cat([labels, predictions])).tolist():
         actual, predicted = labels == label, predictions == label

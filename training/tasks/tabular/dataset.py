@@ -1,4 +1,5 @@
-"""Load a prepared data version for training: verified against its manifest, as torch tensors."""
+"""Load a prepared data version for training: each split's shards, checked against the manifest and mapped
+into memory (training/data/shards.py), so a rank holds a bounded budget of the data, not all of it."""
 
 from __future__ import annotations
 
@@ -7,19 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from core.errors import InputError
-from training.data.whole_numbers import whole_columns
-from training.tasks.tabular.schema import (
-    SPLIT_NAMES,
-    Manifest,
-    TableSchema,
-    feature_matrix,
-    read_manifest,
-    read_split_table,
-)
+from training.data.shards import MappedSplit, open_split
+from training.tasks.tabular.schema import RERUN_HINT, SPLIT_NAMES, Manifest, TableSchema, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -30,23 +23,21 @@ CONSTANT_STD_BELOW = 1e-6
 
 @dataclass(frozen=True)
 class SplitData:
-    """One split: `features` float32 [N, F] in the schema's column order, `labels` int64 [N], row keys,
-    and `whole` [F]: whether each feature holds only whole numbers here (read from the float64 values,
-    before float32 could round a large fractional value to a whole one)."""
+    """One split: `rows` gives batches `(features float32 [n, F] in the schema's column order, labels int64
+    [n])` by row index; `whole` [F] says whether each feature holds only whole numbers here (read from the
+    float64 values when prepared, before float32 could round a large fractional value to a whole one)."""
 
     name: str
-    features: torch.Tensor
-    labels: torch.Tensor
-    keys: list[str]
+    rows: MappedSplit
     whole: tuple[bool, ...]
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.rows)
 
 
 @dataclass(frozen=True)
 class PreparedData:
-    """A prepared data version whose files matched their manifest when loaded."""
+    """A prepared data version whose shards matched their manifest when opened."""
 
     data_dir: Path
     manifest: Manifest
@@ -85,13 +76,19 @@ class PreparedData:
 
 
 def load_prepared(data_dir: Path) -> PreparedData:
-    """Read the manifest in `data_dir` and every split, checking each file's sha256 against the manifest.
-
-    Raises InputError (saying to re-run prepare) when the manifest is missing or a file differs from it.
-    """
+    """Read the manifest in `data_dir` and open every split's shards, checking each file's sha256 against
+    the manifest. Raises InputError (saying to re-run prepare) when the manifest is missing or a file
+    differs from it."""
     data_dir = Path(data_dir)
     manifest = read_manifest(data_dir)
-    splits = {name: _load_split(data_dir, manifest, name) for name in SPLIT_NAMES}
+    splits = {}
+    for name in SPLIT_NAMES:
+        entry = manifest.split_entry(name)
+        try:
+            rows = open_split(data_dir, entry.shards)
+        except InputError as error:
+            raise InputError(f"{error}; {RERUN_HINT}") from None
+        splits[name] = SplitData(name=name, rows=rows, whole=entry.whole)
     log.info(
         "loaded data version %s from %s: %s",
         manifest.data_version,
@@ -99,18 +96,3 @@ def load_prepared(data_dir: Path) -> PreparedData:
         ", ".join(f"{name} {len(split)}" for name, split in splits.items()),
     )
     return PreparedData(data_dir=data_dir, manifest=manifest, splits=splits)
-
-
-def _load_split(data_dir: Path, manifest: Manifest, name: str) -> SplitData:
-    table = read_split_table(data_dir, manifest, name)
-    schema = manifest.schema
-    values = feature_matrix(table, schema)
-    features = values.astype(np.float32)
-    labels = table.column(schema.label_column).to_numpy().astype(np.int64)
-    return SplitData(
-        name=name,
-        features=torch.from_numpy(np.ascontiguousarray(features)),
-        labels=torch.from_numpy(np.ascontiguousarray(labels)),
-        keys=table.column(schema.key_field).to_pylist(),
-        whole=tuple(bool(flag) for flag in whole_columns(values)),
-    )

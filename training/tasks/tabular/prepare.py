@@ -3,7 +3,10 @@
 Steps, all in memory before anything is written: read and validate every raw file (or, incrementally,
 only the files a previous version has not seen), keep one row per key, assign each key to a split by a
 salted hash of the key alone (so a row never changes split as data grows), and build the manifest. Only
-then are the files written, into a staging folder that is moved into place with `manifest.json` last.
+then are the files written, into a staging folder that is moved into place with `manifest.json` last:
+each split as Parquet (every column, values exact) and as the shards training maps into memory
+(training/data/shards.py: features as float32, labels), with the feature columns that hold only whole
+numbers.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from core.errors import InputError
 from core.rejected_inputs import RawFilesRejected, rejected_for
 from core.text import escaped
 from training.data.publish import publish
+from training.data.shards import Shard, split_shards
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
 from training.data.versions import existing_manifest, same_version_or_refuse
+from training.data.whole_numbers import whole_columns
 from training.tasks.tabular.raw_files import (
     RawFingerprint,
     fingerprint,
@@ -109,17 +114,20 @@ def prepare(
     deduplicated = deduplicate(gathered.table, schema)
     schema = with_class_count(schema, deduplicated.table, raw)
     tables = _split_tables(deduplicated.table, schema, split, raw)
-    payloads = {
-        f"{name}.parquet": _parquet_bytes(table) for name, table in zip(SPLIT_NAMES, tables, strict=True)
-    }
+    payloads: dict[str, bytes] = {}
+    entries = []
+    for name, table in zip(SPLIT_NAMES, tables, strict=True):
+        parquet = payloads[f"{name}.parquet"] = _parquet_bytes(table)
+        values = feature_matrix(table, schema)
+        labels = table.column(schema.label_column).to_numpy().astype(np.int64)
+        shard_files, shards = split_shards(name, values.astype(np.float32), labels)
+        payloads.update(shard_files)
+        entries.append(_split_entry(name, table, parquet, schema, shards, whole_columns(values)))
     manifest = Manifest(
         schema=schema,
         split=split,
         raw_files=gathered.raw_files,
-        splits=tuple(
-            _split_entry(name, table, payloads[f"{name}.parquet"], schema)
-            for name, table in zip(SPLIT_NAMES, tables, strict=True)
-        ),
+        splits=tuple(entries),
         stats=_stats(gathered, deduplicated),
         normalization=normalization(feature_matrix(tables[0], schema)),
         previous_version=previous_manifest.data_version if previous_manifest else None,
@@ -354,13 +362,22 @@ def normalization(train_features: np.ndarray) -> Normalization:
     )
 
 
-def _split_entry(name: str, table: pa.Table, payload: bytes, schema: TableSchema) -> SplitEntry:
+def _split_entry(
+    name: str,
+    table: pa.Table,
+    payload: bytes,
+    schema: TableSchema,
+    shards: list[Shard],
+    whole: np.ndarray,
+) -> SplitEntry:
     return SplitEntry(
         name=name,
         file=f"{name}.parquet",
         rows=table.num_rows,
         file_sha256=hashlib.sha256(payload).hexdigest(),
         content_sha256=content_sha256(table, schema),
+        shards=tuple(shards),
+        whole=tuple(bool(flag) for flag in whole),
     )
 
 

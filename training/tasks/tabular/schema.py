@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from core.errors import InputError
 from core.text import escaped
+from training.data.shards import Shard
 from training.data.splits import SPLIT_NAMES, SplitFractions, split_config
 from training.data.versions import (
     MANIFEST_NAME,
@@ -27,10 +28,9 @@ from training.data.versions import (
     content_version,
     parse_manifest,
     split_entry,
-    without_name,
 )
 
-FORMAT = "retrain-prepared/1"
+FORMAT = "retrain-prepared/2"  # /2: each split also as memory-mappable shards, and its whole columns
 SOURCE_FILE_COLUMN = "source_file"
 SOURCE_ROW_COLUMN = "source_row"
 # The key of a row in a table without a key column: a hash of its label and feature values.
@@ -217,13 +217,39 @@ class RawFileEntry:
 
 @dataclass(frozen=True)
 class SplitEntry:
-    """One prepared split file; `content_sha256` hashes the rows, `file_sha256` the Parquet bytes."""
+    """One prepared split: its Parquet file (every column, values exact; `file_sha256` its bytes), its
+    content (`content_sha256` hashes the rows), the shards training maps (features as float32, labels:
+    training/data/shards.py), and which feature columns hold only whole numbers in it."""
 
     name: str
     file: str
     rows: int
     file_sha256: str
     content_sha256: str
+    shards: tuple[Shard, ...] = ()
+    whole: tuple[bool, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "rows": self.rows,
+            "file_sha256": self.file_sha256,
+            "content_sha256": self.content_sha256,
+            "shards": [shard.to_dict() for shard in self.shards],
+            "whole": list(self.whole),
+        }
+
+    @classmethod
+    def from_dict(cls, name: str, data: dict[str, Any]) -> SplitEntry:
+        return cls(
+            name=name,
+            file=data["file"],
+            rows=int(data["rows"]),
+            file_sha256=data["file_sha256"],
+            content_sha256=data["content_sha256"],
+            shards=tuple(Shard.from_dict(shard) for shard in data["shards"]),
+            whole=tuple(bool(flag) for flag in data["whole"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -285,7 +311,7 @@ class Manifest:
             "schema": self.schema.to_dict(),
             "split": split_config(self.split),
             "raw_files": [vars(entry) for entry in self.raw_files],
-            "splits": {entry.name: without_name(entry) for entry in self.splits},
+            "splits": {entry.name: entry.to_dict() for entry in self.splits},
             "stats": vars(self.stats),
             "normalization": {"mean": list(self.normalization.mean), "std": list(self.normalization.std)},
         }
@@ -308,7 +334,7 @@ def _manifest_from_document(document: dict[str, Any]) -> Manifest:
         schema=schema,
         split=SplitFractions(**split["fractions"]),
         raw_files=tuple(RawFileEntry(**entry) for entry in document["raw_files"]),
-        splits=tuple(SplitEntry(name=name, **splits[name]) for name in SPLIT_NAMES),
+        splits=tuple(SplitEntry.from_dict(name, splits[name]) for name in SPLIT_NAMES),
         stats=PrepStats(**document["stats"]),
         normalization=Normalization(
             mean=tuple(float(value) for value in document["normalization"]["mean"]),

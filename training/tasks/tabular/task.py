@@ -26,8 +26,8 @@ from torch import nn
 from core.errors import InputError
 from core.metrics import BUILTIN_TASK_METRICS
 from training.data.splits import SPLIT_NAMES, SplitFractions
-from training.tasks.base import FeatureTable, MetricSet, TaskData, TensorSplit
-from training.tasks.classification import metrics_from_logits
+from training.tasks.base import FeatureTable, MetricSet, TaskData
+from training.tasks.classification import metrics_from_logits, metrics_from_predictions
 from training.tasks.tabular.class_count import raw_class_count
 from training.tasks.tabular.dataset import load_prepared
 from training.tasks.tabular.model import ModelConfig, TabularClassifier
@@ -50,6 +50,7 @@ DIGITS_OPTIONS: dict[str, Any] = {
 DECLARED = BUILTIN_TASK_METRICS["tabular"]  # torch-free, where the front door reads it too
 INFO_KEYS = ("n_features", "n_classes", "feature_columns", "feature_mean", "feature_std", "classes")
 EXAMPLE_ROWS = 5
+SCORE_BATCH = 8192  # rows scored at once: a batch's logits, not the split's
 REFERENCE_SPLIT = "train"
 
 
@@ -128,10 +129,7 @@ class TabularTask:
         schema = data.schema
         self._check_prepared_with_these_options(schema, Path(data_dir))
         mean, std = data.normalization
-        splits = {
-            name: TensorSplit(data.split(name).features, data.split(name).labels, data.split(name).keys)
-            for name in SPLIT_NAMES
-        }
+        splits = {name: data.split(name).rows for name in SPLIT_NAMES}
         info = {
             "n_features": len(schema.feature_columns or ()),
             "n_classes": schema.n_classes,
@@ -184,14 +182,20 @@ class TabularTask:
         return nn.functional.cross_entropy(model(features), labels)
 
     def score(self, model: nn.Module, split: Any) -> dict[str, float]:
+        """Every metric over the whole split, scored SCORE_BATCH rows at a time: what is held at once is
+        one batch's features and logits, and each row's prediction, never the split's features."""
         device = _device_of(model)
-        if isinstance(split, TensorSplit):
-            features, labels = split.inputs, split.targets
-        else:
-            features, labels = split[torch.arange(len(split))]
+        predictions, labels, loss_sum = [], [], 0.0
         with torch.no_grad():
-            logits = model(features.to(device))
-        return metrics_from_logits(logits, labels.to(device))
+            for start in range(0, max(len(split), 1), SCORE_BATCH):
+                features, targets = split[torch.arange(start, min(start + SCORE_BATCH, len(split)))]
+                logits, targets = model(features.to(device)), targets.to(device)
+                if len(split) <= SCORE_BATCH:  # one batch: the whole split's logits, scored as they are
+                    return metrics_from_logits(logits, targets)
+                predictions.append(logits.argmax(dim=1))
+                labels.append(targets)
+                loss_sum += nn.functional.cross_entropy(logits, targets, reduction="sum").item()
+        return metrics_from_predictions(torch.cat(predictions), torch.cat(labels), loss_sum / len(split))
 
     # -- serving ---------------------------------------------------------------------------------------
 
@@ -200,7 +204,8 @@ class TabularTask:
 
         columns = list(data.info["feature_columns"])
         test = data.split("test")
-        example = pd.DataFrame(test.inputs[:EXAMPLE_ROWS].double().numpy(), columns=columns)
+        inputs, _ = test[torch.arange(min(EXAMPLE_ROWS, len(test)))]
+        example = pd.DataFrame(inputs.double().numpy(), columns=columns)
         # Each column has the type the whole data version gives it, as `pandas.read_csv` reads a raw file
         # of it: int64 where every value is a whole number, float64 otherwise. MLflow infers the serving
         # signature from these types (a few rows alone could make a decimal column look whole).
