@@ -105,16 +105,13 @@ class _Mapped:
             if fortran_order or dtype.hasobject:
                 raise InputError(f"{path}: not a C-ordered numeric array; expected a file split_shards wrote")
             offset = stream.tell()
-            size = path.stat().st_size
-            self._map = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            self._map = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)  # never empty: a header
         count = int(np.prod(shape, dtype=np.int64))
-        buffer = self._map if self._map is not None else b""
-        self.array = np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
+        self.array = np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).reshape(shape)
 
     def release(self) -> None:
         """Hand the pages this process mapped in back to the page cache; they are read again on use."""
-        if self._map is not None:
-            self._map.madvise(mmap.MADV_DONTNEED)
+        self._map.madvise(mmap.MADV_DONTNEED)
 
 
 class MappedSplit:
