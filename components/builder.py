@@ -4,8 +4,9 @@ The step graph, bindings, computes and distribution come from components/pipelin
 components/specs.py), and each step's component from its YAML through `azure.ai.ml.load_component`, so the
 built job and pipeline.yml cannot drift. What a submission adds is what pins the run: the data input, the
 component versions, the compute per step, the process count, the trigger metadata (tags), the job name
-derived from the run key (Azure ML itself refuses a duplicate), and the train step's checkpoint path, by the
-checkpoint key (components/checkpoint_key.py): a resubmitted job resumes there, one with other epochs never.
+derived from the run key (Azure ML itself refuses a duplicate), how each step reads the pinned data
+(components/input_modes.py), and the train step's checkpoint path, by the checkpoint key
+(components/checkpoint_key.py): a resubmitted job resumes there, one with other epochs never.
 
 azure-ai-ml is imported inside the functions that need it: the Function App imports this module.
 """
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from components.checkpoint_key import checkpoint_key
 from components.errors import SpecError, SubmissionError
+from components.input_modes import compute_disks, input_mode
 from components.request import RunRequest
 from components.run_inputs import (
     DATA_INPUT,
@@ -189,6 +191,9 @@ class PipelineBuild:
     # The prepared data version the prep step builds on (RunRequest.previous_prepared), a URI Azure ML reads:
     # set on the prep step's `previous_prepared` input.
     previous_prepared: str | None = None
+    # The pinned raw data's bytes (DataRef.size_bytes), which choose how each step reads it: downloaded when
+    # it fits its node's disk comfortably, else mounted (components/input_modes.py). None: Azure ML's default.
+    data_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _check_data_uri(self.data_uri, self.allow_latest_data)
@@ -208,6 +213,12 @@ class PipelineBuild:
         if not self.checkpoints_path.startswith("azureml://datastores/"):
             raise SubmissionError(
                 f"checkpoints path {self.checkpoints_path!r}: expected azureml://datastores/<name>/paths/<path>/"
+            )
+        if self.data_bytes is not None and (
+            isinstance(self.data_bytes, bool) or not isinstance(self.data_bytes, int) or self.data_bytes < 0
+        ):
+            raise SubmissionError(
+                f"data size {self.data_bytes!r}: expected the data's bytes, a whole number >= 0"
             )
         if self.processes_per_instance < 1 or self.instance_count < 1:
             raise SubmissionError(
@@ -268,6 +279,7 @@ class PipelineBuild:
             task_file=task.path,
             registry_lock=registry_lock,
             previous_prepared=request.previous_prepared,
+            data_bytes=request.data.size_bytes,
         )
 
 
@@ -431,6 +443,18 @@ def _outputs(step: StepSpec, build: PipelineBuild) -> dict[str, Any]:
     return outputs
 
 
+def _set_input_modes(node: Any, step: StepSpec, build: PipelineBuild, compute: str | None) -> None:
+    """The mode of each step input the pinned raw data feeds, by its size against the step's node's disk;
+    left unset (Azure ML's default, a mount) where either is unknown."""
+    disk = compute_disks().get(compute_name(compute)) if compute else None
+    mode = input_mode(build.data_bytes, disk)
+    if mode is None:
+        return
+    for port, binding in step.inputs.items():
+        if isinstance(binding, ParentInput) and binding.name == DATA_INPUT:
+            node.inputs[port].mode = mode
+
+
 def _node(step: StepSpec, build: PipelineBuild, spec: PipelineSpec) -> Any:
     from azure.ai.ml import PyTorchDistribution
     from azure.ai.ml.entities import Command, JobResourceConfiguration
@@ -446,6 +470,7 @@ def _node(step: StepSpec, build: PipelineBuild, spec: PipelineSpec) -> Any:
         compute=compute_name(compute) if compute else None,
     )
     node.display_name = step.name  # how a child job names its step, for the fallback's bookkeeping
+    _set_input_modes(node, step, build, compute)
     if step.name == TRAIN_STEP:
         kind = step.distribution.type if step.distribution else "pytorch"
         if kind != "pytorch":

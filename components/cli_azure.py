@@ -320,14 +320,15 @@ def _data_ref(
     if workspace is None:  # a dry run reads the data's manifest, and copies nothing
         with _reading_blobs(args.data):
             manifest = manifest_of_blob_prefix(container, prefix, *layout)
-        return DataRef(manifest.version, data_asset_reference(name, manifest.version))
+        return DataRef(manifest.version, data_asset_reference(name, manifest.version), manifest.total_bytes)
     datastore, where = data_datastore
     check_data_datastore(workspace, datastore, container, where, "--data-datastore")  # before any copy
     snapshots = args.snapshots_prefix or f"retrain/snapshots/{name}"
     with _reading_blobs(args.data):
         manifest, snapshot = snapshot_blob_prefix(container, prefix, snapshots, *layout)
-    register_data_asset(workspace, build_data_asset(name, manifest, datastore, snapshot))
-    return DataRef(manifest.version, data_asset_reference(name, manifest.version))
+    data = build_data_asset(name, manifest, datastore, snapshot.folder, snapshot.manifest_name)
+    register_data_asset(workspace, data)
+    return DataRef(manifest.version, data_asset_reference(name, manifest.version), snapshot.folder_bytes)
 
 
 def _settings(args: argparse.Namespace) -> tuple[RunSettings, PreflightResult]:

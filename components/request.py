@@ -55,6 +55,9 @@ class DataRef:
 
     version: str
     uri: str
+    # The raw bytes the version holds (its manifest's sizes), where the pin knows them: the Azure ML builder
+    # chooses the data input's mode by it (components/input_modes.py). None: unknown, Azure ML's default.
+    size_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not is_version(self.version):
@@ -63,6 +66,12 @@ class DataRef:
             )
         if not self.uri:
             raise SubmissionError("data uri is empty; expected a folder or azureml:<asset>:<version>")
+        if self.size_bytes is not None and (
+            isinstance(self.size_bytes, bool) or not isinstance(self.size_bytes, int) or self.size_bytes < 0
+        ):
+            raise SubmissionError(
+                f"data size {self.size_bytes!r}: expected the pinned files' bytes, a whole number >= 0"
+            )
 
 
 def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -218,8 +218,11 @@ class PlannedSnapshot:
         return ()  # a dry run copies nothing, so nothing it lists can fail a copy
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
-        path = f"{SNAPSHOTS_ROOT}/{model_name}/{manifest.version}/"
-        return DataRef(manifest.version, f"azureml://datastores/{self._datastore}/paths/{path}")
+        from components.blob_snapshot import store_paths
+
+        path, _ = store_paths(f"{SNAPSHOTS_ROOT}/{model_name}", manifest.version)
+        uri = f"azureml://datastores/{self._datastore}/paths/{path}"
+        return DataRef(manifest.version, uri, manifest.total_bytes)
 
 
 def _write_snapshot(
@@ -382,10 +385,11 @@ def _a_link(link: Path, path: Path | None = None) -> str:
 
 
 class RegisteredSnapshot:
-    """Azure ML: a server-side snapshot of the pinned blobs, registered as a data asset version through
-    `datastore` (RETRAIN_AZUREML_DATA_DATASTORE), which must be on the landing container: the snapshot is
-    copied there, and the asset's path is relative to the datastore. Each pin checks that first, so a
-    mismatch copies and registers nothing."""
+    """Azure ML: the pinned blobs kept in the model's object store (each blob's bytes copied once,
+    server-side: components/blob_snapshot.py), the version registered as a data asset version through
+    `datastore` (RETRAIN_AZUREML_DATA_DATASTORE), which must be on the landing container: the store is kept
+    there, and the asset's path is relative to the datastore. Each pin checks that first, so a mismatch
+    copies and registers nothing."""
 
     def __init__(self, container: ContainerClient, workspace: object, datastore: str, depth: int = 1) -> None:
         self._container = container
@@ -420,8 +424,10 @@ class RegisteredSnapshot:
         except SubmissionError as error:
             raise PinError(str(error)) from None
         try:
-            prefix = copy_snapshot(self._container, manifest, f"{SNAPSHOTS_ROOT}/{model_name}")
+            pinned = copy_snapshot(self._container, manifest, f"{SNAPSHOTS_ROOT}/{model_name}")
         except DataError as error:  # a blob gone or replaced since the batch was checked: named in it
             raise PinError(mask_secrets(str(error).splitlines()[0])) from None
-        register_data_asset(self._workspace, build_data_asset(model_name, manifest, self._datastore, prefix))
-        return DataRef(manifest.version, data_asset_reference(model_name, manifest.version))
+        data = build_data_asset(model_name, manifest, self._datastore, pinned.folder, pinned.manifest_name)
+        register_data_asset(self._workspace, data)
+        reference = data_asset_reference(model_name, manifest.version)
+        return DataRef(manifest.version, reference, pinned.folder_bytes)

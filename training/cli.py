@@ -47,6 +47,7 @@ def _sample_data(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
+    from core.pinned_store import version_folder
     from core.rejected_inputs import names, write_report
     from training.data.rejection import prepare_fitting
     from training.data.splits import SplitFractions
@@ -62,12 +63,15 @@ def _prepare(args: argparse.Namespace) -> int:
     # after a whole training.
     where = f"the gate policy (task {config.task!r})"
     policy = policy_of(task, **config.policy.given(), where=where)
-    if names_a_class_member(task, policy):  # recall_7: a class the data may not have
-        checked_class_count(task, policy, config.raw, where)
-    # A raw file that does not fit costs that file: the task prepares the others (training/data/rejection.py).
-    version, rejected = prepare_fitting(
-        lambda raw: task.prepare(raw, config.out, previous=config.previous, split=split), config.raw
-    )
+    # A blob data version pinned in its model's object store is read as a folder of links to its objects.
+    with version_folder(config.raw, config.raw_version) as raw_folder:
+        if names_a_class_member(task, policy):  # recall_7: a class the data may not have
+            checked_class_count(task, policy, raw_folder, where)
+        # A raw file that does not fit costs that file: the task prepares the others
+        # (training/data/rejection.py).
+        version, rejected = prepare_fitting(
+            lambda raw: task.prepare(raw, config.out, previous=config.previous, split=split), raw_folder
+        )
     if not isinstance(version, str) or not version.strip() or not config.out.is_dir():
         # The step's output would be cached as a data version that is not one: the step fails instead.
         raise InputError(

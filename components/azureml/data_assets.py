@@ -1,7 +1,9 @@
 """A pinned data version as an Azure ML data asset: `<model>-raw`, version = the data version.
 
-The asset points at the immutable snapshot written by components/blob_snapshot.py in a datastore's
-container, so `azureml:<model>-raw:<data version>` always names the same files. Registering is idempotent:
+The asset points at the snapshot written by components/blob_snapshot.py in a datastore's container: the
+model's object store, where the version is its manifest (the prep step reads it by the pipeline's
+`raw_data_version`, core/pinned_store.py), or a version's own full copy pinned before the store existed.
+Either way `azureml:<model>-raw:<data version>` always names the same files. Registering is idempotent:
 an asset version that already exists at the same path is reused; one at another path is an error, because
 a data version must never name two different snapshots.
 
@@ -77,8 +79,15 @@ def check_data_datastore(
     return datastore
 
 
-def build_data_asset(model_name: str, manifest: DataManifest, datastore: str, snapshot_prefix: str) -> Data:
-    """The uri_folder data asset for a snapshot; tags carry the file count, size and manifest location."""
+def build_data_asset(
+    model_name: str,
+    manifest: DataManifest,
+    datastore: str,
+    snapshot_prefix: str,
+    manifest_blob: str | None = None,
+) -> Data:
+    """The uri_folder data asset for a snapshot; tags carry the file count, size and manifest location
+    (`manifest_blob`; unset, the full copy's, beside its folder)."""
     from azure.ai.ml.entities import Data
 
     folder = snapshot_prefix.strip("/")
@@ -92,7 +101,7 @@ def build_data_asset(model_name: str, manifest: DataManifest, datastore: str, sn
             "retrain.raw_version": manifest.version,
             "retrain.file_count": str(len(manifest.files)),
             "retrain.total_bytes": str(manifest.total_bytes),
-            "retrain.manifest": f"{folder}{MANIFEST_SUFFIX}",
+            "retrain.manifest": manifest_blob or f"{folder}{MANIFEST_SUFFIX}",
         },
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -105,14 +106,20 @@ def test_submitting_blob_data_snapshots_registers_and_submits(harness, landing, 
     assert code == 0
     assert harness.refs == [WorkspaceRef("sub-1", "rg-1", "ws-1")]
     ((name, version),) = harness.workspace.called("create_data")
-    snapshot = f"retrain/snapshots/digits/{version}/"
+    store = "retrain/snapshots/digits/store/"
+    # a.csv and b.csv hold the same bytes: one object, beside the version's manifest and the latest pointer.
     assert {blob.name for blob in landing.list_blobs(name_starts_with="retrain/")} == {
-        f"{snapshot}a.csv", f"{snapshot}b.csv", f"retrain/snapshots/digits/{version}.manifest.json",
+        f"{store}{version}.manifest.json", f"{store}latest",
+        f"{store}objects/md5-{hashlib.md5(CSV).hexdigest()}-{len(CSV)}",
     }  # fmt: skip
     data, job = harness.workspace.sent
-    assert (name, data.path) == ("digits-raw", f"azureml://datastores/workspaceblobstore/paths/{snapshot}")
+    assert (name, data.path) == ("digits-raw", f"azureml://datastores/workspaceblobstore/paths/{store}")
     sent = job._to_dict()
     assert sent["inputs"]["raw_data"]["path"] == f"azureml:digits-raw:{version}"
+    # The prep step reads that version of the store, downloaded: two small files fit its node's disk.
+    prep = job._to_rest_object().as_dict()["properties"]["jobs"]["prep"]["inputs"]
+    assert prep["raw_version"]["value"] == "${{parent.inputs.raw_data_version}}"
+    assert prep["raw_data"]["mode"] == "Download"
     assert sent["jobs"]["register"]["inputs"]["registry_lock"] == f"{landing.url}/retrain/locks"
     assert sent["tags"]["trigger.source"] == "cli"
     assert [method for method, _ in harness.workspace.calls] == [
@@ -169,9 +176,9 @@ def test_blob_data_is_registered_through_the_data_datastore_and_checkpoints_stay
 
     ((_, version),) = harness.workspace.called("create_data")
     data, job = harness.workspace.sent
-    snapshot = f"retrain/snapshots/digits/{version}/"
-    assert data.path == f"azureml://datastores/retrain_landing/paths/{snapshot}"  # the flag over the setting
-    assert landing.get_blob_client(f"{snapshot}a.csv").exists()
+    store = "retrain/snapshots/digits/store/"
+    assert data.path == f"azureml://datastores/retrain_landing/paths/{store}"  # the flag over the setting
+    assert landing.get_blob_client(f"{store}{version}.manifest.json").exists()
     sent = job._to_dict()
     assert sent["jobs"]["train"]["outputs"]["checkpoints"]["path"].startswith(
         "azureml://datastores/retrain_checkpoints/"

@@ -243,7 +243,7 @@ def test_publish_registers_the_environment_then_each_component_on_one_uploaded_s
     assert components == [
         f"PUT {ARM_HOST}{WORKSPACE}/components/{name}/versions/{version}?api-version={COMPONENTS}"
         for name, version in (
-            ("retrain_drift", 2), ("retrain_evaluate", 4), ("retrain_prep", 6), ("retrain_register", 5),
+            ("retrain_drift", 2), ("retrain_evaluate", 4), ("retrain_prep", 7), ("retrain_register", 5),
             ("retrain_train", 7),
         )
     ]  # fmt: skip
@@ -327,7 +327,7 @@ def test_a_submission_sends_the_pinned_pipeline_job_on_the_published_components(
     assert job["inputs"]["raw_data_version"]["value"] == VERSION
     steps = job["jobs"]
     assert list(steps) == ["prep", "train", "evaluate", "register"]
-    for name, version in (("prep", 6), ("train", 7), ("evaluate", 4), ("register", 5)):
+    for name, version in (("prep", 7), ("train", 7), ("evaluate", 4), ("register", 5)):
         assert steps[name]["componentId"] == f"{WORKSPACE}/components/retrain_{name}/versions/{version}"
     assert steps["train"]["computeId"] == f"{WORKSPACE}/computes/gpu-spot"
     assert steps["prep"]["computeId"] == f"{WORKSPACE}/computes/cpu-cluster"

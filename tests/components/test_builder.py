@@ -97,7 +97,7 @@ def test_registered_components_reference_the_published_versions():
     job = build_pipeline_job(PipelineBuild.for_request(make_request(), registered_components=True))
     components = {name: step["component"] for name, step in job._to_dict()["jobs"].items()}
     assert components == {
-        "prep": "azureml:retrain_prep:6",
+        "prep": "azureml:retrain_prep:7",
         "train": "azureml:retrain_train:7",
         "evaluate": "azureml:retrain_evaluate:3",  # the request pins it
         "register": "azureml:retrain_register:5",
@@ -188,7 +188,7 @@ def test_the_built_job_agrees_with_pipeline_yml(built, from_yaml):
 
 
 def test_the_same_component_version_as_the_yaml_uses_the_yaml():
-    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "6"})))
+    job = build_pipeline_job(PipelineBuild.for_request(make_request(component_versions={"prep": "7"})))
     assert job._to_dict()["jobs"]["prep"]["component"]["command"].startswith("python -m training.cli prepare")
 
 

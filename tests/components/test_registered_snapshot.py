@@ -1,8 +1,10 @@
-"""The Function App's Azure ML pin (function_app/pinning.py RegisteredSnapshot): the snapshot is copied inside
-the landing container and registered through the data datastore, which must be on that container. Real
-Azurite containers; only the workspace is the recording fake."""
+"""The Function App's Azure ML pin (function_app/pinning.py RegisteredSnapshot): the data is kept in the
+model's object store inside the landing container and registered through the data datastore, which must be
+on that container. Real Azurite containers; only the workspace is the recording fake."""
 
 from __future__ import annotations
+
+import hashlib
 
 import pytest
 from helpers.components.azure_fakes import RecordingWorkspace
@@ -50,13 +52,17 @@ def test_a_pin_is_registered_through_the_data_datastore_on_the_landing_container
 
     ref = pinner.pin(manifest, "digits")
 
-    snapshot = f"retrain/snapshots/digits/{manifest.version}/"
-    assert ref.uri == f"azureml:digits-raw:{manifest.version}"
+    store = "retrain/snapshots/digits/store/"
+    # The size is what a download of the store fetches: its objects, here one for both files.
+    assert (ref.uri, ref.size_bytes) == (f"azureml:digits-raw:{manifest.version}", len(CSV))
     (data,) = workspace.sent
-    assert data.path == f"azureml://datastores/retrain_landing/paths/{snapshot}"
-    assert {blob.name for blob in landing.list_blobs(name_starts_with=snapshot)} == {
-        f"{snapshot}a.csv",
-        f"{snapshot}b.csv",
+    assert data.path == f"azureml://datastores/retrain_landing/paths/{store}"
+    assert data.tags["retrain.manifest"] == f"{store}{manifest.version}.manifest.json"
+    # a.csv and b.csv hold the same bytes, which Storage's Content-MD5 says: one object serves both.
+    assert {blob.name.removeprefix(store) for blob in landing.list_blobs(name_starts_with=store)} == {
+        f"{manifest.version}.manifest.json",
+        "latest",
+        f"objects/md5-{hashlib.md5(CSV).hexdigest()}-{len(CSV)}",
     }
     assert not list(checkpoints.list_blobs())
 

@@ -24,6 +24,16 @@ class PrepareConfig:
     task: str = field(default=DEFAULT_TASK, metadata=task_flag())
     task_options: dict[str, Any] = field(default_factory=dict, metadata=task_options_flag())
     raw: Path = field(metadata=flag(parse=Path, help="folder of raw files (the task's kind)"))
+    # A blob data version is its manifest in the model's object store (core/pinned_store.py): --raw is then
+    # the store, and this says which version in it to read. A folder of the files themselves ignores it.
+    raw_version: str | None = field(
+        default=None,
+        metadata=flag(
+            metavar="VERSION",
+            help="when --raw is a blob data store: the raw data version to read (rd-..., or 'latest': the "
+            "one pinned last); a folder of raw files ignores it",
+        ),
+    )
     out: Path = field(metadata=flag(parse=Path, help="new folder for the prepared data version"))
     previous: Path | None = field(
         default=None,
