@@ -93,9 +93,13 @@ def _save(checkpointer: Checkpointer, step: int, attempt: int) -> None:
 
 
 def test_a_store_of_only_corrupt_checkpoints_gets_a_new_attempt_whose_save_is_readable(target):
+    writer = Checkpointer(target.store)
+    _save(writer, 10, attempt=1)
+    _save(writer, 20, attempt=1)
+    # Closed so that the pruning queued behind its last save is done: run after `newest_valid` below had
+    # found both corrupt, it would remove them, and their names would no longer be taken.
+    writer.close()
     checkpointer = Checkpointer(target.store)
-    _save(checkpointer, 10, attempt=1)
-    _save(checkpointer, 20, attempt=1)
     for name, damage in zip(
         committed_checkpoints(target.store.names()), (_truncate, _flip_one_bit), strict=True
     ):
