@@ -215,6 +215,52 @@ def test_the_custom_task_keeps_the_whole_contract(custom):
     assert task.drift_features(prepared, prepared=True).names == ("x0", "x1", "x2", "x3")
 
 
+def test_the_custom_task_trains_from_shards_that_load_maps_and_checks(custom, tmp_path):
+    """Prepare writes each split as shards (training/data/shards.py) holding every row once, as float32;
+    load maps them, refusing a changed one by its name."""
+    import csv
+
+    import numpy as np
+    import torch
+
+    from core.errors import InputError
+    from training.data.shards import ShardSplit
+    from training.data.splits import SPLIT_NAMES, SplitFractions
+    from training.tasks.loader import load_task
+
+    task = load_task(f"{custom['task_file']}:HouseTask", {})
+    prepared = tmp_path / "prepared"
+    task.prepare(custom["raw"], prepared, previous=None, split=SplitFractions())
+    data = task.load(prepared)
+
+    shards = {f"{name}-00000.{part}.npy" for name in SPLIT_NAMES for part in ("inputs", "targets")}
+    assert {path.name for path in prepared.iterdir()} == {"manifest.json", *shards}
+    raw_rows = {}
+    for path in sorted(custom["raw"].glob("*.csv")):
+        with path.open(newline="") as handle:
+            raw_rows.update({row["key"]: row for row in csv.DictReader(handle)})
+    as_float32 = [
+        tuple(float(np.float32(float(row[column]))) for column in ("x0", "x1", "x2", "x3", "y"))
+        for row in raw_rows.values()
+    ]
+    loaded = []
+    for name in SPLIT_NAMES:
+        split = data.split(name)
+        assert isinstance(split, ShardSplit)
+        inputs, targets = split[torch.arange(len(split))]
+        loaded += [
+            (*features, target) for features, target in zip(inputs.tolist(), targets.tolist(), strict=True)
+        ]
+    assert len(loaded) == 600 and sorted(loaded) == sorted(as_float32)
+
+    shard = prepared / "validation-00000.inputs.npy"
+    changed = bytearray(shard.read_bytes())
+    changed[-1] ^= 0xFF
+    shard.write_bytes(bytes(changed))
+    with pytest.raises(InputError, match=r"validation-00000\.inputs\.npy: sha256 differs from the manifest"):
+        task.load(prepared)
+
+
 @pytest.mark.parametrize("target", ["nan", "inf", "-Infinity"])
 def test_the_custom_task_refuses_a_target_that_is_not_finite_in_one_line(custom, tmp_path, target):
     from core.errors import InputError

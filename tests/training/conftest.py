@@ -21,9 +21,9 @@ from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.store import CheckpointStore
 from training.engine.supervise import TrainingProcess
+from training.tasks.tabular.manifest import Manifest
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches
-from training.tasks.tabular.schema import Manifest
 
 
 @pytest.fixture(params=["local", "blob"])

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -10,10 +11,11 @@ import torch
 from sklearn.datasets import load_digits
 
 from core.errors import InputError
+from training.data.splits import SPLIT_NAMES
 from training.tasks.tabular.dataset import load_prepared
+from training.tasks.tabular.manifest import read_manifest, read_split_table
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches
-from training.tasks.tabular.schema import SPLIT_NAMES, read_split_table
 
 
 @pytest.fixture(scope="module")
@@ -94,21 +96,32 @@ def test_unknown_split_name_is_an_input_error(prepared_dir):
 
 
 def test_a_changed_shard_is_refused(prepared_copy):
-    path = prepared_copy / "validation-00000.inputs.npy"
+    name = read_manifest(prepared_copy).parts[-1].splits[1].shard.inputs  # a validation shard
+    path = prepared_copy / name
     path.write_bytes(path.read_bytes()[:-4] + b"\0\0\0\1")  # one feature of the last row, same size
 
     with pytest.raises(
-        InputError,
-        match=r"validation-00000.inputs.npy: sha256 differs from the manifest.*re-run `retrain prepare`",
+        InputError, match=rf"{re.escape(name)}: sha256 differs from the manifest.*re-run `retrain prepare`"
     ):
         load_prepared(prepared_copy)
 
 
 def test_a_missing_shard_is_refused(prepared_copy):
-    (prepared_copy / "test-00000.targets.npy").unlink()
+    name = read_manifest(prepared_copy).parts[0].splits[2].shard.targets  # a test shard
+    (prepared_copy / name).unlink()
 
     with pytest.raises(
-        InputError, match=r"test-00000.targets.npy: cannot read the shard.*re-run `retrain prepare`"
+        InputError, match=rf"{re.escape(name)}: cannot read the shard.*re-run `retrain prepare`"
+    ):
+        load_prepared(prepared_copy)
+
+
+def test_a_changed_deletion_vector_is_refused(prepared_copy):
+    entry = next(entry for part in read_manifest(prepared_copy).parts for entry in part.splits if entry.dead)
+    (prepared_copy / entry.dead).write_bytes(b"\x93NUMPY")
+
+    with pytest.raises(
+        InputError, match=rf"{re.escape(entry.dead)}: sha256 differs from the manifest.*re-run"
     ):
         load_prepared(prepared_copy)
 
@@ -123,8 +136,9 @@ def test_a_folder_without_manifest_is_refused(prepared_copy):
 def test_a_manifest_with_a_wrong_file_hash_is_refused(prepared_copy):
     path = prepared_copy / "manifest.json"
     document = json.loads(path.read_text())
-    document["splits"]["train"]["shards"][0]["targets_sha256"] = "0" * 64
+    shard = document["parts"][0]["splits"]["train"]["shard"]
+    shard["targets_sha256"] = "0" * 64
     path.write_text(json.dumps(document))
 
-    with pytest.raises(InputError, match=r"train-00000.targets.npy: sha256 differs from the manifest"):
+    with pytest.raises(InputError, match=r"content gives dv-[0-9a-f]{16}; the manifest was edited"):
         load_prepared(prepared_copy)

@@ -33,8 +33,9 @@ from training.drift.publish import TopicSettings, event_data, new_check_id
 from training.gate.lineage import Trigger, lineage_of
 from training.mlflow_setup import mlflow_client
 from training.tasks.base import FeatureTable
+from training.tasks.tabular.manifest import read_manifest
 from training.tasks.tabular.sample_data import digits_table, with_shift, write_sample_batches
-from training.tasks.tabular.schema import DIGITS_SCHEMA, read_manifest
+from training.tasks.tabular.schema import DIGITS_SCHEMA
 from training.tasks.tabular.task import TabularTask
 
 TEN = np.arange(10.0)  # quantile edges at 0, 4.5 and 9 with two bins
@@ -219,7 +220,7 @@ def test_the_reference_follows_lineage_and_refuses_changed_or_missing_data(prepa
         manifest.data_version,
         "rd-0123456789abcdef",
     )
-    assert reference.features.values.shape == (manifest.split_entry("train").rows, 64)
+    assert reference.features.values.shape == (manifest.split_rows("train"), 64)
     assert reference.features.names == DIGITS_SCHEMA.feature_columns
     changed = {**tags, "retrain.data.manifest_sha256": "0" * 64}
     with pytest.raises(InputError, match=r"sha256 differs from models:/digits/3's"):

@@ -11,12 +11,14 @@ import torch
 from torch import nn
 
 from core.errors import InputError
+from training.data.shards import ShardSplit
 from training.data.splits import SplitFractions
-from training.tasks.base import Task, TensorSplit, missing_parts
+from training.tasks.base import Task, missing_parts
+from training.tasks.classification import score_classifier
 from training.tasks.image.manifest import read_manifest, read_split
-from training.tasks.image.model import augment
+from training.tasks.image.model import InChunks, augment
 from training.tasks.image.sample_data import SHAPES, write_sample_images
-from training.tasks.image.task import ImageTask
+from training.tasks.image.task import ImageSplit, ImageTask
 from training.tasks.loader import load_task
 
 SIZE = 16
@@ -28,6 +30,16 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_sample_images(root / "raw", per_class=60, seed=0, side=24)
     ImageTask(size=SIZE).prepare(root / "raw", root / "prepared", previous=None, split=SplitFractions())
     return root / "prepared"
+
+
+def whole(split) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every image of a split and its class, as one batch."""
+    return split[torch.arange(len(split))]
+
+
+def scaled_whole(pixels: np.ndarray) -> torch.Tensor:
+    """What the model was given before the task read shards: the whole split scaled at once."""
+    return torch.from_numpy(pixels).to(torch.float32).div(255.0).permute(0, 3, 1, 2).contiguous()
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +69,9 @@ def test_a_bad_option_is_refused_with_the_form_it_should_take(options, named):
     assert "--task 'image'" in str(raised.value) and named in str(raised.value)
 
 
-def test_load_gives_tensor_splits_of_scaled_pixels_and_the_facts_the_model_is_built_from(prepared, task):
+def test_load_maps_each_split_and_gives_batches_of_scaled_pixels_and_the_facts_the_model_is_built_from(
+    prepared, task
+):
     data = task.load(prepared)
     manifest = read_manifest(prepared)
 
@@ -69,15 +83,20 @@ def test_load_gives_tensor_splits_of_scaled_pixels_and_the_facts_the_model_is_bu
         "channel_std": list(manifest.channel_std),
     }
     train = data.split("train")
-    assert isinstance(train, TensorSplit)
-    assert train.inputs.dtype == torch.float32 and train.inputs.shape == (len(train), 3, SIZE, SIZE)
-    assert train.targets.dtype == torch.int64
-    assert train.inputs.min() >= 0.0 and train.inputs.max() <= 1.0
+    assert isinstance(train, ImageSplit) and isinstance(train.pixels, ShardSplit)  # mapped, not read whole
+    inputs, targets = whole(train)
+    assert inputs.dtype == torch.float32 and inputs.shape == (len(train), 3, SIZE, SIZE)
+    assert targets.dtype == torch.int64
+    assert inputs.min() >= 0.0 and inputs.max() <= 1.0
     stored = read_split(prepared, manifest, "train")
-    assert train.keys == list(stored.keys)
-    assert torch.equal(train.inputs[3], torch.from_numpy(stored.pixels[3]).permute(2, 0, 1).float() / 255)
-    images, labels = train[torch.tensor([0, 5, 2])]
-    assert images.shape == (3, 3, SIZE, SIZE) and labels.tolist() == stored.labels[[0, 5, 2]].tolist()
+    # Batch by batch, the very float32 values the whole split scaled at once gave the model.
+    order = torch.from_numpy(np.random.default_rng(0).permutation(len(train)))
+    before = scaled_whole(stored.pixels)
+    for rows in order.split(16):
+        images, labels = train[rows]
+        assert torch.equal(images, before[rows]) and labels.tolist() == stored.labels[rows.numpy()].tolist()
+    image, label = train[-1]
+    assert torch.equal(image, before[-1]) and int(label) == stored.labels[-1]
 
 
 def test_the_model_carries_the_normalisation_and_answers_one_logit_per_class(prepared, task):
@@ -92,7 +111,7 @@ def test_the_model_carries_the_normalisation_and_answers_one_logit_per_class(pre
     assert torch.allclose(state["channel_mean"].flatten(), torch.tensor(data.info["channel_mean"]))
     assert torch.allclose(state["channel_std"].flatten(), torch.tensor(data.info["channel_std"]))
     assert all(torch.equal(value, rebuilt.state_dict()[name]) for name, value in state.items())
-    assert model.eval()(data.split("test").inputs).shape == (len(data.split("test")), len(SHAPES))
+    assert model.eval()(whole(data.split("test"))[0]).shape == (len(data.split("test")), len(SHAPES))
     with pytest.raises(InputError, match="at least 2 class names"):
         task.build_model({**data.info, "classes": ["circle"]})
 
@@ -147,9 +166,15 @@ def test_score_reports_every_declared_metric_and_leaves_the_model_in_its_mode(pr
     assert {"accuracy", "macro_f1", "loss"} <= set(metrics)
     assert all(task.metrics.find(name) is not None for name in metrics)
     recalls = {name for name in metrics if name.startswith("recall_")}
-    assert recalls == {f"recall_{label}" for label in test.targets.unique().tolist()}
-    logits = model(test.inputs)
-    assert metrics["accuracy"] == pytest.approx((logits.argmax(1) == test.targets).float().mean().item())
+    inputs, targets = whole(test)
+    assert recalls == {f"recall_{label}" for label in targets.unique().tolist()}
+    logits = model(inputs)
+    assert metrics["accuracy"] == pytest.approx((logits.argmax(1) == targets).float().mean().item())
+    # The numbers the task gave when it scored the split held whole in memory, exactly.
+    stored = read_split(prepared, read_manifest(prepared), "test")
+    assert metrics == score_classifier(
+        InChunks(model), scaled_whole(stored.pixels), torch.from_numpy(stored.labels)
+    )
     model.train()
     task.score(model, test)
     assert model.training
@@ -167,7 +192,7 @@ def test_predict_answers_class_names_for_uint8_images_and_names_the_shape_it_exp
     assert np.array_equal(example, stored.pixels[:4])
     answers = task.predict(model, data.info, example)
     with torch.no_grad():
-        expected = [SHAPES[index] for index in model(test.inputs[:4]).argmax(1).tolist()]
+        expected = [SHAPES[index] for index in model(test[torch.arange(4)][0]).argmax(1).tolist()]
     assert answers == expected
     assert task.predict(model, data.info, example[1]) == answers[1:2]
     floats = example.astype(np.float32)

@@ -13,11 +13,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from core.errors import InputError
+from training.data.publish import publish
 from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits
-from training.tasks.image.manifest import read_manifest, read_split
+from training.tasks.image.manifest import (
+    ImageManifest,
+    PrepStats,
+    SplitArrays,
+    read_manifest,
+    read_split,
+    split_files,
+)
 from training.tasks.image.prepare import prepare_images
 from training.tasks.image.raw_images import decode_image
 from training.tasks.image.sample_data import SHAPES, write_sample_images
@@ -46,6 +55,11 @@ def content(prepared: Path) -> dict:
     }
 
 
+def files_of(prepared: Path) -> dict[str, bytes]:
+    """Every file of a version but its manifest (which says when it was made), by name."""
+    return {path.name: path.read_bytes() for path in prepared.iterdir() if path.name != "manifest.json"}
+
+
 def png_bytes(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
@@ -62,9 +76,11 @@ def test_prepare_writes_each_split_its_files_and_a_manifest_of_content_hashes(ra
     manifest = prepare(raw, tmp_path / "prepared")
     out = tmp_path / "prepared"
 
-    assert sorted(path.name for path in out.iterdir()) == sorted(
-        ["manifest.json", *(f"{name}.{suffix}" for name in SPLIT_NAMES for suffix in ("npy", "json"))]
-    )
+    assert sorted(path.name for path in out.iterdir()) == sorted([
+        "manifest.json",
+        *(f"{name}.keys.json" for name in SPLIT_NAMES),
+        *(f"{name}-00000.{part}.npy" for name in SPLIT_NAMES for part in ("inputs", "targets")),
+    ])  # fmt: skip
     assert manifest.classes == SHAPES
     files = sorted(raw.glob("*/*.png"))
     assert [entry.key for entry in manifest.raw_files] == sorted(f"{p.parent.name}/{p.name}" for p in files)
@@ -92,7 +108,7 @@ def test_the_data_version_depends_on_content_only(raw, tmp_path):
     other_size = prepare(raw, tmp_path / "three", size=(12, 12))
 
     assert first.data_version == second.data_version == again.data_version
-    assert (tmp_path / "one" / "train.npy").read_bytes() == (tmp_path / "two" / "train.npy").read_bytes()
+    assert files_of(tmp_path / "one") == files_of(tmp_path / "two")
     assert other_size.data_version != first.data_version
     with pytest.raises(InputError, match="already holds data version"):
         prepare(raw, tmp_path / "three")
@@ -114,10 +130,7 @@ def test_incremental_prepare_decodes_only_new_or_changed_images_and_equals_a_ful
     assert incremental.data_version == full.data_version
     assert incremental.previous_version == read_manifest(tmp_path / "v1").data_version
     assert content(tmp_path / "v2") == content(tmp_path / "full")
-    for name in SPLIT_NAMES:
-        assert (tmp_path / "v2" / f"{name}.npy").read_bytes() == (
-            tmp_path / "full" / f"{name}.npy"
-        ).read_bytes()
+    assert files_of(tmp_path / "v2") == files_of(tmp_path / "full")
 
 
 def test_an_image_keeps_its_split_as_data_grows(raw, tmp_path):
@@ -134,13 +147,13 @@ def test_an_image_keeps_its_split_as_data_grows(raw, tmp_path):
 
 
 def overwrite_train_with_test(version: Path) -> None:
-    shutil.copyfile(version / "test.npy", version / "train.npy")
+    shutil.copyfile(version / "test-00000.inputs.npy", version / "train-00000.inputs.npy")
 
 
 @pytest.mark.parametrize(
     ("previous_size", "spoil", "reason"),
     [
-        (SIZE, overwrite_train_with_test, "train.npy: sha256 differs"),
+        (SIZE, overwrite_train_with_test, "train-00000.inputs.npy: sha256 differs"),
         ((12, 12), None, "prepared at 12x12, not 16x16"),
     ],
     ids=["tampered", "other-size"],
@@ -257,10 +270,10 @@ def test_load_refuses_changed_files_and_a_size_other_than_the_tasks(raw, tmp_pat
     with pytest.raises(InputError, match=r"size=\[16, 16\]"):
         ImageTask(size=24).load(out)
 
-    pixels = bytearray((out / "validation.npy").read_bytes())
+    pixels = bytearray((out / "validation-00000.inputs.npy").read_bytes())
     pixels[-1] ^= 0xFF
-    (out / "validation.npy").write_bytes(bytes(pixels))
-    with pytest.raises(InputError, match=r"validation\.npy: sha256 differs from the manifest"):
+    (out / "validation-00000.inputs.npy").write_bytes(bytes(pixels))
+    with pytest.raises(InputError, match=r"validation-00000\.inputs\.npy: sha256 differs from the manifest"):
         ImageTask(size=16).load(out)
 
     manifest = json.loads((out / "manifest.json").read_text())
@@ -268,6 +281,146 @@ def test_load_refuses_changed_files_and_a_size_other_than_the_tasks(raw, tmp_pat
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InputError, match="the manifest was edited"):
         ImageTask(size=16).load(out)
+
+
+def test_smaller_shards_make_the_same_version_and_the_same_batches_and_are_built_on(raw, tmp_path):
+    one = prepare(raw, tmp_path / "one")
+    many = prepare_images(raw, tmp_path / "many", size=SIZE, split=SPLIT, shard_bytes=5 * 16 * 16 * 3)
+
+    assert many.data_version == one.data_version  # the version is what the splits hold, not their files
+    train = many.split_entry("train")
+    assert len(train.shards) == -(-train.images // 5) > 1
+    assert [shard.rows for shard in train.shards[:-1]] == [5] * (len(train.shards) - 1)
+    whole, cut = ImageTask(size=16).load(tmp_path / "one"), ImageTask(size=16).load(tmp_path / "many")
+    for name in SPLIT_NAMES:
+        rows = torch.from_numpy(np.random.default_rng(0).permutation(len(whole.split(name))))
+        for expected, got in zip(whole.split(name)[rows], cut.split(name)[rows], strict=True):
+            assert torch.equal(expected, got)
+    write_sample_images(raw, per_class=2, seed=3, side=20)
+    built_on = prepare(raw, tmp_path / "next", previous=tmp_path / "many")  # copies from every shard
+    assert built_on.stats.reused == 4 * 12
+    assert built_on.data_version == prepare(raw, tmp_path / "full").data_version
+
+
+def test_a_version_of_the_earlier_format_is_refused_by_load_and_not_built_on(raw, tmp_path, caplog):
+    prepare(raw, tmp_path / "old")
+    manifest = json.loads((tmp_path / "old" / "manifest.json").read_text())
+    manifest["format"] = "retrain-image-prepared/1"
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(manifest))
+    caplog.set_level(logging.WARNING, logger="training.tasks.image.prepare")
+
+    with pytest.raises(InputError) as refused:
+        ImageTask(size=16).load(tmp_path / "old")
+    built = prepare(raw, tmp_path / "new", previous=tmp_path / "old")
+
+    message = str(refused.value)
+    assert "'retrain-image-prepared/1' is not 'retrain-image-prepared/2'" in message and "\n" not in message
+    assert message.endswith("re-run `retrain prepare --task image` to write a fresh data version")
+    assert built.stats.decoded == 4 * 12 and built.previous_version is None
+    assert any(
+        "retrain-image-prepared/1" in line and "decoding every image" in line for line in caplog.messages
+    )
+
+
+def replaced_shard(version: Path, split: str, part: str, array: np.ndarray) -> str:
+    """Write `array` as the split's first shard file `part`, with its sha256 in the manifest (which the data
+    version does not hash, so the manifest still reads): shards that verify but do not hold the split."""
+    name = f"{split}-00000.{part}.npy"
+    np.save(version / name, array, allow_pickle=False)
+    manifest = json.loads((version / "manifest.json").read_text())
+    manifest["splits"][split]["shards"][0][f"{part}_sha256"] = hashlib.sha256(
+        (version / name).read_bytes()
+    ).hexdigest()
+    (version / "manifest.json").write_text(json.dumps(manifest))
+    return name
+
+
+@pytest.mark.parametrize(
+    ("part", "array_of", "expected"),
+    [
+        (
+            "targets",
+            lambda labels, pixels: np.concatenate([[7], labels[1:]]),
+            "targets.npy: class indices outside 0..3",
+        ),
+        ("inputs", lambda labels, pixels: pixels[:, :8, :8], "inputs.npy: holds uint8 (6, 8, 8, 3)"),
+        ("inputs", lambda labels, pixels: pixels[:-1], "targets.npy: not one target per input row"),
+    ],
+    ids=["class-outside", "other-size", "fewer-rows"],
+)
+def test_shards_that_verify_but_do_not_hold_what_the_manifest_says_are_refused_in_one_line(
+    raw, tmp_path, part, array_of, expected
+):
+    out = tmp_path / "prepared"
+    prepare(raw, out)
+    labels = np.load(out / "test-00000.targets.npy")
+    pixels = np.load(out / "test-00000.inputs.npy")
+    assert len(labels) == 6  # the cases name this count
+    replaced_shard(out, "test", part, array_of(labels, pixels))
+
+    with pytest.raises(InputError) as refused:
+        ImageTask(size=16).load(out)
+
+    message = str(refused.value)
+    assert expected in message and "re-run `retrain prepare --task image`" in message and "\n" not in message
+
+
+def rss_anon_bytes() -> int:
+    """The memory this process allocated itself (/proc/self/status RssAnon), not the mapped files' pages."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_loading_and_reading_every_batch_allocates_a_batch_not_the_split(tmp_path):
+    """Every image of a 70 MiB train split (281 MiB as the model's float32), beyond the budget a split may
+    hold, batch by batch in a shuffled order as the engine reads them: the pixels stay in the shards (the
+    page cache, which the ranks of a node share), and the process allocates about a batch, not the split
+    it used to hold."""
+    images, side = 24_000, 32
+    row = np.arange(side * side * 3, dtype=np.uint8).reshape(side, side, 3)
+    pixels = np.broadcast_to(row, (images, side, side, 3))
+    labels = np.arange(images, dtype=np.int64) % 2
+    arrays = {
+        "train": SplitArrays(tuple(f"a/{n:06d}.png" for n in range(images)), labels, pixels),
+        **{
+            name: SplitArrays(("a/x.png", "b/y.png"), np.array([0, 1]), pixels[:2])
+            for name in SPLIT_NAMES[1:]
+        },
+    }
+    files, entries = {}, []
+    for name in SPLIT_NAMES:
+        payload, entry = split_files(name, arrays[name])
+        files.update(payload)
+        entries.append(entry)
+    manifest = ImageManifest(
+        size=(side, side), classes=("a", "b"), split=SPLIT, raw_files=(), splits=tuple(entries),
+        channel_mean=(0.5, 0.5, 0.5), channel_std=(0.25, 0.25, 0.25),
+        stats=PrepStats(images=images + 4, decoded=images + 4, reused=0), decoder="synthetic",
+        previous_version=None, created_at="2026-01-01T00:00:00+00:00",
+    )  # fmt: skip
+    publish(tmp_path / "big", {**files, "manifest.json": manifest.to_json().encode()})
+    del files, payload
+
+    before = rss_anon_bytes()
+    train = ImageTask(size=side).load(tmp_path / "big").split("train")
+    most = rss_anon_bytes() - before
+    order = torch.from_numpy(np.random.default_rng(0).permutation(images))
+    for rows in order.split(256):
+        batch, classes = train[rows]
+        most = max(most, rss_anon_bytes() - before)
+
+    assert torch.equal(batch, scaled(pixels[rows.numpy()])) and torch.equal(
+        classes, torch.from_numpy(labels)[rows]
+    )
+    assert 4 * pixels.size > 280 << 20  # the split as float32 inputs, which the task held before
+    assert most < 32 << 20, most
+
+
+def scaled(pixels: np.ndarray) -> torch.Tensor:
+    """Pixels as the model's input, as the task scaled the whole split before it read shards."""
+    return torch.from_numpy(np.array(pixels)).to(torch.float32).div(255.0).permute(0, 3, 1, 2)
 
 
 def test_sample_images_are_drawn_from_the_seed_and_never_overwritten(tmp_path):

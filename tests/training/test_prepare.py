@@ -16,10 +16,12 @@ import pytest
 
 from core.errors import InputError
 from training.cli import main
-from training.data.splits import assign_splits, split_position
+from training.data.splits import SPLIT_NAMES, SplitFractions, assign_splits, split_position
+from training.tasks.tabular.dataset import load_prepared
+from training.tasks.tabular.manifest import Manifest, read_manifest, read_split_table
 from training.tasks.tabular.prepare import prepare
 from training.tasks.tabular.sample_data import write_sample_batches
-from training.tasks.tabular.schema import DIGITS_SCHEMA, SPLIT_NAMES, Manifest, SplitFractions
+from training.tasks.tabular.schema import DIGITS_SCHEMA, TableSchema
 from training.tasks.tabular.task import DIGITS_OPTIONS
 
 HEADER = list(DIGITS_SCHEMA.columns)
@@ -42,7 +44,8 @@ def write_csv(path: Path, rows: list[list[str]], header: list[str] = HEADER) -> 
 
 
 def split_tables(prepared: Path) -> dict[str, pa.Table]:
-    return {name: pq.read_table(prepared / f"{name}.parquet") for name in SPLIT_NAMES}
+    manifest = read_manifest(prepared)
+    return {name: read_split_table(prepared, manifest, name) for name in SPLIT_NAMES}
 
 
 def key_to_split(prepared: Path) -> dict[str, str]:
@@ -57,23 +60,22 @@ def manifest_content(manifest: Manifest) -> dict:
     return {key: value for key, value in document.items() if key not in ("created_at", "previous_version")}
 
 
-def test_prepare_writes_three_sorted_splits_and_a_manifest(prepared, sample_raw):
+def test_prepare_writes_a_part_per_raw_chunk_and_a_manifest(prepared, sample_raw):
     manifest, out = prepared
 
-    assert sorted(path.name for path in out.iterdir()) == sorted([
-        "manifest.json",
-        *(f"{name}.parquet" for name in SPLIT_NAMES),
-        *(f"{name}-00000.{part}.npy" for name in SPLIT_NAMES for part in ("inputs", "targets")),
-    ])  # fmt: skip
+    assert [part.raw_file for part in manifest.parts] == sorted(path.name for path in sample_raw.iterdir())
+    expected = {"manifest.json"}
+    for part in manifest.parts:
+        expected |= set(part.files())
+        expected |= {entry.dead for entry in part.splits if entry.dead is not None}
+        for name, digest in part.files().items():
+            assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
+    assert {path.name for path in out.iterdir()} == expected
     assert re.fullmatch(r"dv-[0-9a-f]{16}", manifest.data_version)
     assert Manifest.from_json((out / "manifest.json").read_text()) == manifest
     tables = split_tables(out)
     for name, table in tables.items():
-        keys = table["row_key"].to_pylist()
-        assert keys == sorted(keys)
-        entry = manifest.split_entry(name)
-        assert entry.rows == table.num_rows
-        assert entry.file_sha256 == hashlib.sha256((out / entry.file).read_bytes()).hexdigest()
+        assert manifest.split_rows(name) == table.num_rows
         assert {"source_file", "source_row"} <= set(table.column_names)
     assert sum(table.num_rows for table in tables.values()) == 1797
     assert tables["train"].num_rows == pytest.approx(0.8 * 1797, rel=0.05)
@@ -98,10 +100,11 @@ def test_overlapping_batches_count_as_exact_duplicates(prepared):
 def test_normalization_is_the_train_split_mean_and_std(prepared):
     manifest, out = prepared
 
-    train = pq.read_table(out / "train.parquet")
+    train = split_tables(out)["train"]
     features = np.column_stack([train[name].to_numpy() for name in DIGITS_SCHEMA.feature_columns])
-    assert np.array_equal(np.array(manifest.normalization.mean), features.mean(axis=0))
-    assert np.array_equal(np.array(manifest.normalization.std), features.std(axis=0))
+    features = features.astype(np.float32).astype(np.float64)  # the values training sees
+    np.testing.assert_allclose(manifest.normalization.mean, features.mean(axis=0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(manifest.normalization.std, features.std(axis=0), rtol=1e-9, atol=1e-9)
 
 
 def test_each_row_lands_in_the_split_its_key_hashes_to(prepared):
@@ -112,16 +115,21 @@ def test_each_row_lands_in_the_split_its_key_hashes_to(prepared):
         assert {SPLIT_NAMES[index] for index in assign_splits(keys, SplitFractions())} == {name}
 
 
-def test_same_rows_give_the_same_version_whatever_the_batching_or_format(prepared, tmp_path):
+def test_same_rows_in_the_same_batches_give_the_same_version_whatever_the_format(prepared, tmp_path):
     manifest, out = prepared
-    write_sample_batches(tmp_path / "raw", batches=7, file_format="parquet")
+    write_sample_batches(tmp_path / "raw", batches=4, file_format="parquet")  # as `prepared`'s, in Parquet
+    write_sample_batches(tmp_path / "rebatched", batches=7, file_format="csv")
 
     other = prepare(tmp_path / "raw", tmp_path / "out")
+    rebatched = prepare(tmp_path / "rebatched", tmp_path / "out-rebatched")
 
     assert other.data_version == manifest.data_version
     assert other.raw_files != manifest.raw_files
-    assert pq.read_table(tmp_path / "out" / "test.parquet")["row_key"].equals(
-        pq.read_table(out / "test.parquet")["row_key"]
+    assert split_tables(tmp_path / "out")["test"]["row_key"].equals(split_tables(out)["test"]["row_key"])
+    # A version is its parts: other batches are other parts, so another version of the same rows.
+    assert rebatched.data_version != manifest.data_version
+    assert set(split_tables(tmp_path / "out-rebatched")["test"]["row_key"].to_pylist()) == set(
+        split_tables(out)["test"]["row_key"].to_pylist()
     )
 
 
@@ -131,7 +139,7 @@ def test_other_split_fractions_give_another_version(prepared, sample_raw, tmp_pa
     other = prepare(sample_raw, tmp_path / "out", split=SplitFractions(0.6, 0.2, 0.2))
 
     assert other.data_version != manifest.data_version
-    assert other.split_entry("train").rows == pytest.approx(0.6 * 1797, rel=0.06)
+    assert other.split_rows("train") == pytest.approx(0.6 * 1797, rel=0.06)
 
 
 def test_rows_never_change_split_as_data_grows(sample_raw, tmp_path):
@@ -359,7 +367,7 @@ BAD_INPUTS = {
     ),
     "ragged csv": (
         _write_bytes("batch-0001.csv", b"row_key,label\na,1\nb\n"),
-        "batch-0001.csv: not a readable CSV file (CSV parse error: Expected 2 columns, got 1",
+        "batch-0001.csv: not a readable CSV file (CSV parse error: Row #3: Expected 2 columns, got 1",
     ),
     "missing column": (
         _header([name for name in HEADER if name != "pixel_5"]),
@@ -497,3 +505,82 @@ def test_a_prepare_that_returns_no_version_fails_the_step_in_one_line(tmp_path, 
         f"retrain: error: --task {task!r}: prepare returned None and left {tmp_path / 'out'} a folder; "
         "expected the data version it wrote into that folder (text, e.g. 'dv-0123456789abcdef')"
     ]
+
+
+def _deliveries(seed: int, files: int, rows: int, keys: int) -> list[list[list]]:
+    """Raw batches whose keys recur across and within files, some deliveries repeating a row exactly."""
+    rng = np.random.default_rng(seed)
+    batches, last = [], {}
+    for _ in range(files):
+        batch = []
+        for key in rng.integers(0, keys, rows):
+            name = f"k{key:05d}"
+            if name in last and rng.random() < 0.3:
+                row = list(last[name])  # the same row again: an exact duplicate
+            else:
+                row = [name, int(rng.integers(0, 3)), *np.round(rng.normal(size=4), 3).tolist()]
+            last[name] = row
+            batch.append(row)
+        batches.append(batch)
+    return batches
+
+
+def _write_batches(raw: Path, batches: list[list[list]], first: int = 0) -> None:
+    for number, rows in enumerate(batches, start=first):
+        write_csv(raw / f"batch-{number:04d}.csv", rows, header=["id", "y", "a", "b", "c", "d"])
+
+
+def test_parts_chain_to_the_full_preparation_and_to_last_delivery_wins(tmp_path):
+    """Small parts (40 rows) so files span several parts and keys are superseded across parts and files:
+    versions built each on the one before give the full preparation's files, byte for byte, share every
+    file of the version before, and hold exactly what "last delivery wins" gives, counted as it counts."""
+    schema = TableSchema(key_column="id", label_column="y", feature_columns=None, n_classes=None)
+    batches = _deliveries(seed=7, files=6, rows=150, keys=300)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    previous = None
+    for step, (start, stop) in enumerate([(0, 3), (3, 5), (5, 6)]):
+        _write_batches(raw, batches[start:stop], first=start)
+        out = tmp_path / f"v{step}"
+        prepare(raw, out, previous=previous, schema=schema, rows_per_part=40)
+        if previous is not None:
+            shared = {
+                path.name: path.stat().st_ino for path in previous.iterdir() if path.name.endswith("keys.npy")
+            }
+            assert shared and all((out / name).stat().st_ino == inode for name, inode in shared.items())
+        previous = out
+    full = prepare(raw, tmp_path / "full", schema=schema, rows_per_part=40)
+
+    chained = read_manifest(previous)
+    assert chained.data_version == full.data_version
+    assert manifest_content(chained) == manifest_content(full)
+    names = sorted(path.name for path in (tmp_path / "full").iterdir())
+    assert names == sorted(path.name for path in previous.iterdir())
+    for name in names:  # the manifests differ only in when and from what: compared above
+        if name != "manifest.json":
+            assert (previous / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
+
+    winners, exact, superseded = {}, 0, 0
+    for row in (row for batch in batches for row in batch):
+        if row[0] in winners:
+            same = winners[row[0]] == row
+            exact, superseded = exact + same, superseded + (not same)
+        winners[row[0]] = row
+    live = pa.concat_tables(split_tables(previous).values()).to_pylist()
+    assert {
+        row["id"]: [row["id"], row["y"], row["a"], row["b"], row["c"], row["d"]] for row in live
+    } == winners
+    assert len(live) == len(winners)
+    assert (full.stats.unique_rows, full.stats.exact_duplicates, full.stats.superseded) == (
+        len(winners),
+        exact,
+        superseded,
+    )
+    data = load_prepared(previous)
+    assert sum(len(data.split(name)) for name in SPLIT_NAMES) == len(winners)
+    train = split_tables(previous)["train"]
+    values = (
+        np.column_stack([train[name].to_numpy() for name in "abcd"]).astype(np.float32).astype(np.float64)
+    )
+    np.testing.assert_allclose(full.normalization.mean, values.mean(axis=0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(full.normalization.std, values.std(axis=0), rtol=1e-9, atol=1e-12)

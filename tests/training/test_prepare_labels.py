@@ -10,8 +10,8 @@ import pytest
 
 from core.rejected_inputs import RejectedFile, read_report
 from training.cli import main
+from training.tasks.tabular.manifest import read_manifest
 from training.tasks.tabular.prepare import inferred_class_count
-from training.tasks.tabular.schema import read_manifest
 
 HEADER = ["row_key", "label", "x0", "x1"]
 

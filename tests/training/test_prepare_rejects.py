@@ -15,8 +15,8 @@ from core.rejected_inputs import RejectedFile, read_report
 from training.cli import main
 from training.tasks.image.manifest import read_manifest as read_image_manifest
 from training.tasks.image.sample_data import write_sample_images
+from training.tasks.tabular.manifest import read_manifest
 from training.tasks.tabular.sample_data import write_sample_batches
-from training.tasks.tabular.schema import read_manifest
 
 FINITE = "a finite number within float32's range (|x| <= 3.4e38)"
 NARROW = "missing columns 'pixel_1', 'pixel_2', 'pixel_3', 'pixel_4', 'pixel_5' and 58 more; expected the "

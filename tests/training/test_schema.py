@@ -6,7 +6,9 @@ import json
 import pytest
 
 from core.errors import InputError
-from training.tasks.tabular.schema import Manifest, SplitFractions, TableSchema
+from training.data.splits import SplitFractions
+from training.tasks.tabular.manifest import Manifest
+from training.tasks.tabular.schema import TableSchema
 
 
 @pytest.mark.parametrize(
@@ -46,8 +48,10 @@ def test_data_version_ignores_provenance_and_time_but_not_content(prepared):
     manifest, _ = prepared
 
     elsewhere = dataclasses.replace(manifest, raw_files=(), previous_version="dv-0", created_at="2000-01-01")
-    changed_split = dataclasses.replace(manifest.splits[2], content_sha256="0" * 64)
-    changed = dataclasses.replace(manifest, splits=(*manifest.splits[:2], changed_split))
+    part = manifest.parts[-1]
+    changed_split = dataclasses.replace(part.splits[2], dead="x.npy", dead_sha256="0" * 64, dead_rows=1)
+    changed_part = dataclasses.replace(part, splits=(*part.splits[:2], changed_split))
+    changed = dataclasses.replace(manifest, parts=(*manifest.parts[:-1], changed_part))
     assert elsewhere.data_version == manifest.data_version
     assert changed.data_version != manifest.data_version
 
@@ -55,7 +59,7 @@ def test_data_version_ignores_provenance_and_time_but_not_content(prepared):
 def test_an_edited_manifest_is_not_trusted(prepared):
     manifest, _ = prepared
     document = json.loads(manifest.to_json())
-    document["splits"]["test"]["content_sha256"] = "0" * 64
+    document["parts"][0]["splits"]["test"]["shard"]["inputs_sha256"] = "0" * 64
 
     with pytest.raises(InputError, match=r"manifest was edited"):
         Manifest.from_json(json.dumps(document))
@@ -71,7 +75,7 @@ def test_reading_a_split_starts_no_arrow_thread_that_could_outlive_the_interpret
     script = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from training.tasks.tabular.schema import read_manifest, read_split_table\n"
+        "from training.tasks.tabular.manifest import read_manifest, read_split_table\n"
         "def threads(): return len(os.listdir('/proc/self/task'))\n"
         "folder = Path(sys.argv[1])\n"
         "manifest = read_manifest(folder)\n"

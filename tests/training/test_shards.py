@@ -1,5 +1,5 @@
-"""Array shards: a split written in bounded files and read back memory-mapped, by the engine's indices, with
-what a process holds of it bounded by a budget rather than by the data."""
+"""Array shards: a split written in bounded files and read back by the engine's indices, with what a process
+holds of it bounded by a budget rather than by the data."""
 
 from __future__ import annotations
 
@@ -21,20 +21,21 @@ def written(folder: Path, inputs: np.ndarray, targets: np.ndarray, shard_bytes: 
     return shards
 
 
-def rss_file_kb() -> int:
-    """The file-backed pages this process holds (/proc/self/status RssFile): mapped shards count there."""
+def rss_kb() -> int:
+    """What this process holds (/proc/self/status VmRSS): its own memory and any file pages it maps."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssFile:"):
+        if line.startswith("VmRSS:"):
             return int(line.split()[1])
-    raise AssertionError("no RssFile in /proc/self/status")
+    raise AssertionError("no VmRSS in /proc/self/status")
 
 
-def test_a_batch_is_exactly_the_rows_asked_for_across_shards(tmp_path: Path):
+@pytest.mark.parametrize("budget", [1 << 30, 0], ids=["held", "read-per-batch"])
+def test_a_batch_is_exactly_the_rows_asked_for_across_shards(tmp_path: Path, budget: int):
     rng = np.random.default_rng(0)
     inputs = rng.standard_normal((1000, 3, 4)).astype(np.float32)
     targets = rng.integers(0, 10, 1000)
     shards = written(tmp_path, inputs, targets, shard_bytes=48 * 100)  # 100 rows a shard
-    split = open_split(tmp_path, shards)
+    split = open_split(tmp_path, shards, resident_bytes=budget)
     order = torch.tensor([999, 0, 150, 150, 499, -1])
 
     batch_inputs, batch_targets = split[order]
@@ -54,16 +55,39 @@ def test_reading_every_row_holds_the_budget_of_the_data_not_all_of_it(tmp_path: 
     shards = written(tmp_path, inputs, np.zeros(rows, dtype=np.int64), shard_bytes=32 << 20)
     order = torch.from_numpy(np.random.default_rng(1).permutation(rows))
 
-    def mapped_in(budget: int) -> int:
+    def held(budget: int) -> int:
+        before, most = rss_kb(), 0
         split = open_split(tmp_path, shards, resident_bytes=budget)
-        before, most = rss_file_kb(), 0
         for start in range(0, rows, 4096):
-            split[order[start : start + 4096]]
-            most = max(most, rss_file_kb() - before)
+            batch = split[order[start : start + 4096]]
+            most = max(most, rss_kb() - before)
+            del batch
+        del split
         return most * 1024
 
-    assert mapped_in(1 << 40) > 100 << 20  # no budget: every page of the data ends up held
-    assert mapped_in(16 << 20) < 48 << 20  # the budget, a batch's worth and the page cache's rounding
+    assert held(1 << 40) > 100 << 20  # within the budget: the split is held, all of it
+    assert held(16 << 20) < 32 << 20  # beyond it: a batch or two (16 MiB each), never the data
+
+
+@pytest.mark.parametrize("budget", [1 << 30, 0], ids=["held", "read-per-batch"])
+def test_dead_rows_are_left_out_and_the_rest_keep_their_order(tmp_path: Path, budget: int):
+    """What the training sampler indexes is the live rows in shard order, whichever way they are read."""
+    rng = np.random.default_rng(3)
+    inputs = rng.standard_normal((300, 5)).astype(np.float32)
+    targets = np.arange(300)
+    shards = written(tmp_path, inputs, targets, shard_bytes=20 * 100)  # three shards of 100 rows
+    dead = [np.array([0, 5, 99]), None, np.arange(100)]  # the last shard entirely superseded
+    live = np.concatenate([np.setdiff1d(np.arange(100), dead[0]), np.arange(100, 200)])
+    split = open_split(tmp_path, shards, resident_bytes=budget, dead=dead)
+    order = torch.from_numpy(rng.permutation(len(live)))
+
+    batch_inputs, batch_targets = split[order]
+
+    assert len(split) == len(live) == 197
+    assert np.array_equal(batch_targets.numpy(), live[order.numpy()])
+    assert np.array_equal(batch_inputs.numpy(), inputs[live[order.numpy()]])
+    with pytest.raises(InputError, match=r"expected increasing positions in \[0, 100\)"):
+        open_split(tmp_path, shards, dead=[np.array([5, 5]), None, None])
 
 
 def test_a_changed_or_missing_shard_is_one_line_naming_it(tmp_path: Path):

@@ -16,8 +16,9 @@ from training.data.splits import SplitFractions
 from training.gate.serving import serving_signature
 from training.tasks.base import missing_parts
 from training.tasks.loader import load_task
+from training.tasks.tabular.manifest import read_manifest
 from training.tasks.tabular.prepare import prepare
-from training.tasks.tabular.schema import DERIVED_KEY_COLUMN, DIGITS_SCHEMA, read_manifest
+from training.tasks.tabular.schema import DERIVED_KEY_COLUMN, DIGITS_SCHEMA
 from training.tasks.tabular.task import DIGITS_OPTIONS, TabularTask
 
 

@@ -13,8 +13,10 @@ from core.errors import InputError
 from core.files import staged_folder
 
 
-def publish(out: Path, files: Mapping[str, bytes]) -> None:
-    """Make `files` appear in `out`, in order (so the manifest, last, marks a complete version).
+def publish(out: Path, files: Mapping[str, bytes | Path]) -> None:
+    """Make `files` appear in `out`, in order (so the manifest, last, marks a complete version). Each is
+    given as its bytes, or as a file written already (a part of this version, or one an earlier version
+    shares with it), which is hard-linked where the file system allows and copied where it does not.
 
     A new `out` is staged beside it and renamed into place; an existing empty one (an Azure ML output
     mount cannot be replaced) is staged inside it and filled by renames. On failure nothing is left.
@@ -68,7 +70,16 @@ def make_parents(folder: Path) -> list[Path]:
     return missing
 
 
-def _write_durably(path: Path, data: bytes) -> None:
+def _write_durably(path: Path, data: bytes | Path) -> None:
+    if isinstance(data, Path):
+        try:
+            os.link(data, path)  # shares the bytes: an earlier version's files are never written again
+            return
+        except OSError:  # another file system (a mounted input), or one without hard links
+            shutil.copyfile(data, path)
+        with path.open("rb") as stream:
+            os.fsync(stream.fileno())
+        return
     with path.open("wb") as stream:
         stream.write(data)
         stream.flush()

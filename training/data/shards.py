@@ -1,12 +1,12 @@
-"""Array shards: a split written as bounded `.npy` files, and read back memory-mapped as a map-style split.
+"""Array shards: a split written as bounded `.npy` files, and read back as a map-style split.
 
 A data set larger than memory trains as if it were held. `split_shards` cuts a split's inputs (`[rows,
 ...]`, any fixed-size numeric dtype) and targets (`[rows]`) into shards of at most `SHARD_BYTES` of inputs
-each; `open_split` maps them read-only, after checking each file against its sha256, as a `MappedSplit`,
-which answers the engine's batches by its global sample indices, a whole batch in one call, as
-`TensorSplit` does for tensors. The bytes stay in the kernel's page cache, shared by every rank on a node;
-the pages a process's batches mapped in are handed back once `RESIDENT_BYTES` of them may be, so what a
-rank holds of the data is bounded by that budget, not by the data set.
+each; `open_split` opens them, after checking each file against its sha256, as a `ShardSplit`, which
+answers the engine's batches by its global sample indices, a whole batch in one call, as `TensorSplit`
+does for tensors. A split within `RESIDENT_BYTES` is held; a larger one is read a batch at a time from the
+kernel's page cache, shared by every rank on a node, so what a rank holds of the data is bounded by that
+budget, not by the data set.
 
 This is the task contract's helper for a task's own data (training/tasks/base.py): `prepare` writes each
 split's files and records the returned `Shard`s in its manifest; `load` opens them with `open_split`.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-import mmap
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,7 @@ from core.errors import InputError
 from core.files import file_sha256
 
 SHARD_BYTES = 64 << 20  # inputs per shard: large files read well, and one shard is cheap to rewrite
-RESIDENT_BYTES = 64 << 20  # the mapped pages a split lets its process keep before handing them back
+RESIDENT_BYTES = 64 << 20  # a split this small is held in memory; a larger one is read a batch at a time
 _HEADER_READERS = {
     (1, 0): np.lib.format.read_array_header_1_0,
     (2, 0): np.lib.format.read_array_header_2_0,
@@ -90,10 +90,11 @@ def _npy(array: np.ndarray) -> bytes:
     return stream.getvalue()
 
 
-class _Mapped:
-    """One `.npy` file mapped read-only, as an array that reads through the mapping."""
+class _ArrayFile:
+    """One `.npy` shard file, by its header: its shape, dtype and where its values start."""
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         with path.open("rb") as stream:
             try:
                 reader = _HEADER_READERS[np.lib.format.read_magic(stream)]
@@ -104,39 +105,89 @@ class _Mapped:
                 ) from None
             if fortran_order or dtype.hasobject:
                 raise InputError(f"{path}: not a C-ordered numeric array; expected a file split_shards wrote")
-            offset = stream.tell()
-            self._map = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)  # never empty: a header
-        count = int(np.prod(shape, dtype=np.int64))
-        self.array = np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).reshape(shape)
+            self.offset = stream.tell()
+        self.shape, self.dtype = tuple(shape), dtype
+        self.row_bytes = dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        if path.stat().st_size != self.offset + self.row_bytes * self.rows:
+            raise InputError(
+                f"{path}: its size is not its header's {self.shape}; expected a file split_shards wrote"
+            )
 
-    def release(self) -> None:
-        """Hand the pages this process mapped in back to the page cache; they are read again on use."""
-        self._map.madvise(mmap.MADV_DONTNEED)
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if self.shape else 0
+
+    def read_all(self) -> np.ndarray:
+        with self.path.open("rb") as stream:
+            stream.seek(self.offset)
+            return np.fromfile(stream, dtype=self.dtype, count=int(np.prod(self.shape))).reshape(self.shape)
+
+    def read_rows(self, rows: np.ndarray, into: np.ndarray, at: np.ndarray) -> None:
+        """Rows `rows` of the file into rows `at` of `into` (C-contiguous), one positioned read per row: the
+        kernel copies from its page cache, so nothing of the file stays in the process."""
+        view, size, offset = memoryview(into.reshape(-1).view(np.uint8)), self.row_bytes, self.offset
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for row, index in zip(rows.tolist(), at.tolist(), strict=True):
+                if os.preadv(fd, [view[index * size : (index + 1) * size]], offset + row * size) != size:
+                    raise InputError(f"{self.path}: shorter than its header says; expected a shard file")
+        finally:
+            os.close(fd)
 
 
-class MappedSplit:
-    """A map-style split over memory-mapped shards: `split[indices]` (a 1-D tensor, array or list of global
-    row indices, or a slice) returns the batch `(inputs, targets)` as tensors of their own; `split[i]` one
-    row. `len()` is the rows of every shard, in shard order."""
+class ShardSplit:
+    """A map-style split over shard files: `split[indices]` (a 1-D tensor, array or list of global row
+    indices, or a slice) returns the batch `(inputs, targets)` as tensors of their own; `split[i]` one row.
+    `len()` is the live rows of every shard, in shard order.
+
+    A split whose live rows fit `resident_bytes` is read into memory once, so its batches cost what a held
+    tensor's do. A larger one reads each batch's rows from the files with positioned reads: the process
+    holds a batch, never the split, and the kernel's page cache (shared by every rank on the node, and not
+    the process's memory) keeps what is read often. Not memory maps: a fault on a mapped file maps in the
+    whole page-cache folio it lands in (megabytes on current kernels), so a random batch would bring most
+    of a large file into the process, and its peak memory would grow with the data after all."""
 
     def __init__(
-        self, inputs: Sequence[_Mapped], targets: Sequence[_Mapped], resident_bytes: int = RESIDENT_BYTES
+        self,
+        inputs: Sequence[_ArrayFile],
+        targets: Sequence[_ArrayFile],
+        resident_bytes: int = RESIDENT_BYTES,
+        dead: Sequence[np.ndarray | None] | None = None,
     ) -> None:
         if not inputs or len(inputs) != len(targets):
-            raise InputError("a mapped split needs at least one shard, each with inputs and targets")
+            raise InputError("a shard split needs at least one shard, each with inputs and targets")
+        for input_file, target_file in zip(inputs, targets, strict=True):
+            if input_file.rows != target_file.rows or len(target_file.shape) != 1:
+                raise InputError(
+                    f"{target_file.path}: not one target per input row; expected split_shards' files"
+                )
+            if (input_file.shape[1:], input_file.dtype) != (inputs[0].shape[1:], inputs[0].dtype):
+                raise InputError(
+                    f"{input_file.path}: rows of another shape or type than the split's first shard"
+                )
         self._inputs, self._targets = list(inputs), list(targets)
-        counts = [len(mapped.array) for mapped in self._targets]
-        self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        first = self._inputs[0].array
-        self._row_shape, self._dtype = first.shape[1:], first.dtype
-        self._target_dtype = self._targets[0].array.dtype
-        # A row read maps in at least a page of each of its two files; a larger row, its own bytes.
-        row_bytes = first.itemsize * int(np.prod(self._row_shape, dtype=np.int64))
-        self._row_cost = max(mmap.PAGESIZE, row_bytes) + mmap.PAGESIZE
-        # A split whose files fit in the budget is never handed back: it cannot map in more than itself.
-        mappable = sum(mapped.array.nbytes for mapped in (*self._inputs, *self._targets))
-        self._budget = None if mappable <= resident_bytes else resident_bytes
-        self._mapped_in = 0
+        counts = np.array([file.rows for file in self._targets], dtype=np.int64)
+        # Rows a later version superseded are skipped: each shard's sorted dead positions, kept as
+        # `dead[j] - j`, turn a live position into a stored one with one search (live i is stored
+        # i + #{j : dead[j] - j <= i}), so the mapping costs the dead rows' memory, not the split's.
+        self._skips = [
+            _skips(positions, count)
+            for positions, count in zip(dead or [None] * len(counts), counts, strict=True)
+        ]
+        live = counts - np.array([len(skip) for skip in self._skips], dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(live, dtype=np.int64)])
+        self._row_shape, self._dtype = inputs[0].shape[1:], inputs[0].dtype
+        self._target_dtype = targets[0].dtype
+        row_bytes = inputs[0].row_bytes + targets[0].row_bytes
+        self._held = self._hold() if len(self) * row_bytes <= resident_bytes else None
+
+    def _hold(self) -> tuple[np.ndarray, np.ndarray]:
+        inputs, targets = [], []
+        for shard, (input_file, target_file) in enumerate(zip(self._inputs, self._targets, strict=True)):
+            local = self._stored(shard, np.arange(self._starts[shard + 1] - self._starts[shard]))
+            inputs.append(input_file.read_all()[local])
+            targets.append(target_file.read_all()[local])
+        return np.concatenate(inputs), np.concatenate(targets)
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -156,35 +207,42 @@ class MappedSplit:
         if rows.size and (rows.min() < -len(self) or rows.max() >= len(self)):
             raise IndexError(f"row index out of range for a split of {len(self)} rows")
         rows = np.where(rows < 0, rows + len(self), rows)
-        if len(self._inputs) == 1:  # one shard: one gather per file
-            inputs, targets = self._inputs[0].array[rows], self._targets[0].array[rows]
-        else:
-            inputs = np.empty((len(rows), *self._row_shape), dtype=self._dtype)
-            targets = np.empty(len(rows), dtype=self._target_dtype)
-            shard_of = np.searchsorted(self._starts, rows, side="right") - 1
-            for shard in np.unique(shard_of):
-                chosen = shard_of == shard
-                local = rows[chosen] - self._starts[shard]
-                inputs[chosen] = self._inputs[shard].array[local]
-                targets[chosen] = self._targets[shard].array[local]
-        self._account(len(rows))
+        if self._held is not None:
+            return torch.from_numpy(self._held[0][rows]), torch.from_numpy(self._held[1][rows])
+        inputs = np.empty((len(rows), *self._row_shape), dtype=self._dtype)
+        targets = np.empty(len(rows), dtype=self._target_dtype)
+        shard_of = np.searchsorted(self._starts, rows, side="right") - 1
+        for shard in np.unique(shard_of):
+            chosen = np.flatnonzero(shard_of == shard)
+            local = self._stored(shard, rows[chosen] - self._starts[shard])
+            self._inputs[shard].read_rows(local, inputs, chosen)
+            self._targets[shard].read_rows(local, targets, chosen)
         return torch.from_numpy(inputs), torch.from_numpy(targets)
 
-    def _account(self, rows: int) -> None:
-        """Count what the rows read may have mapped in; past the budget, hand every mapped page back."""
-        if self._budget is None:
-            return
-        self._mapped_in += rows * self._row_cost
-        if self._mapped_in > self._budget:
-            for mapped in (*self._inputs, *self._targets):
-                mapped.release()
-            self._mapped_in = 0
+    def _stored(self, shard: int, live: np.ndarray) -> np.ndarray:
+        skip = self._skips[shard]
+        return live + np.searchsorted(skip, live, side="right") if len(skip) else live
 
 
-def open_split(folder: Path, shards: Sequence[Shard], resident_bytes: int = RESIDENT_BYTES) -> MappedSplit:
+def _skips(dead: np.ndarray | None, rows: int) -> np.ndarray:
+    if dead is None or not len(dead):
+        return np.zeros(0, dtype=np.int64)
+    dead = np.asarray(dead, dtype=np.int64)
+    if dead.ndim != 1 or dead[0] < 0 or dead[-1] >= rows or (len(dead) > 1 and (np.diff(dead) <= 0).any()):
+        raise InputError(f"dead rows of a shard of {rows} rows: expected increasing positions in [0, {rows})")
+    return dead - np.arange(len(dead), dtype=np.int64)
+
+
+def open_split(
+    folder: Path,
+    shards: Sequence[Shard],
+    resident_bytes: int = RESIDENT_BYTES,
+    dead: Sequence[np.ndarray | None] | None = None,
+) -> ShardSplit:
     """The split whose `shards` lie in `folder`, each file checked against its sha256 first (read in chunks,
     so the check holds no more than a read buffer); a file that differs or cannot be read is an
-    InputError naming it."""
+    InputError naming it. `dead`, one entry per shard, lists rows a later delivery superseded (sorted
+    positions within the shard, or None): the split leaves them out, keeping the others in order."""
     inputs, targets = [], []
     for shard in shards:
         for name, digest, into in (
@@ -198,5 +256,5 @@ def open_split(folder: Path, shards: Sequence[Shard], resident_bytes: int = RESI
                 raise InputError(f"{path}: cannot read the shard ({error.strerror})") from error
             if actual != digest:
                 raise InputError(f"{path}: sha256 differs from the manifest, the shard was changed")
-            into.append(_Mapped(path))
-    return MappedSplit(inputs, targets, resident_bytes)
+            into.append(_ArrayFile(path))
+    return ShardSplit(inputs, targets, resident_bytes, dead)

@@ -235,7 +235,8 @@ def _print_lineage(report: dict[str, Any], stream: TextIO) -> None:
         rows = f"{entry['rows']} rows, " if "rows" in entry else ""
         lines.append(f"    raw file {entry.get('name')}: {rows}sha256 {entry.get('sha256', '-')}")
     for name, entry in manifest["splits"].items():
-        lines.append(f"    split {name}: {entry['rows']} rows in {entry['file']}")
+        where = entry.get("file") or f"{entry.get('parts', '?')} parts"  # tabular's in parts (parts.py)
+        lines.append(f"    split {name}: {entry.get('rows', '?')} rows in {where}")
     if task is not None:
         options = json.dumps(task["options"], sort_keys=True)
         file_hash = f", file sha256 {task['file_sha256']}" if task["file_sha256"] else ""

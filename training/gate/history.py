@@ -138,7 +138,7 @@ def lineage_report(registry: ModelRegistry, model_name: str, version: str, scrat
             "previous_version": manifest.get("previous_version"),
             "raw_files": list(manifest.get("raw_files") or []),
             "splits": {
-                name: {"rows": entry.get("rows"), "file": entry.get("file")}
+                name: {key: entry[key] for key in ("rows", "file", "parts") if key in entry}
                 for name, entry in (splits.items() if isinstance(splits, dict) else [])
                 if isinstance(entry, dict)
             },

@@ -181,13 +181,13 @@ class TrainerStepTimer:
         # One intra-op thread per process, as torchrun's workers get: N = 1 must not use every core while
         # N = 2 gets one each, or the curve would show thread contention rather than data parallelism.
         self._environ = {**environ, "OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", "1")}
-        from training.tasks.tabular.schema import (
+        from training.tasks.tabular.manifest import (
             read_manifest,  # pyarrow: too heavy for every `retrain` start
         )
 
         batch = settings.global_batch_size
         try:
-            train_rows = read_manifest(data).split_entry("train").rows
+            train_rows = read_manifest(data).split_rows("train")
         except InputError as error:
             raise InputError(f"--data: {error}") from None
         if batch > train_rows:

@@ -10,8 +10,8 @@ The rules a task keeps, so that the engine's guarantees hold for it:
 
 - **Map-style data.** Each split has `len()` and is indexed by the engine's global sample indices. Indexing
   with a 1-D `torch.long` tensor returns the whole batch at once (`TensorSplit` does this for data held in
-  tensors; `MappedSplit`, training/data/shards.py, for data larger than memory: `prepare` writes each split
-  with `split_shards`, `load` maps it with `open_split`, and a rank holds a bounded budget of it); a split
+  tensors; `ShardSplit`, training/data/shards.py, for data larger than memory: `prepare` writes each split
+  with `split_shards`, `load` opens it with `open_split`, and a rank holds a bounded budget of it); a split
   that only takes `int` indices is batched by the engine with `default_collate`. A batch is a tensor, or a
   tuple/list/dict of tensors: the engine moves it to the device.
 - **No randomness of its own.** Dropout and augmentation use torch's default generator, which the engine

@@ -16,9 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from training.tasks.base import FeatureTable
-from training.tasks.image.manifest import read_manifest, read_split
+from training.tasks.image.manifest import open_pixels, read_manifest
 from training.tasks.image.raw_images import decode_image, list_any_images
 
 FEATURE_NAMES = ("brightness", "contrast", "mean_red", "mean_green", "mean_blue", "centre_x", "centre_y")
@@ -60,7 +61,10 @@ def raw_folder_features(raw: Path, size: tuple[int, int]) -> FeatureTable:
 
 
 def prepared_features(data_dir: Path) -> FeatureTable:
-    """Features of a prepared data version's train split (checked against its manifest)."""
+    """Features of a prepared data version's train split (checked against its manifest), read from its
+    mapped shards `_CHUNK` images at a time: what is held is the features, not the pixels. The chunks are
+    `image_features`' own, so the values are those of the split read whole."""
     data_dir = Path(data_dir)
-    train = read_split(data_dir, read_manifest(data_dir), "train")
-    return FeatureTable(FEATURE_NAMES, image_features(train.pixels))
+    train = open_pixels(data_dir, read_manifest(data_dir), "train")
+    parts = [image_features(train[rows][0].numpy()) for rows in torch.arange(len(train)).split(_CHUNK)]
+    return FeatureTable(FEATURE_NAMES, np.concatenate(parts))

@@ -1,15 +1,16 @@
-"""The prepared image data version on disk: the manifest and one pair of files per split.
+"""The prepared image data version on disk: the manifest, and per split its shards and its keys.
 
-A split is stored as `<split>.npy`, a uint8 [N, height, width, 3] array (RGB, rows in key order), and
-`<split>.json`, the images' keys and class indices in the same order. The manifest, written last, names
-every file with its sha256, every raw image with its content sha256, the class names and the train split's
-per-channel statistics. Readers check every file against the manifest before trusting it.
+A split is stored as array shards (training/data/shards.py: `<split>-00000.inputs.npy`, ..., uint8 pixels
+[n, height, width, 3] in RGB, and `<split>-00000.targets.npy`, ..., the int64 class indices; rows in key
+order, at most 64 MiB of pixels a file), which training reads a batch at a time rather than whole, and
+`<split>.keys.json`, the images' keys in the same order. The manifest, written last, names every file with
+its sha256, every raw image with its content sha256, the class names and the train split's per-channel
+statistics. Readers check every file against the manifest before trusting it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import InputError
+from training.data.shards import SHARD_BYTES, Shard, ShardSplit, open_split, split_shards
 from training.data.splits import SPLIT_NAMES, SplitFractions, split_config
 from training.data.versions import (
     MANIFEST_NAME,
@@ -25,11 +27,12 @@ from training.data.versions import (
     content_version,
     parse_manifest,
     split_entry,
-    without_name,
 )
 from training.tasks.image.raw_images import RESIZE_FILTER
 
-FORMAT = "retrain-image-prepared/1"
+# /2: pixels and class indices as memory-mappable shards, keys in a file of their own (/1: one `.npy` and one
+# `.json` per split, read whole). A /1 version is refused with the hint to prepare again.
+FORMAT = "retrain-image-prepared/2"
 RERUN_HINT = "re-run `retrain prepare --task image` to write a fresh data version"
 _CONTENT_TAG = b"retrain-image-split-content/1\n"
 _STATS_CHUNK = 4096  # images per pass when summing channel statistics, to bound memory
@@ -58,15 +61,35 @@ class RawImageEntry:
 
 @dataclass(frozen=True)
 class ImageSplitEntry:
-    """One split's two files with their sha256, and the hash of what they hold."""
+    """One split: its shards (pixels and class indices), its keys' file with its sha256, and the hash of
+    what they hold."""
 
     name: str
     images: int
-    pixels_file: str
-    pixels_sha256: str
-    index_file: str
-    index_sha256: str
+    shards: tuple[Shard, ...]
+    keys_file: str
+    keys_sha256: str
     content_sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "images": self.images,
+            "shards": [shard.to_dict() for shard in self.shards],
+            "keys_file": self.keys_file,
+            "keys_sha256": self.keys_sha256,
+            "content_sha256": self.content_sha256,
+        }
+
+    @classmethod
+    def from_dict(cls, name: str, data: dict[str, Any]) -> ImageSplitEntry:
+        return cls(
+            name=name,
+            images=int(data["images"]),
+            shards=tuple(Shard.from_dict(shard) for shard in data["shards"]),
+            keys_file=str(data["keys_file"]),
+            keys_sha256=str(data["keys_sha256"]),
+            content_sha256=str(data["content_sha256"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -126,7 +149,7 @@ class ImageManifest:
             "channel_mean": list(self.channel_mean),
             "channel_std": list(self.channel_std),
             "stats": vars(self.stats),
-            "splits": {entry.name: without_name(entry) for entry in self.splits},
+            "splits": {entry.name: entry.to_dict() for entry in self.splits},
             "raw_files": [vars(entry) for entry in self.raw_files],
         }
         return json.dumps(document, indent=1) + "\n"
@@ -147,7 +170,7 @@ def _from_document(document: dict[str, Any]) -> ImageManifest:
         classes=tuple(str(name) for name in document["classes"]),
         split=SplitFractions(**split["fractions"]),
         raw_files=tuple(RawImageEntry(**entry) for entry in document["raw_files"]),
-        splits=tuple(ImageSplitEntry(name=name, **splits[name]) for name in SPLIT_NAMES),
+        splits=tuple(ImageSplitEntry.from_dict(name, splits[name]) for name in SPLIT_NAMES),
         channel_mean=tuple(float(value) for value in document["channel_mean"]),
         channel_std=tuple(float(value) for value in document["channel_std"]),
         stats=PrepStats(**document["stats"]),
@@ -179,55 +202,91 @@ def read_manifest(data_dir: Path) -> ImageManifest:
 # -- splits -------------------------------------------------------------------------------------------------
 
 
-def split_files(name: str, arrays: SplitArrays) -> tuple[dict[str, bytes], ImageSplitEntry]:
-    """The two files that store a split, and the manifest's entry for them."""
-    buffer = io.BytesIO()
-    np.lib.format.write_array(buffer, np.ascontiguousarray(arrays.pixels, dtype=np.uint8), allow_pickle=False)
-    pixels = buffer.getvalue()
-    index = json.dumps({"keys": list(arrays.keys), "labels": arrays.labels.tolist()}).encode()
+def split_files(
+    name: str, arrays: SplitArrays, shard_bytes: int = SHARD_BYTES
+) -> tuple[dict[str, bytes], ImageSplitEntry]:
+    """The files that store a split (its shards of at most `shard_bytes` of pixels, and its keys), and the
+    manifest's entry for them."""
+    files, shards = split_shards(
+        name,
+        np.ascontiguousarray(arrays.pixels, dtype=np.uint8),
+        np.asarray(arrays.labels, dtype=np.int64),
+        shard_bytes,
+    )
+    keys = json.dumps(list(arrays.keys)).encode()
     entry = ImageSplitEntry(
         name=name,
         images=len(arrays),
-        pixels_file=f"{name}.npy",
-        pixels_sha256=hashlib.sha256(pixels).hexdigest(),
-        index_file=f"{name}.json",
-        index_sha256=hashlib.sha256(index).hexdigest(),
+        shards=tuple(shards),
+        keys_file=f"{name}.keys.json",
+        keys_sha256=hashlib.sha256(keys).hexdigest(),
         content_sha256=content_sha256(arrays),
     )
-    return {entry.pixels_file: pixels, entry.index_file: index}, entry
+    return {**files, entry.keys_file: keys}, entry
 
 
-def read_split(data_dir: Path, manifest: ImageManifest, name: str) -> SplitArrays:
-    """One split's arrays, after checking both files are byte for byte the ones the manifest names."""
+def open_pixels(data_dir: Path, manifest: ImageManifest, name: str) -> ShardSplit:
+    """One split's shards, opened: `split[indices]` gives `(uint8 pixels [n, height, width, 3],
+    int64 class indices [n])`. Every file is checked against its sha256 first, then its shape and class
+    indices against the manifest, so what is read is what prepare wrote for it."""
     entry = manifest.split_entry(name)
-    pixels_bytes = _verified_bytes(data_dir / entry.pixels_file, entry.pixels_sha256, name)
-    index_bytes = _verified_bytes(data_dir / entry.index_file, entry.index_sha256, name)
-    pixels = np.lib.format.read_array(io.BytesIO(pixels_bytes), allow_pickle=False)
-    index = json.loads(index_bytes)
-    keys, labels = tuple(index["keys"]), np.asarray(index["labels"], dtype=np.int64)
-    expected_shape = (entry.images, *manifest.size, 3)
-    if pixels.dtype != np.uint8 or pixels.shape != expected_shape or len(keys) != entry.images:
+    try:
+        split = open_split(data_dir, entry.shards)
+    except InputError as error:
+        raise InputError(f"{error}; {RERUN_HINT}") from None
+    for shard in entry.shards:
+        _check_shard(data_dir, shard, manifest)
+    if len(split) != entry.images:
         raise InputError(
-            f"{data_dir / entry.pixels_file}: holds {pixels.dtype} {pixels.shape} for {len(keys)} keys, "
-            f"not uint8 {expected_shape} as the manifest says; {RERUN_HINT}"
+            f"{data_dir}: the {name} split's shards hold {len(split)} images, not {entry.images} as the "
+            f"manifest says; {RERUN_HINT}"
         )
-    if labels.shape != (entry.images,) or (
-        labels.size and not 0 <= labels.min() <= labels.max() < len(manifest.classes)
-    ):
-        raise InputError(
-            f"{data_dir / entry.index_file}: class indices differ from the manifest; {RERUN_HINT}"
-        )
-    return SplitArrays(keys=keys, labels=labels, pixels=pixels)
+    return split
 
 
-def _verified_bytes(path: Path, sha256: str, split: str) -> bytes:
+def _check_shard(data_dir: Path, shard: Shard, manifest: ImageManifest) -> None:
+    """A verified shard holds what the manifest says: `rows` images at its size, each with the index of one
+    of its classes. Both files are mapped for the check alone: the pixels' shape is read from the header,
+    and only the class indices (8 bytes an image) are read."""
+    pixels = np.load(data_dir / shard.inputs, mmap_mode="r", allow_pickle=False)
+    labels = np.load(data_dir / shard.targets, mmap_mode="r", allow_pickle=False)
+    expected = (shard.rows, *manifest.size, 3)
+    found = (pixels.dtype, pixels.shape, labels.dtype, labels.shape)
+    if found != (np.uint8, expected, np.int64, expected[:1]):
+        raise InputError(
+            f"{data_dir / shard.inputs}: holds {pixels.dtype} {pixels.shape} with {labels.dtype} classes "
+            f"{labels.shape}, not uint8 {expected} with int64 classes {expected[:1]} as the manifest says; "
+            f"{RERUN_HINT}"
+        )
+    if labels.size and not 0 <= labels.min() <= labels.max() < len(manifest.classes):
+        raise InputError(
+            f"{data_dir / shard.targets}: class indices outside 0..{len(manifest.classes) - 1}, the "
+            f"manifest's classes; {RERUN_HINT}"
+        )
+
+
+def read_keys(data_dir: Path, manifest: ImageManifest, name: str) -> tuple[str, ...]:
+    """One split's image keys in row order, after checking their file is the one the manifest names."""
+    entry = manifest.split_entry(name)
+    path = data_dir / entry.keys_file
     try:
         data = path.read_bytes()
     except OSError as error:
-        raise InputError(f"{path}: cannot read the {split} split ({error.strerror}); {RERUN_HINT}") from error
-    if hashlib.sha256(data).hexdigest() != sha256:
+        raise InputError(f"{path}: cannot read the {name} split ({error.strerror}); {RERUN_HINT}") from error
+    if hashlib.sha256(data).hexdigest() != entry.keys_sha256:
         raise InputError(f"{path}: sha256 differs from the manifest, the file was changed; {RERUN_HINT}")
-    return data
+    keys = json.loads(data)
+    if len(keys) != entry.images:
+        raise InputError(f"{path}: {len(keys)} keys, not {entry.images} as the manifest says; {RERUN_HINT}")
+    return tuple(str(key) for key in keys)
+
+
+def read_split(data_dir: Path, manifest: ImageManifest, name: str) -> SplitArrays:
+    """One split's keys, class indices and pixels, whole in memory (checked as `open_pixels` and
+    `read_keys` check them): for looking at a version, not for training, which reads the shards."""
+    keys = read_keys(data_dir, manifest, name)
+    pixels, labels = open_pixels(data_dir, manifest, name)[slice(None)]
+    return SplitArrays(keys=keys, labels=labels.numpy(), pixels=pixels.numpy())
 
 
 def content_sha256(arrays: SplitArrays) -> str:

@@ -13,6 +13,11 @@ Options (keyword arguments; `[task.options]` in a model's configuration file):
 
 A registered model answers a uint8 array N×H×W×3 (or one H×W×3 image) at the trained size with each
 image's class folder name.
+
+Training, evaluation and drift read the prepared shards (training/data/shards.py) a batch at a time: a
+batch is gathered as uint8 pixels and scaled to the model's float32 input as it is read, the same values,
+element for element, as scaling the whole split up front gave. A split beyond the shards' budget stays in
+the page cache, which the ranks of a node share; what a rank allocates is a batch, not the split.
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from torch import nn
 
 from core.errors import InputError
 from core.metrics import BUILTIN_TASK_METRICS
+from training.data.shards import ShardSplit
 from training.data.splits import SPLIT_NAMES, SplitFractions
-from training.tasks.base import FeatureTable, TaskData, TensorSplit
-from training.tasks.classification import score_classifier
+from training.tasks.base import FeatureTable, TaskData
+from training.tasks.classification import metrics_from_logits
 from training.tasks.image.features import prepared_features, raw_folder_features
-from training.tasks.image.manifest import RERUN_HINT, read_manifest, read_split
+from training.tasks.image.manifest import RERUN_HINT, open_pixels, read_manifest
 from training.tasks.image.model import CnnConfig, ImageClassifier, InChunks, augment
 from training.tasks.image.prepare import prepare_images
 from training.tasks.image.raw_images import RAW_SUFFIXES, list_labelled_images
@@ -99,12 +105,7 @@ class ImageTask:
                 f"{data_dir}: images prepared at {_show(manifest.size)}, but the task's size is "
                 f"{_show(self.size)}; set the image task option size={list(manifest.size)} or {RERUN_HINT}"
             )
-        splits = {}
-        for name in SPLIT_NAMES:
-            arrays = read_split(data_dir, manifest, name)
-            splits[name] = TensorSplit(
-                pixels_to_inputs(arrays.pixels), torch.from_numpy(arrays.labels.copy()), arrays.keys
-            )
+        splits = {name: ImageSplit(open_pixels(data_dir, manifest, name)) for name in SPLIT_NAMES}
         counts = ", ".join(f"{name} {len(split)}" for name, split in splits.items())
         log.info("loaded image data version %s from %s: %s", manifest.data_version, data_dir, counts)
         info = {
@@ -128,13 +129,28 @@ class ImageTask:
         return nn.functional.cross_entropy(model(images), labels)
 
     def score(self, model: nn.Module, split: Any) -> dict[str, float]:
+        """Every metric over the whole split, read and scored a chunk of images at a time (InChunks' chunks,
+        so the model sees the batches it always did): what is held at once is one chunk's images and
+        activations, and each image's logits. `model`'s mode is restored afterwards."""
         chunked = InChunks(model)
-        return score_classifier(chunked, split.inputs, split.targets.to(chunked.device))
+        was_training = model.training
+        model.eval()
+        logits, labels = [], []
+        try:
+            with torch.no_grad():
+                for rows in torch.arange(len(split)).split(chunked.chunk):
+                    images, targets = split[rows]
+                    logits.append(chunked(images))
+                    labels.append(targets)
+        finally:
+            model.train(was_training)
+        return metrics_from_logits(torch.cat(logits), torch.cat(labels).to(chunked.device))
 
     # -- serving -------------------------------------------------------------------------------------------
 
     def input_example(self, data: TaskData) -> Any:
-        inputs = data.split("test").inputs[:EXAMPLE_IMAGES]
+        test = data.split("test")
+        inputs, _ = test[torch.arange(min(EXAMPLE_IMAGES, len(test)))]
         return inputs_to_pixels(inputs)
 
     def predict(self, model: nn.Module, info: Mapping[str, Any], inputs: Any) -> Any:
@@ -149,10 +165,35 @@ class ImageTask:
         return prepared_features(Path(source)) if prepared else raw_folder_features(Path(source), self.size)
 
 
-def pixels_to_inputs(pixels: np.ndarray) -> torch.Tensor:
-    """uint8 (or 0..255 float) [N, H, W, 3] -> the model's input, float32 [N, 3, H, W] scaled to [0, 1]."""
-    tensor = torch.from_numpy(np.ascontiguousarray(pixels)).to(torch.float32).div(255.0)
-    return tensor.permute(0, 3, 1, 2).contiguous()
+class ImageSplit:
+    """A split of image shards as the model takes it: `split[indices]` (the engine's 1-D tensor of
+    global indices, or any index `ShardSplit` takes) is `(float32 [n, 3, H, W] in [0, 1], int64 [n])`;
+    `split[i]` one image and its class."""
+
+    def __init__(self, pixels: ShardSplit) -> None:
+        self.pixels = pixels
+
+    def __len__(self) -> int:
+        return len(self.pixels)
+
+    def __getitem__(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(index, int | np.integer):
+            inputs, targets = self[[int(index)]]
+            return inputs[0], targets[0]
+        pixels, labels = self.pixels[index]
+        return pixels_to_inputs(pixels), labels
+
+
+def pixels_to_inputs(pixels: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8 (or 0..255 float) [N, H, W, 3] -> the model's input, float32 [N, 3, H, W] scaled to [0, 1].
+    Each value is its own float32 division by 255 on the CPU, so a batch scaled alone equals the same rows
+    of the whole split scaled at once, bit for bit (a division by a scalar on the GPU may round otherwise)."""
+    if not isinstance(pixels, torch.Tensor):
+        pixels = torch.from_numpy(np.ascontiguousarray(pixels))
+    # One pass lays the copy out channels-first as float32; the copy is always new, so dividing it in place
+    # never touches the caller's array.
+    channels_first = pixels.permute(0, 3, 1, 2)
+    return channels_first.to(torch.float32, memory_format=torch.contiguous_format, copy=True).div_(255.0)
 
 
 def inputs_to_pixels(inputs: torch.Tensor) -> np.ndarray:

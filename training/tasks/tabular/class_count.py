@@ -55,4 +55,6 @@ def _labels(path: Path, label_column: str) -> np.ndarray | None:
         values = pc.cast(column, pa.int64()).to_numpy()
     except (*_READ_ERRORS, KeyError):
         return None
-    return values if values.size and int(values.min()) >= 0 else None
+    # Only which labels occur decides the count: a file's distinct labels, so the files' labels are never
+    # held together, however many rows they have.
+    return np.unique(values) if values.size and int(values.min()) >= 0 else None

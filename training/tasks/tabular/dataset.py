@@ -1,5 +1,6 @@
-"""Load a prepared data version for training: each split's shards, checked against the manifest and mapped
-into memory (training/data/shards.py), so a rank holds a bounded budget of the data, not all of it."""
+"""Load a prepared data version for training: each split's shards (one per part), checked against the
+manifest and opened (training/data/shards.py) less the rows later deliveries superseded, so a
+rank holds a bounded budget of the data, not all of it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from pathlib import Path
 import torch
 
 from core.errors import InputError
-from training.data.shards import MappedSplit, open_split
-from training.tasks.tabular.schema import RERUN_HINT, SPLIT_NAMES, Manifest, TableSchema, read_manifest
+from training.data.shards import ShardSplit, open_split
+from training.data.splits import SPLIT_NAMES
+from training.tasks.tabular.manifest import Manifest, read_manifest
+from training.tasks.tabular.parts import read_dead
+from training.tasks.tabular.schema import RERUN_HINT, TableSchema
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +32,7 @@ class SplitData:
     float64 values when prepared, before float32 could round a large fractional value to a whole one)."""
 
     name: str
-    rows: MappedSplit
+    rows: ShardSplit
     whole: tuple[bool, ...]
 
     def __len__(self) -> int:
@@ -82,13 +86,14 @@ def load_prepared(data_dir: Path) -> PreparedData:
     data_dir = Path(data_dir)
     manifest = read_manifest(data_dir)
     splits = {}
-    for name in SPLIT_NAMES:
-        entry = manifest.split_entry(name)
+    for index, name in enumerate(SPLIT_NAMES):
+        entries = [part.splits[index] for part in manifest.parts]
+        dead = [None if entry.dead is None else read_dead(data_dir, entry) for entry in entries]
         try:
-            rows = open_split(data_dir, entry.shards)
+            rows = open_split(data_dir, [entry.shard for entry in entries], dead=dead)
         except InputError as error:
             raise InputError(f"{error}; {RERUN_HINT}") from None
-        splits[name] = SplitData(name=name, rows=rows, whole=entry.whole)
+        splits[name] = SplitData(name=name, rows=rows, whole=manifest.split_whole(name))
     log.info(
         "loaded data version %s from %s: %s",
         manifest.data_version,

@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import hashlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,9 @@ _DERIVED_KEY_TAG = b"retrain-row/1\n"
 FINITE_FEATURE = "a finite number within float32's range (|x| <= 3.4e38)"
 EXPECTED_UTF8 = "UTF-8 text (save the CSV file as UTF-8)"
 _UTF8_CHUNK = 1 << 20
+_CSV_BLOCK_BYTES = 4 << 20  # what one CSV read parses at once: bounded, and large enough to read fast
+_BATCH_ROWS = 65536  # Parquet rows read at once
+_WHOLE_FILE = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,16 @@ def _usable_header(path: Path, schema: TableSchema) -> tuple[str, ...]:
 
 
 def read_raw_file(path: Path, schema: TableSchema) -> pa.Table:
-    """Read and validate one raw batch file; any problem raises an InputError naming file, row, column.
+    """Read and validate one whole raw batch file (for a file known to be small; prepare reads in chunks);
+    any problem raises an InputError naming file, row, column."""
+    chunks = list(read_raw_chunks(path, schema, _WHOLE_FILE))
+    return pa.concat_tables(chunks) if chunks else schema.prepared_arrow_schema().empty_table()
+
+
+def read_raw_chunks(path: Path, schema: TableSchema, rows: int) -> Iterator[pa.Table]:
+    """One raw batch file as validated tables of `rows` consecutive data rows each (the last may hold fewer;
+    a file of no data rows gives none), read in bounded blocks so a file larger than memory never is held
+    whole. A problem raises an InputError naming file, row (counted through the whole file) and column.
 
     `schema` must know its feature columns (`with_features`); its class count may still be open."""
     if path.stat().st_size == 0:
@@ -184,29 +197,56 @@ def read_raw_file(path: Path, schema: TableSchema) -> pa.Table:
             f"{escaped(path)}: the file is empty (0 bytes); expected a header row with "
             f"{schema.describe_columns()}"
         )
-    table = _parse(path, schema)
-    _check_columns(path, table.column_names, schema)
-    return _validated(path, table, schema)
-
-
-def _parse(path: Path, schema: TableSchema) -> pa.Table:
+    batches = _batches(path, schema)
     try:
-        if path.suffix.lower() == ".parquet":
-            return pq.read_table(path)
-        # Read every expected column as text; converting afterwards lets a failure be traced to its row.
-        text_columns = {name: pa.string() for name in schema.columns}
-        table = pa_csv.read_csv(path, convert_options=pa_csv.ConvertOptions(column_types=text_columns))
-        table.column_names  # noqa: B018 - pyarrow decodes a header that is not UTF-8 only when asked
-        return table
+        names = next(batches)
     except (*_CONVERSION_ERRORS, OSError, UnicodeDecodeError) as error:
-        # pyarrow reports bytes that are not UTF-8 as a conversion error, or a UnicodeDecodeError when
-        # they are in the header; scanning only once parsing failed keeps the common path at one read.
-        found = (
-            None if path.suffix.lower() == ".parquet" or isinstance(error, OSError) else _first_non_utf8(path)
-        )
-        if found is not None:
-            raise _not_utf8(path, found) from error
-        raise _unreadable(path, error) from error
+        raise _parse_error(path, error) from error
+    _check_columns(path, names, schema)
+    pending: list[pa.RecordBatch] = []
+    held = first_row = 0
+    while True:
+        try:
+            batch = next(batches, None)
+        except (*_CONVERSION_ERRORS, OSError, UnicodeDecodeError) as error:
+            raise _parse_error(path, error) from error
+        if batch is not None:
+            pending.append(batch)
+            held += batch.num_rows
+        while held >= rows or (batch is None and held):
+            table = pa.Table.from_batches(pending).combine_chunks()
+            chunk, rest = table.slice(0, rows), table.slice(rows)
+            yield _validated(path, chunk, schema, first_row)
+            first_row += chunk.num_rows
+            pending, held = rest.to_batches(), rest.num_rows
+        if batch is None:
+            return
+
+
+def _batches(path: Path, schema: TableSchema) -> Iterator[Any]:
+    """The file's column names, then its record batches in order, each of bounded size."""
+    if path.suffix.lower() == ".parquet":
+        with pq.ParquetFile(path) as parquet:
+            yield list(parquet.schema_arrow.names)
+            yield from parquet.iter_batches(batch_size=_BATCH_ROWS, use_threads=False)
+        return
+    # Read every expected column as text; converting afterwards lets a failure be traced to its row.
+    text_columns = {name: pa.string() for name in schema.columns}
+    reader = pa_csv.open_csv(
+        path,
+        read_options=pa_csv.ReadOptions(block_size=_CSV_BLOCK_BYTES, use_threads=False),
+        convert_options=pa_csv.ConvertOptions(column_types=text_columns),
+    )
+    with reader:
+        yield list(reader.schema.names)  # pyarrow decodes a header that is not UTF-8 only when asked
+        yield from reader
+
+
+def _parse_error(path: Path, error: Exception) -> InputError:
+    # pyarrow reports bytes that are not UTF-8 as a conversion error, or a UnicodeDecodeError when they are
+    # in the header; scanning only once parsing failed keeps the common path at one read.
+    found = None if path.suffix.lower() == ".parquet" or isinstance(error, OSError) else _first_non_utf8(path)
+    return _not_utf8(path, found) if found is not None else _unreadable(path, error)
 
 
 def _unreadable(path: Path, error: Exception) -> InputError:
@@ -255,7 +295,8 @@ def _check_columns(path: Path, names: list[str], schema: TableSchema) -> None:
             raise InputError(f"{escaped(path)}: {problem} {label} {shown}; {expected}")
 
 
-def _validated(path: Path, table: pa.Table, schema: TableSchema) -> pa.Table:
+def _validated(path: Path, table: pa.Table, schema: TableSchema, first_row: int = 0) -> pa.Table:
+    """`table` (data rows `first_row + 1`.. of the file at `path`) converted and checked."""
     positions = {name: position for position, name in enumerate(table.column_names)}
     converted: dict[str, pa.ChunkedArray] = {}
     problems: list[_Problem] = []
@@ -274,13 +315,15 @@ def _validated(path: Path, table: pa.Table, schema: TableSchema) -> pa.Table:
     if problems:
         first = min(problems, key=lambda problem: (problem.row_index, problem.column_position))
         raise InputError(
-            f"{escaped(path)}: data row {first.row_index + 1}, column {first.column!r}: expected "
+            f"{escaped(path)}: data row {first_row + first.row_index + 1}, column {first.column!r}: expected "
             f"{first.expected}, got {_show(first.value)}"
         )
     if not schema.key_column:
         converted[DERIVED_KEY_COLUMN] = derived_keys(converted, schema)
     converted[SOURCE_FILE_COLUMN] = pa.chunked_array([pa.array([path.name] * table.num_rows, pa.string())])
-    converted[SOURCE_ROW_COLUMN] = pa.chunked_array([pa.array(np.arange(1, table.num_rows + 1), pa.int64())])
+    converted[SOURCE_ROW_COLUMN] = pa.chunked_array(
+        [pa.array(np.arange(first_row + 1, first_row + table.num_rows + 1), pa.int64())]
+    )
     arrow_schema = schema.prepared_arrow_schema()
     return pa.Table.from_arrays([converted[name] for name in arrow_schema.names], schema=arrow_schema)
 
@@ -294,21 +337,28 @@ def _target(name: str, schema: TableSchema) -> tuple[pa.DataType, str]:
 
 
 def derived_keys(converted: dict[str, pa.ChunkedArray], schema: TableSchema) -> pa.ChunkedArray:
-    """Each row's key in a table without a key column: a hash of its label and feature values (as
-    validated numbers, so `1` and `1.0` are the same row), which exact duplicates share."""
-    labels = converted[schema.label_column].to_numpy().astype("<i8")
-    features = np.column_stack(
-        [converted[name].to_numpy().astype("<f8") for name in schema.feature_columns or ()]
+    """Each row's key in a table without a key column: its row digest (`row_digests`) in hex, which exact
+    duplicates share."""
+    labels = converted[schema.label_column].to_numpy()
+    features = np.column_stack([converted[name].to_numpy() for name in schema.feature_columns or ()])
+    return pa.chunked_array(
+        [pa.array([digest.hex() for digest in row_digests(labels, features)], pa.string())]
     )
-    features = np.ascontiguousarray(features + 0.0, dtype="<f8")  # -0.0 and 0.0 are one value
-    rows = np.concatenate([labels.reshape(-1, 1).view(np.uint8), features.view(np.uint8)], axis=1)
+
+
+def row_digests(labels: np.ndarray, features: np.ndarray) -> list[bytes]:
+    """16 bytes per row, a hash of its label and feature values as validated numbers (so `1` and `1.0`, and
+    -0.0 and 0.0, are the same row): equal rows, and only they, share one."""
+    labels = np.ascontiguousarray(labels, dtype="<i8").reshape(-1, 1)
+    features = np.ascontiguousarray(np.asarray(features, dtype="<f8") + 0.0, dtype="<f8")
+    rows = np.concatenate([labels.view(np.uint8), features.view(np.uint8)], axis=1)
     tagged = hashlib.sha256(_DERIVED_KEY_TAG)
-    keys = []
+    digests = []
     for row in rows:
         digest = tagged.copy()
         digest.update(row.tobytes())
-        keys.append(digest.hexdigest()[:32])
-    return pa.chunked_array([pa.array(keys, pa.string())])
+        digests.append(digest.digest()[:16])
+    return digests
 
 
 def _class_indices(column: pa.ChunkedArray, schema: TableSchema) -> tuple[pa.ChunkedArray | None, int | None]:

@@ -1,36 +1,18 @@
-"""The shapes of the data: the raw table's columns, the split configuration, and the manifest of a
-prepared data version.
-
-The manifest is the contract between `training.tasks.tabular.prepare`, which writes a data version, and
-`training.tasks.tabular.dataset`, which loads it for the trainer; both sides go through the readers here.
-"""
+"""The shape of the data: the raw table's columns and what they mean (the manifest of a prepared version is
+training/tasks/tabular/manifest.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from core.errors import InputError
 from core.text import escaped
-from training.data.shards import Shard
-from training.data.splits import SPLIT_NAMES, SplitFractions, split_config
-from training.data.versions import (
-    MANIFEST_NAME,
-    check_split_document,
-    content_version,
-    parse_manifest,
-    split_entry,
-)
 
-FORMAT = "retrain-prepared/2"  # /2: each split also as memory-mappable shards, and its whole columns
 SOURCE_FILE_COLUMN = "source_file"
 SOURCE_ROW_COLUMN = "source_row"
 # The key of a row in a table without a key column: a hash of its label and feature values.
@@ -203,178 +185,6 @@ DIGITS_SCHEMA = TableSchema(
     feature_columns=tuple(f"pixel_{index}" for index in range(64)),
     n_classes=10,
 )
-
-
-@dataclass(frozen=True)
-class RawFileEntry:
-    """One raw batch file a data version was built from."""
-
-    name: str
-    sha256: str
-    rows: int
-    bytes: int
-
-
-@dataclass(frozen=True)
-class SplitEntry:
-    """One prepared split: its Parquet file (every column, values exact; `file_sha256` its bytes), its
-    content (`content_sha256` hashes the rows), the shards training maps (features as float32, labels:
-    training/data/shards.py), and which feature columns hold only whole numbers in it."""
-
-    name: str
-    file: str
-    rows: int
-    file_sha256: str
-    content_sha256: str
-    shards: tuple[Shard, ...] = ()
-    whole: tuple[bool, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "rows": self.rows,
-            "file_sha256": self.file_sha256,
-            "content_sha256": self.content_sha256,
-            "shards": [shard.to_dict() for shard in self.shards],
-            "whole": list(self.whole),
-        }
-
-    @classmethod
-    def from_dict(cls, name: str, data: dict[str, Any]) -> SplitEntry:
-        return cls(
-            name=name,
-            file=data["file"],
-            rows=int(data["rows"]),
-            file_sha256=data["file_sha256"],
-            content_sha256=data["content_sha256"],
-            shards=tuple(Shard.from_dict(shard) for shard in data["shards"]),
-            whole=tuple(bool(flag) for flag in data["whole"]),
-        )
-
-
-@dataclass(frozen=True)
-class PrepStats:
-    """Row counts: raw_rows = unique_rows + exact_duplicates + superseded.
-
-    A dropped row is an exact duplicate when it equals the next delivery of its key, and superseded when
-    that next delivery differs from it.
-    """
-
-    raw_rows: int
-    unique_rows: int
-    exact_duplicates: int
-    superseded: int
-
-
-@dataclass(frozen=True)
-class Normalization:
-    """Per-feature mean and standard deviation of the train split (population std, float64)."""
-
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """Everything known about one prepared data version; `data_version` is derived from its content."""
-
-    schema: TableSchema
-    split: SplitFractions
-    raw_files: tuple[RawFileEntry, ...]
-    splits: tuple[SplitEntry, ...]
-    stats: PrepStats
-    normalization: Normalization
-    previous_version: str | None
-    created_at: str
-    format: str = FORMAT
-
-    @property
-    def data_version(self) -> str:
-        """`dv-` + 16 hex digits over the content-defining fields only (not provenance or time)."""
-        content = {
-            "format": self.format,
-            "schema": self.schema.to_dict(),
-            "split": split_config(self.split),
-            "splits": {entry.name: entry.content_sha256 for entry in self.splits},
-        }
-        return content_version(content)
-
-    def split_entry(self, name: str) -> SplitEntry:
-        return split_entry(self.splits, name)
-
-    def to_json(self) -> str:
-        document = {
-            "format": self.format,
-            "data_version": self.data_version,
-            "previous_version": self.previous_version,
-            "created_at": self.created_at,
-            "schema": self.schema.to_dict(),
-            "split": split_config(self.split),
-            "raw_files": [vars(entry) for entry in self.raw_files],
-            "splits": {entry.name: entry.to_dict() for entry in self.splits},
-            "stats": vars(self.stats),
-            "normalization": {"mean": list(self.normalization.mean), "std": list(self.normalization.std)},
-        }
-        return json.dumps(document, indent=2) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, source: str = "manifest") -> Manifest:
-        return parse_manifest(text, source, _manifest_from_document, "data version manifest", RERUN_HINT)
-
-
-def _manifest_from_document(document: dict[str, Any]) -> Manifest:
-    if document["format"] != FORMAT:
-        raise ValueError(f"format {document['format']!r} is not {FORMAT!r}")
-    split, splits = document["split"], document["splits"]
-    check_split_document(split, splits)
-    schema = TableSchema.from_dict(document["schema"])
-    if not schema.is_resolved:
-        raise ValueError("its schema leaves the feature columns or the class count open")
-    return Manifest(
-        schema=schema,
-        split=SplitFractions(**split["fractions"]),
-        raw_files=tuple(RawFileEntry(**entry) for entry in document["raw_files"]),
-        splits=tuple(SplitEntry.from_dict(name, splits[name]) for name in SPLIT_NAMES),
-        stats=PrepStats(**document["stats"]),
-        normalization=Normalization(
-            mean=tuple(float(value) for value in document["normalization"]["mean"]),
-            std=tuple(float(value) for value in document["normalization"]["std"]),
-        ),
-        previous_version=document["previous_version"],
-        created_at=document["created_at"],
-    )
-
-
-def read_manifest(data_dir: Path) -> Manifest:
-    """The manifest of a prepared data version folder."""
-    path = data_dir / MANIFEST_NAME
-    if not path.is_file():
-        raise InputError(
-            f"{data_dir}: no {MANIFEST_NAME}, so it is not a prepared data version; {RERUN_HINT}"
-        )
-    return Manifest.from_json(path.read_text(encoding="utf-8"), source=str(path))
-
-
-def read_split_table(data_dir: Path, manifest: Manifest, name: str) -> pa.Table:
-    """One split's rows, after checking the file is byte for byte the one the manifest names."""
-    entry = manifest.split_entry(name)
-    path = data_dir / entry.file
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise InputError(f"{path}: cannot read the {name} split ({error.strerror}); {RERUN_HINT}") from error
-    if hashlib.sha256(data).hexdigest() != entry.file_sha256:
-        raise InputError(f"{path}: sha256 differs from the manifest, the file was changed; {RERUN_HINT}")
-    # ParquetFile reads on this thread and is closed here. `pq.read_table` would scan through Arrow's async
-    # dataset threads, and one of them could drop the last reference to `data` (a Python buffer) while the
-    # interpreter exits: it then needs the GIL, is told to exit instead, and the process aborts ("terminate
-    # called without an active exception", exit -6) after its work was done.
-    with pq.ParquetFile(pa.BufferReader(data)) as parquet:
-        table = parquet.read(use_threads=False)
-    expected = manifest.schema.prepared_arrow_schema()
-    if table.schema.remove_metadata() != expected:
-        raise InputError(f"{path}: columns differ from the manifest's schema; {RERUN_HINT}")
-    return table
 
 
 def feature_matrix(table: pa.Table, schema: TableSchema) -> np.ndarray:

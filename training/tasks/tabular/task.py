@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch import nn
 
@@ -30,16 +29,14 @@ from training.tasks.base import FeatureTable, MetricSet, TaskData
 from training.tasks.classification import metrics_from_logits, metrics_from_predictions
 from training.tasks.tabular.class_count import raw_class_count
 from training.tasks.tabular.dataset import load_prepared
+from training.tasks.tabular.dedupe import deduplicate
+from training.tasks.tabular.key_sample import KeySample
+from training.tasks.tabular.manifest import read_manifest
 from training.tasks.tabular.model import ModelConfig, TabularClassifier
-from training.tasks.tabular.prepare import deduplicate, prepare
-from training.tasks.tabular.raw_files import RAW_SUFFIXES, list_raw_files, read_raw_file, with_features
-from training.tasks.tabular.schema import (
-    DIGITS_SCHEMA,
-    TableSchema,
-    feature_matrix,
-    read_manifest,
-    read_split_table,
-)
+from training.tasks.tabular.parts import TRAIN, live_tables, part_rows
+from training.tasks.tabular.prepare import prepare
+from training.tasks.tabular.raw_files import RAW_SUFFIXES, list_raw_files, read_raw_chunks, with_features
+from training.tasks.tabular.schema import DIGITS_SCHEMA, TableSchema, feature_matrix
 
 # The options that make the task's schema the digits sample's exactly (the defaults find the same columns
 # in the sample's files; these pin them, as a configuration file would).
@@ -223,18 +220,26 @@ class TabularTask:
     # -- drift -----------------------------------------------------------------------------------------
 
     def drift_features(self, source: Path, *, prepared: bool) -> FeatureTable:
+        """The train split's live rows, or the raw files' rows deduplicated, as a bounded sample by key
+        (training/tasks/tabular/key_sample.py), read one part or chunk at a time."""
         source = Path(source)
         if prepared:
             manifest = read_manifest(source)
-            table = read_split_table(source, manifest, REFERENCE_SPLIT)
-            if table.num_rows == 0:
+            schema, sample = manifest.schema, KeySample(manifest.schema)
+            for table in live_tables(source, manifest.parts, TRAIN):
+                sample.add(table)
+            table = sample.table()
+            if table is None or table.num_rows == 0:
                 raise InputError(f"{source}: its {REFERENCE_SPLIT} split holds no rows")
-            schema = manifest.schema
         else:
             paths = list_raw_files(source)
             schema = with_features(self.schema, paths)
-            table = pa.concat_tables([read_raw_file(path, schema) for path in paths])
-            if table.num_rows == 0:
+            sample = KeySample(schema)
+            for path in paths:
+                for chunk in read_raw_chunks(path, schema, part_rows(schema)):
+                    sample.add(chunk)
+            table = sample.table()
+            if table is None or table.num_rows == 0:
                 raise InputError(
                     f"{source}: its {len(paths)} raw file(s) hold no data rows; expected rows under a "
                     f"header of {schema.describe_columns()}"
