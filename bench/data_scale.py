@@ -17,7 +17,7 @@ RSS is its own and its children's largest, read from wait4's resource usage.
                                                                        (<= 4, plus 8 MB)
 3. That incremental prepare's time against a full prepare of the same raw files, and whether both give
    the same data version (its content hash).                          (<= 0.2; equal)
-4. Training throughput from the memory-mapped shards against the same task with every split held in
+4. Training throughput from the shards against the same task with every split held in
    memory (bench/in_memory_task.py, the path it took before), at 1x, a size that fits in memory: one
    training process, three epochs of the small MLP, alternating, 4 pairs; the median of each pair's
    samples/s ratio.                                                    (>= 0.95)
@@ -143,7 +143,7 @@ def steps_at(label: str, raw: Path, environ: dict[str, str]) -> dict[str, Any]:
 
 
 def shards_against_memory(prepared: Path, environ: dict[str, str], rounds: int = 4) -> dict[str, Any]:
-    """samples/s of one training process over the mapped shards, against the same task with every split
+    """samples/s of one training process over the shards, against the same task with every split
     held in memory (bench/in_memory_task.py), alternating which goes first: the median of the pairs."""
     tasks = {"memory": f"{REPO_ROOT / 'bench' / 'in_memory_task.py'}:InMemoryTabular", "shards": "tabular"}
     pairs = []

@@ -1,5 +1,5 @@
 """The built-in tabular task with every split held in memory: the baseline bench/data_scale.py trains
-against, the path the task took before it trained from memory-mapped shards (training/data/shards.py)."""
+against, the path the task took before it trained from shards (training/data/shards.py)."""
 
 from __future__ import annotations
 
