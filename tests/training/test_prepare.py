@@ -4,8 +4,11 @@ import csv
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.training.filling_disk import can_mount, tmpfs
 
 from core.errors import InputError
 from training.cli import main
@@ -584,3 +588,39 @@ def test_parts_chain_to_the_full_preparation_and_to_last_delivery_wins(tmp_path)
     )
     np.testing.assert_allclose(full.normalization.mean, values.mean(axis=0), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(full.normalization.std, values.std(axis=0), rtol=1e-9, atol=1e-12)
+
+
+_LIMITED_PREPARE = """
+import resource, signal, sys
+from pathlib import Path
+from core.errors import InputError
+from training.tasks.tabular.prepare import prepare
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails (EFBIG), as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    prepare(Path(sys.argv[1]), Path(sys.argv[2]))
+except InputError as error:
+    print(error)
+"""
+
+
+def test_a_disk_without_room_fails_prepare_in_one_line_and_leaves_nothing(sample_raw, tmp_path):
+    disk = tmp_path / "disk"
+    if can_mount():  # a real disk of 256 KiB, which the version (about 1 MB) does not fit
+        with tmpfs(disk, "size=256k"):
+            with pytest.raises(InputError) as raised:
+                prepare(sample_raw, disk / "v1")
+            line = str(raised.value)
+            left = os.listdir(disk)
+    else:  # no small disk to be had: a file size limit makes the kernel refuse the writes alike
+        disk.mkdir()
+        line = subprocess.run(
+            [sys.executable, "-c", _LIMITED_PREPARE, str(sample_raw), str(disk / "v1")],
+            capture_output=True, text=True, check=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+        ).stdout.strip()  # fmt: skip
+        left = os.listdir(disk)
+
+    assert "\n" not in line
+    assert line.startswith(f"{disk / 'v1'}: cannot write the prepared data (")
+    assert line.endswith("expected a writable folder with room for the data version")
+    assert left == []  # no version, no parts, no staging

@@ -132,13 +132,22 @@ def prepare(
 @contextlib.contextmanager
 def _scratch(out: Path) -> Iterator[Path]:
     """A private folder for the new parts on `out`'s file system (so publishing links, never copies them):
-    inside `out` when it exists (an Azure ML output mount, which cannot be replaced), else beside it."""
+    inside `out` when it exists (an Azure ML output mount, which cannot be replaced), else beside it. It
+    goes on every way out, and a file system error within (a full disk, a folder that refuses writes)
+    becomes one line naming `out`: nothing of the version is left."""
     created = [] if out.exists() else make_parents(out.parent)
-    folder = Path(tempfile.mkdtemp(prefix=f".{out.name}.parts-", dir=out if out.exists() else out.parent))
     try:
-        yield folder
+        folder = Path(tempfile.mkdtemp(prefix=f".{out.name}.parts-", dir=out if out.exists() else out.parent))
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    except OSError as error:
+        raise InputError(
+            f"{escaped(out)}: cannot write the prepared data ({escaped(str(error))}); expected a writable "
+            "folder with room for the data version"
+        ) from error
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
         if not out.exists():
             for parent in reversed(created):
                 with contextlib.suppress(OSError):
