@@ -25,7 +25,6 @@ report (killed by a signal) gets one written here, naming its rank and how it en
 from __future__ import annotations
 
 import os
-import runpy
 import signal
 import sys
 from pathlib import Path
@@ -50,8 +49,12 @@ def main() -> int:
         _name_rendezvous_events_cheaply()
 
     try:
-        # torchrun reads sys.argv[1:], which are the arguments this module was given.
-        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+        # torchrun's `main` reads sys.argv[1:], which are the arguments this module was given. Called, not
+        # run as `__main__` with runpy: a warm process has imported the module already, and runpy would warn
+        # "'torch.distributed.run' found in sys.modules" at the head of every train log.
+        from torch.distributed.run import main as torchrun
+
+        torchrun()
     except ChildFailedError as error:
         # torchrun has copied the first failed worker's report into its own error file; its traceback
         # and table would bury that reason, which the launcher above prints in one line.
