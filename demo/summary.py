@@ -108,7 +108,7 @@ def where_lines(say: Narrator, record: DemoRecord, plots: Sequence[Path]) -> Non
     say.line(f"  drift report {Path(record.drift['out']) / 'drift.json'}")
     say.line(f"  ledger       {home / 'ledger'}        (retrain ledger, with RETRAIN_HOME={home})")
     say.line(f"  runs         {home / 'runs'}          (retrain runs)")
-    say.line(f"  registry     {home / 'mlflow.db'}    (retrain models; mlflow ui --backend-store-uri ...)")
+    say.line(f"  registry     {home / 'mlflow.db'}    (retrain models --model-name NAME; mlflow ui ...)")
 
 
 def summarise(

@@ -189,3 +189,23 @@ def test_rollback_without_a_champion_is_refused(harness: Harness, capsys):
     )
     assert code == 2
     assert err == "retrain: error: model 'nothing-here' has no champion; there is nothing to roll back\n"
+
+
+def test_without_model_name_the_one_registered_model_is_meant_and_several_are_refused(capsys, tmp_path: Path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'registry.db'}"
+    client = MlflowClient(uri, uri)
+    client.create_registered_model("houses")
+    capsys.readouterr()  # MLflow's own lines as it creates the database
+    code = main(["models", "--json", "--mlflow-tracking-uri", uri])
+    assert code == 0 and json.loads(capsys.readouterr().out)["model_name"] == "houses"  # the only one
+
+    client.create_registered_model("digits")
+    for argv in (["models"], ["lineage", "1"], ["rollback", "--reason", "test"]):
+        code = main([*argv, "--mlflow-tracking-uri", uri])
+        err = capsys.readouterr().err.strip()
+        assert code == 2, argv
+        expected = "2 models are registered (digits, houses); expected --model-name NAME, one of them"
+        assert err == f"retrain: error: {expected}"
+    assert not client.get_registered_model("houses").aliases  # nothing changed: no rollback happened

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from core.errors import InputError
 from core.flags import add_flags, config_from_namespace
 from training.gate.options import (
     DEFAULT_HOST,
@@ -41,11 +42,23 @@ LISTED_METRICS = 3
 
 
 def _registry(args: argparse.Namespace) -> ModelRegistry:
+    """The registry, with `args.model_name` settled: as given, else the one model registered there. With
+    several, which one is meant is not guessed (one line asks for --model-name); with none, the default
+    name stands, so that `models` says it has no versions."""
     from core.names import check_model_name
     from training.gate.registry import ModelRegistry, resolve_store
 
+    registry = ModelRegistry(resolve_store(args.mlflow_tracking_uri, args.environ, args.state_root))
+    if args.model_name is None:
+        names = registry.model_names()
+        if len(names) > 1:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            raise InputError(
+                f"{len(names)} models are registered ({shown}); expected --model-name NAME, one of them"
+            )
+        args.model_name = names[0] if names else DEFAULT_MODEL_NAME
     check_model_name(args.model_name, "--model-name")
-    return ModelRegistry(resolve_store(args.mlflow_tracking_uri, args.environ, args.state_root))
+    return registry
 
 
 def _lock(args: argparse.Namespace) -> RegistryLock:
@@ -257,8 +270,7 @@ def _print_lineage(report: dict[str, Any], stream: TextIO) -> None:
 def _add_registry_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-name",
-        default=DEFAULT_MODEL_NAME,
-        help=f"{MODEL_NAME_HELP} (default {DEFAULT_MODEL_NAME})",
+        help=f"{MODEL_NAME_HELP} (default: the one model registered; needed when there are several)",
     )
     parser.add_argument("--mlflow-tracking-uri", help=TRACKING_HELP)
 

@@ -176,6 +176,18 @@ class ModelRegistry:
                 raise
         return self._info(found, self.aliases(name))
 
+    def model_names(self) -> list[str]:
+        """Every registered model's name, sorted."""
+        names: list[str] = []
+        with _registry_errors("list the registered models", self.store):
+            token = None
+            while True:
+                page = self._client.search_registered_models(max_results=1000, page_token=token)
+                names += [model.name for model in page]
+                token = page.token
+                if not token:
+                    return sorted(names)
+
     def versions(self, name: str) -> list[VersionInfo]:
         """Every version of `name`, newest first; [] when it has not been registered yet."""
         aliases = self.aliases(name)
