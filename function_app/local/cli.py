@@ -246,7 +246,10 @@ def watch_command(args: argparse.Namespace) -> int:
         else:
             source = FolderSource(_watched_folder(args, front.settings), scope)
         watchers.append(Watcher(source, scope, Path(args.state_root), deliver_blob, utc_now))
-        shown_as = "" if args.container else f" as {scope.container_url}/{scope.folder}"
+        levels = (
+            "directly in it" if scope.depth == 1 else f"in it or {scope.depth - 1} level(s) of sub-folders"
+        )
+        shown_as = "" if args.container else f" as {scope.container_url}/{scope.folder} (the files {levels})"
         print(f"watching {source.description}{shown_as}", flush=True)
     while True:
         try:

@@ -50,6 +50,7 @@ WATCH_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
 WATCH_RESOURCE_GROUP = "retrain-watch"
 _EVENT_NAMESPACE = uuid.UUID("5d1c8c3e-6f55-4c1e-9a7e-3f1f3c2b9a10")  # event ids: uuid5 of url + eTag
 LINK = "symbolic link"  # a folder source's memo of a link it refused (and said so)
+TOO_DEEP = "too deep"  # its memo of a sub-folder whose files lie below the scope's depth (said so)
 
 
 class WatchError(RetrainError):
@@ -117,7 +118,18 @@ class FolderSource:
         if not self.folder.is_dir():
             raise WatchError(f"landing folder {self.folder}: not a folder; expected the folder to watch")
         blobs, memo = [], {}
-        files, links = _visible_files(self.folder, self.scope.depth)
+        files, links, deep = _visible_files(self.folder, self.scope.depth)
+        for relative in deep:
+            # A file one level too deep is the commonest slip (`landing/<model>/x.csv` where the folder is
+            # already the model's prefix): it is never delivered, so say why once, until it is gone.
+            if cache.get(relative) != TOO_DEEP:
+                below = "" if self.scope.depth == 1 else f" or {self.scope.depth - 1} level(s) below it"
+                log.warning(
+                    "landing folder %s: %s holds files below the folder's depth, which are not delivered; "
+                    "expected them in the landing folder itself%s, which stands for %s/%s",
+                    self.folder, escaped(relative), below, self.scope.container_url, self.scope.folder,
+                )  # fmt: skip
+            memo[relative] = TOO_DEEP
         for relative in links:
             # A link could stand for any file on this machine (`ln -s /etc/passwd x.csv`): it is never
             # followed, nor delivered. Said once, until it is gone or replaced.
@@ -143,12 +155,13 @@ class FolderSource:
         return blobs, memo
 
 
-def _visible_files(folder: Path, depth: int) -> tuple[list[tuple[str, Path]], list[str]]:
+def _visible_files(folder: Path, depth: int) -> tuple[list[tuple[str, Path]], list[str], list[str]]:
     """(path relative to `folder`, path) of its non-hidden regular files, in non-hidden sub-folders down to
-    `depth` levels (1: its direct files), sorted; and the relative paths of the symbolic links among them
-    (to a file or a folder), which are never followed. Every suffix is announced: the front door rejects
-    what is not data, saying why, as Event Grid would report any blob."""
-    found, links = [], []
+    `depth` levels (1: its direct files), sorted; the relative paths of the symbolic links among them (to
+    a file or a folder), which are never followed; and those of the non-hidden sub-folders below `depth`
+    that hold something (`x/`), whose files are never delivered. Every suffix is announced: the front door
+    rejects what is not data, saying why, as Event Grid would report any blob."""
+    found, links, deep = [], [], []
     for path in sorted(folder.iterdir()):
         if path.name.startswith("."):
             continue
@@ -157,10 +170,13 @@ def _visible_files(folder: Path, depth: int) -> tuple[list[tuple[str, Path]], li
         elif path.is_file():
             found.append((path.name, path))
         elif path.is_dir() and depth > 1:
-            inside, inner_links = _visible_files(path, depth - 1)
+            inside, inner_links, inner_deep = _visible_files(path, depth - 1)
             found += [(f"{path.name}/{relative}", inner) for relative, inner in inside]
             links += [f"{path.name}/{relative}" for relative in inner_links]
-    return found, links
+            deep += [f"{path.name}/{relative}" for relative in inner_deep]
+        elif path.is_dir() and any(not entry.name.startswith(".") for entry in path.iterdir()):
+            deep.append(f"{path.name}/")
+    return found, links, deep
 
 
 class ContainerSource:

@@ -324,7 +324,7 @@ def test_watch_delivers_each_new_file_version_once(retrain, tmp_path):
     # One line per delivery, naming the blob: its decision and why.
     joined = "debounced (joined the pending batch; it is submitted after the quiet period)"
     assert out == [
-        f"watching folder {landing} as {ENDPOINT}/{CONTAINER}/{PREFIX}/",
+        f"watching folder {landing} as {ENDPOINT}/{CONTAINER}/{PREFIX}/ (the files directly in it)",
         f"blob {PREFIX}/a.csv: {joined}",
         f"blob {PREFIX}/b.csv: {joined}",
     ]

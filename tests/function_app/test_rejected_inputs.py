@@ -385,3 +385,28 @@ def test_the_landing_pinner_refuses_a_link_in_a_files_place_and_under_a_class_fo
         assert str(error).startswith(f"landing file {landing / 'circle' / 'a.png'}: a symbolic link")
     else:
         raise AssertionError("a link was pinned")
+
+
+def test_files_one_level_too_deep_are_said_once_and_not_delivered(tmp_path, caplog):
+    landing, home = tmp_path / "landing", tmp_path / "home"
+    (landing / MODEL).mkdir(parents=True)  # the slip: the folder already stands for the model's prefix
+    (landing / MODEL / "b1.csv").write_text("row_key,label,a\nr1,0,1\n")
+    (landing / "empty").mkdir()  # an empty sub-folder holds nothing to warn about
+    (landing / "good.csv").write_text("row_key,label,a\nr2,0,1\n")
+    settings = app_settings(home, RETRAIN_SUBMITTER="local", RETRAIN_LANDING_FOLDER=str(landing))
+    door = board_front_door(settings, tmp_path / "board")
+    caplog.set_level(logging.WARNING)
+
+    scope = door.settings.models[0].scope
+    watcher = Watcher(
+        FolderSource(landing, scope), scope, home, lambda event: door.deliver(event, "blob"), utc_now
+    )
+    delivered = watcher.poll()
+    watcher.poll()  # said once, not at every poll
+
+    assert [event["data"]["url"].rsplit("/", 1)[1] for event in delivered] == ["good.csv"]
+    [line] = [record.getMessage() for record in caplog.records if "not delivered" in record.getMessage()]
+    assert line == (
+        f"landing folder {landing}: {MODEL}/ holds files below the folder's depth, which are not delivered; "
+        f"expected them in the landing folder itself, which stands for {scope.container_url}/{scope.folder}"
+    )
