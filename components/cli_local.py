@@ -109,7 +109,11 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--nproc", type=_positive, default=1, help="training processes under torchrun (default 1)"
     )
-    run.add_argument("--force-rerun", action="store_true", help="run every step, even if it could be reused")
+    run.add_argument(
+        "--force-rerun",
+        action="store_true",
+        help="run every step, even if it could be reused, and train from scratch",
+    )
     run.set_defaults(handler=run_command)
 
     runs = commands.add_parser("runs", help="list local pipeline runs, newest first")

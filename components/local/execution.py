@@ -144,6 +144,7 @@ class PipelineExecution:
     ) -> None:
         self.context, self.pipeline, self.request, self.values = context, pipeline, request, values
         self.record, self.executor, self.force_rerun = record, executor, force_rerun
+        self._forced_run = record.run_id if force_rerun else None
         self.options = context.options
         self.produced: dict[str, _Produced] = {}
         # The code as the run started: each code folder's files and the task's, which every step must see.
@@ -347,7 +348,9 @@ class PipelineExecution:
         paths = {name: folder / name for name in cached_outputs}
         paths.update(
             {
-                name: durable_path(self.options.state_root, self.pipeline, step, name, self.request)
+                name: durable_path(
+                    self.options.state_root, self.pipeline, step, name, self.request, self._forced_run
+                )
                 for name in durable_outputs(step)
             }
         )

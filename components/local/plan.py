@@ -251,11 +251,19 @@ def durable_outputs(step: StepSpec) -> frozenset[str]:
 
 
 def durable_path(
-    state_root: Path, pipeline: PipelineSpec, step: StepSpec, output: str, request: RunRequest
+    state_root: Path,
+    pipeline: PipelineSpec,
+    step: StepSpec,
+    output: str,
+    request: RunRequest,
+    forced_run: str | None = None,
 ) -> Path:
     """Where a durable output lives: `<state>/<output>/<checkpoint key>/`, one folder per training of a run
-    key (components/checkpoint_key.py), which every rerun of that training resumes from."""
-    return state_root / output / checkpoint_key(pipeline, step.name, request)
+    key (components/checkpoint_key.py), which every rerun of that training resumes from. A forced run
+    (`--force-rerun`: every step runs again) has a folder of its own, `<checkpoint key>-forced-<run id>`,
+    so that it trains from scratch and leaves the key's checkpoints as they were."""
+    key = checkpoint_key(pipeline, step.name, request)
+    return state_root / output / (key if forced_run is None else f"{key}-forced-{forced_run}")
 
 
 def process_count(step: StepSpec, request: RunRequest) -> int:

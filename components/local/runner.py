@@ -157,20 +157,20 @@ class LocalRunner:
             context, pipeline, request, values, record, executor, force_rerun,
             task_code=task_code, task_search_path=self.task_search_path(pipeline),
         )  # fmt: skip
-        with self._durable_folders_held(pipeline, request, record.run_id):
+        with self._durable_folders_held(pipeline, request, record.run_id, force_rerun):
             self.runs.create(record)
             with _forwarding_stop_signals(executor):
                 return run.execute()
 
     @contextmanager
     def _durable_folders_held(
-        self, pipeline: PipelineSpec, request: RunRequest, run_id: str
+        self, pipeline: PipelineSpec, request: RunRequest, run_id: str, forced: bool
     ) -> Iterator[None]:
         """Hold the lock of every durable folder the run writes (train's checkpoints), waiting for a run
         that holds one. Taken in a fixed order, so two runs never hold one each while waiting for the other.
         The record is created only once they are held: a run stopped while waiting leaves nothing behind."""
         folders = sorted(
-            durable_path(self.options.state_root, pipeline, step, output, request)
+            durable_path(self.options.state_root, pipeline, step, output, request, run_id if forced else None)
             for step in pipeline.steps.values()
             for output in durable_outputs(step)
         )

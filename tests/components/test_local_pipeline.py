@@ -140,6 +140,27 @@ def test_a_second_run_on_the_same_data_reuses_every_step(state, sample_raw, firs
     assert output.count(" reused (cache entry ") == 4
 
 
+def test_a_forced_run_trains_from_scratch_in_a_checkpoint_folder_of_its_own(state, sample_raw, first_run):
+    first_checkpoints = Path(first_run[0].step("train").outputs["checkpoints"])
+    kept = sorted(path.name for path in first_checkpoints.iterdir())
+
+    code, output = retrain(state, "run", "--data", str(sample_raw), *small_training(), "--force-rerun")
+
+    record = newest_run(state)
+    assert code == 0, output
+    assert record.forced and reused(record) == {
+        "prep": False,
+        "train": False,
+        "evaluate": False,
+        "register": False,
+    }
+    checkpoints = Path(record.step("train").outputs["checkpoints"])
+    assert checkpoints == first_checkpoints.with_name(f"{first_checkpoints.name}-forced-{record.run_id}")
+    metadata = json.loads((Path(record.step("train").outputs["model"]) / "metadata.json").read_text())
+    assert [attempt["resumed_from"] for attempt in metadata["attempts"]] == [None]  # from scratch
+    assert sorted(path.name for path in first_checkpoints.iterdir()) == kept  # the key's own, untouched
+
+
 def test_changing_the_code_reruns_every_step_and_an_identical_copy_reuses_them(
     state, sample_raw, first_run, tmp_path
 ):
