@@ -87,9 +87,17 @@ def test_killing_the_launchers_group_then_the_launcher_alone_leaves_no_worker_an
         lambda pid: os.killpg(pid, signal.SIGKILL),  # launcher and torchrun; workers: own sessions
         lambda pid: os.kill(pid, signal.SIGKILL),  # `retrain train` alone: torchrun is its child
     ):
-        process, _, watchers = train_until_durable(start_fresh_training, after=durable)
+        process, agent, watchers = train_until_durable(start_fresh_training, after=durable)
+        # The workers are held still while their launcher dies: left running, a loaded machine could let
+        # them reach the last step (a "final" save) before the news of their parent's death does.
+        _, workers = run_members(process)
+        for worker in workers:
+            worker.suspend()
         kill(process.pid)
         process.process.wait()
+        agent.wait(timeout=GONE_WITHIN_SECONDS)  # torchrun: killed with the group, or by its parent's death
+        for worker in workers:
+            worker.resume()  # the parent-death signal, pending while they were stopped, comes first
         assert still_running_after(watchers, GONE_WITHIN_SECONDS) == 0
         process.finish()  # the workers' last events, up to their closing the output
         newest = newest_record(folders.checkpoints)
