@@ -391,7 +391,7 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
         )
         submitter = AzureMLSubmitter(workspace, azure)
     request, estimate = with_estimate(request, cost)
-    print(estimate.summary(), file=out, flush=True)
+    print(f"{estimate.summary()}; {estimate.basis}", file=out, flush=True)
     _report(submitter.submit(request), out)
     return 0
 

@@ -278,6 +278,18 @@ class MeasuredTraining:
         )
 
 
+def _duration(hours: float) -> str:
+    """Hours as a person reads them: `1.02 h` from a tenth of an hour, else `3.5 min` or `12.0 s`."""
+    if hours >= 0.1:
+        return f"{hours:.2f} h"
+    return f"{hours * 60:.1f} min" if hours * 60 >= 1 else f"{hours * 3600:.1f} s"
+
+
+def _amount(value: float) -> str:
+    """Two decimals, or two significant digits below a hundredth (0.00031, not 0.00)."""
+    return f"{value:.2f}" if value == 0 or abs(value) >= 0.01 else f"{value:.2g}"
+
+
 @dataclass(frozen=True)
 class CostEstimate:
     """One run's expected spend. `cost` is in the currency of the price (None when no price is set);
@@ -308,12 +320,14 @@ class CostEstimate:
         return LOW_PRIORITY if self.low_priority else DEDICATED
 
     def summary(self) -> str:
-        """One line for logs and the command line."""
-        head = "estimated cost unpriced" if self.cost is None else f"estimated cost {self.cost:.2f}"
+        """One line for logs and the command line. A tiny training reads in minutes or seconds, and its
+        GPU-hours and cost in significant digits: a measured few seconds is not "0.00 h = 0.00"."""
+        head = "estimated cost unpriced" if self.cost is None else f"estimated cost {_amount(self.cost)}"
         tier = "low-priority" if self.low_priority else "dedicated"
+        hours, gpu_hours = _duration(self.wall_hours), _amount(self.gpu_hours)
         text = (
-            f"{head}: {self.gpus} GPU(s) x {self.wall_hours:.2f} h on {tier} compute {self.train_compute} = "
-            f"{self.gpu_hours:.2f} GPU-hours"
+            f"{head}: {self.gpus} GPU(s) x {hours} on {tier} compute {self.train_compute} = "
+            f"{gpu_hours} GPU-hours"
         )
         if self.low_priority:
             text += f" ({self.evictions:.2f} expected evictions; {self.verdict})"

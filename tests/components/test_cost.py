@@ -86,6 +86,21 @@ def test_a_measured_training_sets_the_hours_at_the_run_s_epochs_and_gpus_and_say
     assert default_epochs.expected_hours == pytest.approx(0.9 * 40 * 5 * 2 / 4 / 3600)
 
 
+def test_a_tiny_measured_training_reads_in_seconds_and_significant_digits_not_zeros():
+    # 0.05 s a step, 10 steps an epoch, 2 epochs on one process: 1 s on 4 GPUs is 0.25 s of wall time.
+    measured = MeasuredTraining(
+        "20261207-140000-aaaaaa", seconds_per_step=0.05, steps_per_epoch=10, world_size=1
+    )
+    request = make_request(compute={"train": "gpu-dedicated"}, parameters={"epochs": "2"})
+
+    summary = estimate_run_cost(request, SETTINGS, measured).summary()
+
+    assert "4 GPU(s) x 0.2 s on dedicated compute gpu-dedicated = 0.00028 GPU-hours" in summary
+    assert "0.00 h" not in summary and "= 0.00 GPU" not in summary
+    assert estimate_run_cost(make_request(compute={"train": "gpu-dedicated"}, parameters={"epochs": "2000"}),
+                             SETTINGS, measured).summary().count(" x 4.2 min ") == 1  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("field", "value"), [("seconds_per_step", 0.0), ("steps_per_epoch", float("nan")), ("world_size", 0)]
 )
