@@ -35,7 +35,13 @@ from components.local.options import warm_start_setting
 from components.local.warm import WarmLauncher
 from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
 from components.model_init import KINDS, init_model
-from components.outcome import decision_details, describe_outcome, read_registration, score_lines
+from components.outcome import (
+    decision_details,
+    describe_outcome,
+    read_registration,
+    score_lines,
+    training_line,
+)
 from components.preflight import Preflight, SubprocessPreflight
 from components.request import CANCELED, COMPLETED, FAILED, DataRef, RunRequest
 from components.run_settings import DEFAULT_MODEL_NAME, RunSettings, resolve_run_settings
@@ -204,6 +210,10 @@ def run_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print(f"run {failure.run_id}: {describe_outcome(FAILED, failed)}", file=out)
             raise
     registration = read_registration(record.outputs)
+    train = next((step for step in record.steps if step.name == "train"), None)
+    trained = training_line(train.outputs.get("model")) if train is not None else None
+    if trained is not None:  # how training ended, which the gate's lines below do not say
+        print(trained, file=out)
     print(f"run {record.run_id}: {describe_outcome(record.status, decision_details(registration))}", file=out)
     for line in score_lines(
         registration

@@ -177,3 +177,37 @@ def _score(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "-"
     return f"{value:.4f}"
+
+
+def training_line(model_folder: str | Path | None) -> str | None:
+    """How the train step ended, from its model's metadata.json: the stop reason, which weights are the
+    candidate, and any checkpoint that was not saved; None without a readable one (a reused or failed
+    step says so elsewhere)."""
+    try:
+        metadata = json.loads((Path(str(model_folder)) / "metadata.json").read_text(encoding="utf-8"))
+        steps, stopped = int(metadata["steps"]), int(metadata.get("stopped_at_step", metadata["steps"]))
+        reason, candidate = str(metadata["stop_reason"]), str(metadata["candidate"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    validation = metadata.get("validation") or {}
+    if reason == "early_stopping":
+        ended = (
+            f"stopped early at step {stopped}: {validation.get('metric', 'the metric')} did not improve in "
+            f"{validation.get('patience', '?')} validations"
+        )
+    else:
+        ended = f"ran all {steps} steps"
+    if candidate == "best":
+        chosen = f"the best step's weights, step {metadata.get('candidate_step')}"
+        if validation.get("best_value") is not None:
+            chosen += f" ({validation.get('metric')} {float(validation['best_value']):.4g})"
+    else:
+        chosen = f"the last step's weights, step {metadata.get('candidate_step', steps)}"
+    text = f"train: {ended}; candidate: {chosen}"
+    not_saved = (metadata.get("checkpoints") or {}).get("not_saved") or []
+    if not_saved:
+        text += f"; {len(not_saved)} checkpoint(s) not saved (see the train step's log)"
+    evictions = int(metadata.get("evictions_survived") or 0)
+    if evictions:
+        text += f"; survived {evictions} eviction(s)"
+    return text

@@ -114,6 +114,10 @@ def test_the_first_run_executes_every_components_real_command(first_run, state):
     said = lines.index(
         f"run {record.run_id}: Completed, registered as v1: no champion yet; first-model floors met"
     )
+    assert lines[said - 1] == (
+        f"train: ran all {metadata['steps']} steps; candidate: the {metadata['candidate']} step's weights, "
+        f"step {metadata['candidate_step']}"
+    )  # how training ended, before the gate's decision
     header, primary, *others = lines[said + 1 : -1]
     assert header.split() == ["metric", "candidate", "no", "champion"]
     assert primary.split() == ["macro_f1", f"{decision['metrics']['macro_f1']:.4f}", "-", "(primary)"]

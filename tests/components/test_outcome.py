@@ -5,11 +5,12 @@ kind of details a submission can carry, and what a run without a readable decisi
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 
-from components.outcome import REGISTRATION_FILE, describe_outcome, gate_details, score_lines
+from components.outcome import REGISTRATION_FILE, describe_outcome, gate_details, score_lines, training_line
 
 # What torchrun prints after a worker's own error line: the step's reason is the worker's line, not these.
 TORCHRUN_REPORT = [
@@ -114,3 +115,25 @@ def test_the_scores_table_puts_the_primary_metric_first_and_marks_what_a_side_la
     broken = {"metrics": {"mse": 0.5}, "champion_compared": {"version": "2", "metrics": None}}
     assert score_lines(broken)[0] == "metric  candidate  champion v2 (unloadable)"
     assert score_lines(None) == score_lines({"metrics": "?"}) == []
+
+
+def test_the_training_line_names_how_it_ended_the_candidate_and_lost_checkpoints(tmp_path):
+    metadata = {
+        "steps": 120, "stopped_at_step": 120, "stop_reason": "early_stopping", "candidate": "best",
+        "candidate_step": 80,
+        "validation": {"metric": "validation_loss", "patience": 3, "best_value": 0.123456},
+        "checkpoints": {"not_saved": [{"step": 100, "reason": "interval"}]},
+        "evictions_survived": 1,
+    }  # fmt: skip
+    (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+
+    assert training_line(tmp_path) == (
+        "train: stopped early at step 120: validation_loss did not improve in 3 validations; candidate: the "
+        "best step's weights, step 80 (validation_loss 0.1235); 1 checkpoint(s) not saved (see the train "
+        "step's log); survived 1 eviction(s)"
+    )
+    metadata.update(stop_reason="completed", candidate="last", candidate_step=120, checkpoints={})
+    metadata.update(evictions_survived=0)
+    (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+    assert training_line(tmp_path) == "train: ran all 120 steps; candidate: the last step's weights, step 120"
+    assert training_line(tmp_path / "gone") is None
