@@ -59,6 +59,8 @@ def test_an_overfitting_run_stops_early_keeps_its_best_step_and_resumes_to_the_s
     history = client.get_metric_history(run.info.run_id, "validation_loss")
     logged = {metric.step: metric.value for metric in history}
     assert logged == losses and len(history) == len(losses)  # once a validation: not again at the end
+    # The candidate's own score, under its own name: the best step's, not the last validation's.
+    assert run.data.metrics["candidate_validation_loss"] == losses[best] != history[-1].value
     assert (run.data.tags["retrain.stop_reason"], run.data.tags["retrain.best_step"]) == (
         "early_stopping",
         str(best),

@@ -377,6 +377,13 @@ class Trainer:
         tracked = {name: value for name, value in final_metrics.items() if value is not None}
         if self.config.validates:  # each validation is logged at its step; the candidate's is one of them
             tracked = {name: value for name, value in tracked.items() if not name.startswith("validation_")}
+        # The written model's own scores under names of their own: `validation_loss`'s last value is the
+        # last validation's, which is not the candidate's when the best step's weights were chosen.
+        tracked |= {
+            f"candidate_{name}": value
+            for name, value in final_metrics.items()
+            if name.startswith("validation_") and value is not None
+        }
         self.tracker.log_metrics(tracked, step=self._run.step)
         tags = {
             "retrain.stop_reason": outcome["stop_reason"],
