@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
-from urllib.parse import unquote
 
 from components.data_version import (
     RAW_SUFFIXES,
@@ -32,6 +31,7 @@ from components.data_version import (
     DataManifest,
     is_raw_name,
 )
+from core.blob_urls import name_in_container
 from core.pinned_store import (
     LATEST_NAME,
     OBJECTS_FIELD,
@@ -167,13 +167,13 @@ def _pinned_objects(
 
 def _source_name(container_client: ContainerClient, entry: DataFile) -> str:
     """The name in this container of a manifest's blob (its source is the blob's URL)."""
-    marker = f"/{container_client.container_name}/"
-    if marker not in entry.source:
+    name = name_in_container(entry.source, container_client.container_name)
+    if name is None:
         raise DataError(
             f"{displayable_url(entry.source)}: not in the container {container_client.container_name}; "
             "expected the blobs of the container the snapshot is kept in"
         )
-    return unquote(entry.source.split(marker, 1)[1].split("?", 1)[0])
+    return name
 
 
 def _listed_sources(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from core.errors import InputError
 from core.secrets import displayable_url
@@ -147,3 +147,12 @@ def parse_blob_url(url: str, setting: str, error: ErrorType = InputError) -> Blo
         prefix, setting, lambda _: bad(f"the prefix {quoted(prefix)} is not a folder path: {PREFIX_RULE}")
     )
     return BlobLocation(endpoint, container, prefix)
+
+
+def name_in_container(url: str, container: str) -> str | None:
+    """The blob name `url` gives in the container named `container` (unquoted, without a query); None
+    when the URL is not of that container."""
+    marker = f"/{container}/"
+    if marker not in url:
+        return None
+    return unquote(url.split(marker, 1)[1].split("?", 1)[0])

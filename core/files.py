@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from core.errors import InputError
+
 _HASH_CHUNK_BYTES = 1 << 20
 
 
@@ -23,6 +25,17 @@ def file_sha256(path: Path) -> str:
         while chunk := handle.read(_HASH_CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def check_file_sha256(path: Path, expected: str, what: str = "file") -> None:
+    """`path` holds the bytes whose sha256 is `expected` (read in chunks), or an InputError naming it: one
+    line saying it cannot be read, or that it was changed since the manifest recorded it."""
+    try:
+        actual = file_sha256(path)
+    except OSError as error:
+        raise InputError(f"{path}: cannot read the {what} ({error.strerror})") from error
+    if actual != expected:
+        raise InputError(f"{path}: sha256 differs from the manifest, the {what} was changed")
 
 
 def make_read_only(folder: Path) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from core.errors import InputError
-from core.files import file_sha256
+from core.files import check_file_sha256
 
 SHARD_BYTES = 64 << 20  # inputs per shard: large files read well, and one shard is cheap to rewrite
 RESIDENT_BYTES = 64 << 20  # a split this small is held in memory; a larger one is read a batch at a time
@@ -250,11 +250,6 @@ def open_split(
             (shard.targets, shard.targets_sha256, targets),
         ):
             path = Path(folder) / name
-            try:
-                actual = file_sha256(path)
-            except OSError as error:
-                raise InputError(f"{path}: cannot read the shard ({error.strerror})") from error
-            if actual != digest:
-                raise InputError(f"{path}: sha256 differs from the manifest, the shard was changed")
+            check_file_sha256(path, digest, "shard")
             into.append(_ArrayFile(path))
     return ShardSplit(inputs, targets, resident_bytes, dead)

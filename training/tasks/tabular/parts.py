@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.errors import InputError
-from core.files import file_sha256
+from core.files import check_file_sha256
 from training.data.shards import Shard
 from training.data.splits import SPLIT_NAMES
 from training.tasks.tabular.schema import RERUN_HINT, TableSchema
@@ -217,13 +217,7 @@ def check_files(folder: Path, parts: Sequence[Part]) -> None:
     naming the first that is not: a version builds only on parts that are what they say."""
     for part in parts:
         for name, expected in part.files().items():
-            path = folder / name
-            try:
-                actual = file_sha256(path)
-            except OSError as error:
-                raise InputError(f"{path}: cannot read ({error.strerror})") from error
-            if actual != expected:
-                raise InputError(f"{path}: sha256 differs from the manifest, the file was changed")
+            check_file_sha256(folder / name, expected)
 
 
 def live_tables(folder: Path, parts: Sequence[Part], split: int) -> Iterator[pa.Table]:
