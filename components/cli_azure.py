@@ -12,6 +12,11 @@ run's parameters name one (--param registry_lock=URL). Blob data (`submit --azur
 snapshotted inside its own container and registered through the data datastore, which must be on that
 container: --data-datastore, else RETRAIN_AZUREML_DATA_DATASTORE, else the pipeline's datastore
 (components/azureml/data_assets.py checks it before anything is copied).
+
+`publish --dry-run` plans the release as `publish` does (every YAML validated, the code staged beside the
+dry runs' snapshots), writes what it would send under <state root>/dry-runs/publish/ and prints one line per
+registration. A real publish that cannot reach the workspace (no credential, no role, no network) stops in
+one line that names the workspace, what failed and the fix.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from components.azureml.data_assets import (
     register_data_asset,
 )
 from components.azureml.fallback import FallbackPolicy
-from components.azureml.publish import publish
+from components.azureml.publish import plan_publish, publish, write_publish_documents
 from components.azureml.registry_lock import LOCKS_PREFIX, resolve_registry_lock
 from components.azureml.schedule import (
     build_schedule,
@@ -62,7 +67,7 @@ from components.cli_local import add_task_options, run_settings
 from components.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.cost import CostSettings, with_estimate
 from components.dry_run import DRY_RUN_DIR, DryRunSubmitter
-from components.errors import SubmissionError
+from components.errors import AzureAccessError, SubmissionError
 from components.preflight import PreflightResult, SubprocessPreflight
 from components.request import DataRef, Submission
 from components.run_inputs import trigger_argument
@@ -77,6 +82,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCHEDULES_FOLDER = "schedules"  # a dry run's schedules, under <state root>/dry-runs/
+PUBLISH_FOLDER = "publish"  # a publish dry run's documents, under <state root>/dry-runs/
 WorkspaceFactory = Callable[[WorkspaceRef], AzureMLWorkspace]
 ContainerFactory = Callable[[str], "ContainerClient"]
 
@@ -186,6 +192,9 @@ def _submit_parser(commands: Any) -> argparse.ArgumentParser:
 def _publish_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser("publish", help="register the environment and components in a workspace")
     parser.add_argument("--computes", action="store_true", help="also create or update the three computes")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="validate and record what would be registered; send nothing"
+    )
     _workspace_options(parser)
     return parser
 
@@ -256,6 +265,79 @@ def _workspace_ref(args: argparse.Namespace) -> WorkspaceRef:
 
 def _workspace(args: argparse.Namespace, connectors: Connectors) -> AzureMLWorkspace:
     return connectors.workspace(_workspace_ref(args))
+
+
+def _shown(ref: WorkspaceRef) -> str:
+    return (
+        f"Azure ML workspace {ref.workspace} (resource group {ref.resource_group}, "
+        f"subscription {ref.subscription_id})"
+    )
+
+
+_SIGN_IN = (
+    "run `az login`, or set AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET (a service principal), "
+    "or run where a managed identity is assigned"
+)
+_SETTINGS = (
+    "check --subscription, --resource-group and --workspace (or AZURE_SUBSCRIPTION_ID, AZURE_RESOURCE_GROUP "
+    "and AZUREML_WORKSPACE)"
+)
+
+
+def _reason(error: BaseException) -> str:
+    """The failure in a few secret-free words: Azure's own wording, else the first line of the error."""
+    from core.storage.azure_errors import describe
+
+    if not isinstance(error, ConnectionError):
+        return describe(error)
+    lines = str(error).strip().splitlines()
+    return mask_secrets(f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__)[:300]
+
+
+def _what_failed(error: BaseException) -> tuple[str, str]:
+    """What went wrong reaching Azure, and the fix: a credential, a role, the settings, or the network."""
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+
+    reason = _reason(error)
+    # azure-identity raises ClientAuthenticationError (CredentialUnavailableError among them) with no
+    # status when no credential signs in; ARM answers 401 when it refuses the token it was given.
+    if isinstance(error, ClientAuthenticationError) and error.status_code is None:
+        return f"no Azure credential signed in ({reason})", _SIGN_IN
+    if isinstance(error, HttpResponseError) and error.status_code == 401:
+        return f"Azure refused this identity's token ({reason})", f"sign in again: {_SIGN_IN}"
+    if isinstance(error, HttpResponseError) and error.status_code == 403:
+        return (
+            f"this identity may not write to it ({reason})",
+            "give it a role on the workspace such as AzureML Data Scientist or Contributor",
+        )
+    if isinstance(error, HttpResponseError) and error.status_code == 404:
+        return f"not found ({reason})", _SETTINGS
+    if isinstance(error, HttpResponseError):
+        return f"Azure ML refused a request ({reason})", "fix what it names, then run the command again"
+    return (
+        f"Azure could not be reached ({reason})",
+        "check the network connection and any proxy (HTTPS_PROXY), then run the command again",
+    )
+
+
+@contextlib.contextmanager
+def _reaching_workspace(ref: WorkspaceRef, action: str, *, verbose: bool = False) -> Iterator[None]:
+    """Azure's failures inside the block (authentication, HTTP, network) as one AzureAccessError line.
+    azure-identity logs its own account of a failed sign-in (a dozen lines) before raising; outside
+    --verbose that is left out, since the one line says what to do."""
+    from azure.core.exceptions import AzureError
+
+    identity = logging.getLogger("azure.identity")
+    level = identity.level
+    if not verbose:
+        identity.setLevel(logging.ERROR)
+    try:
+        yield
+    except (AzureError, ConnectionError) as error:
+        failed, fix = _what_failed(error)
+        raise AzureAccessError(f"{action} to {_shown(ref)}: {failed}; {fix}") from None
+    finally:
+        identity.setLevel(level)
 
 
 def _pinned_data(data: str) -> DataRef | None:
@@ -398,9 +480,26 @@ def _submit(args: argparse.Namespace, connectors: Connectors, out: IO[str] | Non
 
 def _publish(args: argparse.Namespace, connectors: Connectors, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
-    for record in publish(_workspace(args, connectors), computes=args.computes):
+    ref = _workspace_ref(args)  # a missing setting is named before anything is loaded or staged
+    if args.dry_run:
+        return _publish_dry_run(args, ref, out)
+    verbose = getattr(args, "verbose", False)  # the root parser's -v; absent where a test builds the args
+    with _reaching_workspace(ref, "publishing", verbose=verbose):
+        records = publish(connectors.workspace(ref), computes=args.computes)
+    for record in records:
         version = f":{record.version}" if record.version else ""
         print(f"published {record.kind} {record.name}{version}", file=out)
+    return 0
+
+
+def _publish_dry_run(args: argparse.Namespace, ref: WorkspaceRef, out: IO[str]) -> int:
+    """Publish's plan, sent nowhere: the code snapshot is kept with the dry runs' (a document names it),
+    and each document is written where a reader can check what would be sent."""
+    steps = plan_publish(args.state_root / SNAPSHOTS_FOLDER, computes=args.computes)
+    documents = write_publish_documents(steps, args.state_root / DRY_RUN_DIR / PUBLISH_FOLDER)
+    print(f"dry run: would publish to {_shown(ref)}; nothing is sent", file=out)
+    for step, document in zip(steps, documents, strict=True):
+        print(f"would {step.verb} {step.kind} {step.reference}: {document}", file=out)
     return 0
 
 

@@ -38,3 +38,10 @@ class StepFailed(PipelineError):
 class ConfigError(PipelineError):
     """A model's configuration file (models/<name>.toml) does not say what it must: the message names the
     file, the key and the expected form."""
+
+
+class AzureAccessError(PipelineError):
+    """The workspace could not be reached, or refused this identity: one line naming the workspace, what
+    failed and how to fix it."""
+
+    one_line = True
