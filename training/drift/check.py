@@ -18,6 +18,13 @@ A feature has drifted when both agree: its PSI is above the policy's threshold (
 p-value below the policy's (significant). On large samples a tiny, harmless shift is significant; on small
 ones PSI is noisy; requiring both keeps either from raising alerts alone. An alert is raised when at least
 `min_drifted_features` features drifted.
+
+Missing values: NaN in a feature's column means the value is missing (infinity is refused). A feature's
+PSI and KS compare the present (non-NaN) values of each side; when either side has a missing value, the
+check adds the feature `NAME:missing`, each row's 0/1 missing indicator, compared like any flag (by value),
+so a jump in the missing rate drifts like any other feature. A side with no present value of a feature has
+no distribution to compare: that feature's value comparison is left out and `NAME:missing` (then certain
+to be there) speaks for it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ DEFAULT_KS_PVALUE = 0.01
 DEFAULT_MIN_DRIFTED_FEATURES = 1
 DEFAULT_BINS = 10
 MAX_BINS = 100
+MISSING = "missing"  # `NAME:missing`: the missing-value indicator, beside token shares' `NAME:other`
 
 
 def _is_number(value: Any) -> bool:
@@ -223,6 +231,7 @@ def _column(values: np.ndarray, what: str) -> np.ndarray:
     if array.ndim != 1 or array.size == 0:
         raise InputError(f"the {what} values have shape {array.shape}; expected a non-empty 1-D array")
     if not np.isfinite(array).all():
+        # The measures take present values only; `compare` splits missing ones (NaN) off before them.
         raise InputError(f"the {what} values hold NaN or infinity; expected finite numbers")
     return array
 
@@ -231,10 +240,40 @@ def _column(values: np.ndarray, what: str) -> np.ndarray:
 
 
 def feature_drift(name: str, reference: np.ndarray, current: np.ndarray, policy: DriftPolicy) -> FeatureDrift:
+    """One feature's scores and verdict over finite values (no missing ones: see `column_drift`)."""
     psi = population_stability_index(reference, current, policy.bins)
     statistic, pvalue = ks_test(reference, current)
     drifted = psi > policy.psi_threshold and pvalue < policy.ks_pvalue
     return FeatureDrift(name, psi, statistic, pvalue, drifted)
+
+
+def missing_name(name: str) -> str:
+    """The name of a feature's missing-value indicator."""
+    return f"{name}:{MISSING}"
+
+
+def column_drift(
+    name: str, reference: np.ndarray, current: np.ndarray, policy: DriftPolicy
+) -> tuple[FeatureDrift, ...]:
+    """One column's comparison, NaN being a missing value: its present values (left out when a side has
+    none), then `NAME:missing` when either side has a missing value. Always at least one of them."""
+    reference_missing, current_missing = np.isnan(reference), np.isnan(current)
+    scores: list[FeatureDrift] = []
+    # A missing value has no place on the feature's scale, so the values compared are the present ones;
+    # a side with none has no distribution to compare (PSI and KS need at least one value).
+    if not reference_missing.all() and not current_missing.all():
+        scores.append(feature_drift(name, reference[~reference_missing], current[~current_missing], policy))
+    # Only with a missing value somewhere: data without any is reported with exactly the features it has.
+    if reference_missing.any() or current_missing.any():
+        # A 0/1 column takes at most two values, so PSI bins it by value and sees its share of 1s move.
+        indicator = feature_drift(
+            missing_name(name),
+            reference_missing.astype(np.float64),
+            current_missing.astype(np.float64),
+            policy,
+        )
+        scores.append(indicator)
+    return tuple(scores)
 
 
 def compare(
@@ -246,13 +285,25 @@ def compare(
     reference_data_version: str | None = None,
     current_data_version: str | None = None,
 ) -> DriftReport:
-    """Compare two [rows, features] matrices column by column; columns are named by `feature_names`."""
+    """Compare two [rows, features] matrices column by column; columns are named by `feature_names`. NaN
+    is a missing value: see the module's docstring for what is compared then."""
     policy = policy or DriftPolicy()
-    reference = _matrix(reference, "reference", len(feature_names))
-    current = _matrix(current, "current", len(feature_names))
+    names = list(feature_names)
+    reference = _matrix(reference, "reference", names)
+    current = _matrix(current, "current", names)
+    has_missing = np.isnan(reference).any(axis=0) | np.isnan(current).any(axis=0)
+    taken = set(names)
+    for name in (name for name, missing in zip(names, has_missing, strict=True) if missing):
+        if missing_name(name) in taken:
+            # Two scores under one name would overwrite each other in the report's readers (MLflow, events).
+            raise InputError(
+                f"drift features: {missing_name(name)!r} is both a feature and the missing-value indicator "
+                f"of {name!r}; rename the feature"
+            )
     features = tuple(
-        feature_drift(name, reference[:, index], current[:, index], policy)
-        for index, name in enumerate(feature_names)
+        score
+        for index, name in enumerate(names)
+        for score in column_drift(name, reference[:, index], current[:, index], policy)
     )
     return DriftReport(
         policy=policy,
@@ -264,12 +315,17 @@ def compare(
     )
 
 
-def _matrix(values: np.ndarray, what: str, columns: int) -> np.ndarray:
+def _matrix(values: np.ndarray, what: str, names: Sequence[str]) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64)
-    if array.ndim != 2 or array.shape[1] != columns or array.shape[0] == 0:
+    if array.ndim != 2 or array.shape[1] != len(names) or array.shape[0] == 0:
         raise InputError(
-            f"the {what} data has shape {array.shape}; expected at least one row of {columns} features"
+            f"the {what} data has shape {array.shape}; expected at least one row of {len(names)} features"
         )
-    if not np.isfinite(array).all():
-        raise InputError(f"the {what} data holds NaN or infinity; expected finite feature values")
+    infinite = np.isinf(array)
+    if infinite.any():
+        row, column = (int(index) for index in np.argwhere(infinite)[0])
+        raise InputError(
+            f"the {what} data holds {array[row, column]} in feature {names[column]!r} (row {row}); expected "
+            "finite numbers, or NaN for a missing value"
+        )
     return array

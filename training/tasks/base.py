@@ -97,7 +97,9 @@ class FeatureTable:
     """Named numeric features, one row per item: what a drift check compares. `groups` holds non-numeric
     inputs (a categorical column, a text) as each row's tokens; the drift check turns them into share
     columns by the reference's vocabulary (training/data/token_shares.py), the same columns on both sides.
-    training/tasks/features.py builds both kinds in a line each."""
+    training/tasks/features.py builds both kinds in a line each. NaN in `values` is a missing value: the
+    drift check compares a feature's present values and, beside them, its missing share as `NAME:missing`
+    (training/drift/check.py); infinity is refused there."""
 
     names: tuple[str, ...]
     values: np.ndarray  # float64 [rows, len(names)]
