@@ -201,6 +201,30 @@ BUILTIN_TASK_METRICS: Mapping[str, DeclaredMetrics] = MappingProxyType(
 )
 
 
+# The tabular task's with `objective = "regression"`: what it reports of a numeric target instead.
+TABULAR_REGRESSION_METRICS = DeclaredMetrics(
+    MetricSet(
+        (
+            Metric("rmse", "lower", "root mean squared error, in the target's units"),
+            Metric("mae", "lower", "mean absolute error, in the target's units"),
+            Metric("r2", "higher", "coefficient of determination: 1 - squared error / the target's variance"),
+            Metric(
+                "loss", "lower", "mean squared error of the standardised target (what training minimises)"
+            ),
+        )
+    ),
+    "rmse",
+)
+
+
+def builtin_declared(task: str, options: Mapping[str, Any]) -> DeclaredMetrics | None:
+    """What a built-in task with these options declares (None for a user's task): the tabular task's
+    metrics follow its `objective`."""
+    if task == "tabular" and options.get("objective") == "regression":
+        return TABULAR_REGRESSION_METRICS
+    return BUILTIN_TASK_METRICS.get(task)
+
+
 def builtin_class_count(task: str, options: Mapping[str, Any]) -> int | None:
     """The class count a built-in task's options fix, read without the task (the front door's start-up):
     the tabular task's `n_classes`, else the number of `classes` it names; None where only the data fixes

@@ -23,9 +23,9 @@ from core.errors import InputError
 from core.gate_rules import CONFIDENCE, RESAMPLES, resampling_conflict
 from core.metrics import (
     BOUND_OPTIONS,
-    BUILTIN_TASK_METRICS,
     MetricSet,
     builtin_class_count,
+    builtin_declared,
     check_policy_metrics,
     configured_metrics,
 )
@@ -48,7 +48,7 @@ def check_gate_policies(
         if conflict is not None:
             given = " with " + setting if {CONFIDENCE, RESAMPLES} & set(pipeline_parameters) else ""
             raise SettingsError(f"model {route.name!r} ({route.source}{given}): {conflict}")
-        declared = BUILTIN_TASK_METRICS.get(route.task)
+        declared = builtin_declared(route.task, route.task_options)
         if declared is None:
             continue  # a user's task: checked by the flush, once per version of its file
         parameters = {**route.parameters, **pipeline_parameters}

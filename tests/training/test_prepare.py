@@ -338,10 +338,11 @@ def _cells(*changes: tuple[int, str, str], rows: int = 5) -> Callable[[Path], No
     return setup
 
 
-def _parquet_with_null(raw: Path) -> None:
-    columns: dict[str, list] = {"row_key": ["a", "b", "c"], "label": [1, 2, 3]}
+def _parquet_with_null_label(raw: Path) -> None:
+    # A missing feature is a missing value (test_tabular_columns.py); a missing label is refused.
+    columns: dict[str, list] = {"row_key": ["a", "b", "c"], "label": [1, None, 3]}
     for name in DIGITS_SCHEMA.feature_columns:
-        columns[name] = [1.0, None, 2.0] if name == "pixel_3" else [1.0, 1.0, 1.0]
+        columns[name] = [1.0, 1.0, 2.0]
     raw.mkdir(parents=True)
     pq.write_table(pa.table(columns), raw / "batch-0001.parquet")
 
@@ -358,7 +359,10 @@ def _header(header: list[str]) -> Callable[[Path], None]:
     return lambda raw: write_csv(raw / "batch-0001.csv", [], header=header)
 
 
-FINITE = "a finite number within float32's range (|x| <= 3.4e38)"
+FINITE = (
+    "a finite number within float32's range (|x| <= 3.4e38) or a blank (if the column holds names, declare "
+    'it in the task option column_types as "categorical")'
+)
 
 # fmt: off
 BAD_INPUTS = {
@@ -398,9 +402,10 @@ BAD_INPUTS = {
         _cells((5, "row_key", " ")),
         "row 5, column 'row_key': expected a non-empty string, got ' '",
     ),
-    "null in parquet": (
-        _parquet_with_null,
-        f"batch-0001.parquet: data row 2, column 'pixel_3': expected {FINITE}, got an empty value",
+    "null label in parquet": (
+        _parquet_with_null_label,
+        "batch-0001.parquet: data row 2, column 'label': expected an integer class in [0, 10), got an empty "
+        "value",
     ),
     "no rows": (_header(HEADER), "raw: its 1 raw file(s) hold no data rows"),
     "too few rows": (_cells(rows=3), "raw: too few rows: 3 unique rows leave the"),

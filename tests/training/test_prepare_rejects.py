@@ -18,7 +18,10 @@ from training.tasks.image.sample_data import write_sample_images
 from training.tasks.tabular.manifest import read_manifest
 from training.tasks.tabular.sample_data import write_sample_batches
 
-FINITE = "a finite number within float32's range (|x| <= 3.4e38)"
+FINITE = (
+    "a finite number within float32's range (|x| <= 3.4e38) or a blank (if the column holds names, declare "
+    'it in the task option column_types as "categorical")'
+)
 NARROW = "missing columns 'pixel_1', 'pixel_2', 'pixel_3', 'pixel_4', 'pixel_5' and 58 more; expected the "
 NARROW += "columns row_key, label, pixel_0..pixel_63 (any order)"
 

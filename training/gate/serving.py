@@ -197,7 +197,14 @@ def served_example(task: Task, data: TaskData, data_dir: Path) -> Any:
     return example.astype(dict.fromkeys(whole, "int64"))
 
 
-def serving_signature(input_example: Any, output: Any) -> Any:
+def typed_inputs(rebuilt: Rebuilt) -> bool:
+    """Whether the task lets MLflow check served inputs by type (its optional `typed_inputs(info)`; yes
+    without one)."""
+    decide = getattr(rebuilt.task, "typed_inputs", None)
+    return True if decide is None else bool(decide(rebuilt.info))
+
+
+def serving_signature(input_example: Any, output: Any, typed: bool = True) -> Any:
     """The signature MLflow checks inputs against, inferred from the example and the model's answer to it.
 
     A table column keeps the kind the example gives it (`served_example`: the training data's), at the
@@ -208,7 +215,11 @@ def serving_signature(input_example: Any, output: Any) -> Any:
     `double`: MLflow refuses int64 into a double column, which is what read_csv makes of a whole-number
     column (only the server's parsers would convert it). A decimal in a whole-number column is refused
     in process (naming the column) and in a CSV body (naming its position); MLflow's JSON parsers cast it
-    to an integer. Columns are checked by name, so a missing feature is refused by MLflow."""
+    to an integer. Columns are checked by name, so a missing feature is refused by MLflow.
+
+    Untyped (`typed=False`: a table with categories or missing values, whose columns' types vary by file)
+    the signature holds the outputs only: MLflow passes every input through, `mlflow models serve` reads a
+    CSV body as `pandas.read_csv` reads a file, and the task's own reading checks names and values."""
     from mlflow.models import infer_signature
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ColSpec, Schema
@@ -220,6 +231,8 @@ def serving_signature(input_example: Any, output: Any) -> Any:
         # task's word that its data has whole numbers there (the tabular task refuses empty values).
         warnings.filterwarnings("ignore", "Hint: Inferred schema contains integer column", UserWarning)
         signature = infer_signature(input_example, output)
+    if not typed:
+        return ModelSignature(None, signature.outputs, signature.params)
     inputs = signature.inputs
     if inputs is not None and not inputs.is_tensor_spec():
         typed = [
@@ -245,7 +258,7 @@ def pip_requirements() -> list[str]:
 def log_served_model(served: ServedModel, name: str) -> Any:
     """Log `served` as a pyfunc model into the active MLflow run; returns MLflow's ModelInfo."""
     example = served.input_example
-    signature = serving_signature(example, predict(served.rebuilt, example))
+    signature = serving_signature(example, predict(served.rebuilt, example), typed_inputs(served.rebuilt))
     with tempfile.TemporaryDirectory(prefix="retrain-task-modules-") as staging:
         return mlflow.pyfunc.log_model(
             name=name,

@@ -62,6 +62,10 @@ What a task may bring besides (optional; a task without it keeps the engine's de
   count them; None when it cannot say. The pre-run check asks it when a gate policy or an early-stopping
   metric names one member (`recall_7`), so that a class the data does not have is refused before anything
   trains, not by the gate after a whole training.
+- **Untyped serving inputs.** `typed_inputs(info)` returning False registers the model without an input
+  schema, so MLflow passes every input to `predict` as parsed (a CSV body as `pandas.read_csv` reads
+  it): for inputs whose column types vary by file (a blank turns an int64 column to float64), which
+  `predict` then checks itself. Without the hook, MLflow checks inputs against the example's types.
 
 A task is loaded from `--task NAME` (a built-in: `tabular`, `image`), `--task path/to/file.py:Attr` or
 `--task package.module:Attr` (training/tasks/loader.py). `Attr` is a `Task` instance, or a class or factory
@@ -246,7 +250,7 @@ REQUIRED_METHODS = (
 )
 REQUIRED_ATTRIBUTES = ("name", "raw_suffixes", "metrics", "default_primary_metric")
 # Methods a task may have (see the contract above); the engine does without them.
-OPTIONAL_METHODS = ("configure_optimization", "fsdp_modules", "class_count")
+OPTIONAL_METHODS = ("configure_optimization", "fsdp_modules", "class_count", "typed_inputs")
 
 
 @dataclass(frozen=True)

@@ -8,19 +8,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from training.tasks.tabular.schema import SOURCE_FILE_COLUMN, SOURCE_ROW_COLUMN, TableSchema, feature_matrix
+from training.tasks.tabular.raw_files import row_digests
+from training.tasks.tabular.schema import SOURCE_FILE_COLUMN, SOURCE_ROW_COLUMN, TableSchema
 
 
 @dataclass(frozen=True)
 class Deduplicated:
-    """One row per key, sorted by key, and how many rows were dropped of each kind; `first` holds each key's
-    first delivery in the same order (what an earlier delivery of the key, outside the table, is compared
-    with: its next delivery)."""
+    """One row per key, sorted by key, and how many rows were dropped of each kind; `digests` holds each
+    kept row's row digest, and `first_digests` the digest of each key's first delivery in the same order
+    (what an earlier delivery of the key, outside the table, is compared with: its next delivery)."""
 
     table: pa.Table
     exact_duplicates: int
     superseded: int
-    first: pa.Table
+    digests: np.ndarray
+    first_digests: np.ndarray
 
 
 def deduplicate(table: pa.Table, schema: TableSchema) -> Deduplicated:
@@ -40,10 +42,9 @@ def deduplicate(table: pa.Table, schema: TableSchema) -> Deduplicated:
     )
     ordered = table.take(order)
     keys = ordered.column(schema.key_field).to_numpy(zero_copy_only=False)
-    labels = ordered.column(schema.label_column).to_numpy()
-    features = feature_matrix(ordered, schema)
+    digests = row_digests(ordered, schema)
     same_as_next = keys[:-1] == keys[1:]
-    equal_to_next = (labels[:-1] == labels[1:]) & (features[:-1] == features[1:]).all(axis=1)
+    equal_to_next = digests[:-1] == digests[1:]
     exact = int(np.count_nonzero(same_as_next & equal_to_next))
     dropped = int(np.count_nonzero(same_as_next))
     kept = np.append(~same_as_next, True) if len(keys) else np.zeros(0, dtype=bool)
@@ -52,5 +53,6 @@ def deduplicate(table: pa.Table, schema: TableSchema) -> Deduplicated:
         ordered.filter(pa.array(kept)),
         exact_duplicates=exact,
         superseded=dropped - exact,
-        first=ordered.filter(pa.array(first)),
+        digests=digests[kept],
+        first_digests=digests[first],
     )

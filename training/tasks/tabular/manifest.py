@@ -9,6 +9,7 @@ earlier version it was made.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,8 @@ from training.tasks.tabular.parts import Part, Totals, live_tables
 from training.tasks.tabular.schema import RERUN_HINT, TableSchema
 
 # /2: each split also as memory-mappable shards. /3: parts and deletion vectors, shared between versions.
-FORMAT = "retrain-prepared/3"
+# /4: categorical and boolean features, missing values, class names, regression targets; vocabularies.
+FORMAT = "retrain-prepared/4"
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class Manifest:
     normalization: Normalization
     previous_version: str | None
     created_at: str
+    # Each categorical column's categories, a shard code being a place in its list (encoding.py).
+    vocabularies: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     format: str = FORMAT
 
     @property
@@ -83,6 +87,7 @@ class Manifest:
             "split": split_config(self.split),
             "part_rows": self.part_rows,
             "parts": [part.identity() for part in self.parts],
+            "vocabularies": {name: list(values) for name, values in self.vocabularies.items()},
         }
         return content_version(content)
 
@@ -115,6 +120,7 @@ class Manifest:
             "totals": self.totals.to_dict(),
             "stats": vars(self.stats),
             "normalization": {"mean": list(self.normalization.mean), "std": list(self.normalization.std)},
+            "vocabularies": {name: list(values) for name, values in self.vocabularies.items()},
         }
         return json.dumps(document, indent=2) + "\n"
 
@@ -151,6 +157,9 @@ def _manifest_from_document(document: dict[str, Any]) -> Manifest:
         ),
         previous_version=document["previous_version"],
         created_at=document["created_at"],
+        vocabularies={
+            str(name): tuple(map(str, values)) for name, values in document["vocabularies"].items()
+        },
     )
 
 

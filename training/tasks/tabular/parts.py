@@ -160,21 +160,36 @@ class Part:
 @dataclass(frozen=True)
 class Totals:
     """What a version's live rows add up to, kept in its manifest so that the next version continues from
-    it: the train rows' count and per-feature sums and sums of squares (float32 values, the ones training
-    sees, less `shift` so that a feature far from zero keeps its precision), and every split's label
-    counts; and the rows dropped so far as exact duplicates and as superseded."""
+    it. Of the train rows: their count; per feature the present values' count, sums and sums of squares
+    (of the float32 values training sees, less `shift` so that a feature far from zero keeps its
+    precision); per categorical feature each code's rows (`categories`, in the order of the categorical
+    columns); and for a regression, the target's shift, sum and sum of squares (`target`). Of every split:
+    the label counts (a classification's) and per feature the missing values. And the rows dropped so far
+    as exact duplicates and as superseded."""
 
     train_rows: int
     shift: tuple[float, ...]
     sums: tuple[float, ...]
     squares: tuple[float, ...]
+    counts: tuple[int, ...]
+    missing: tuple[int, ...]
+    categories: tuple[tuple[int, ...], ...]
+    target: tuple[float, ...]
     labels: tuple[tuple[int, int], ...]
     exact_duplicates: int
     superseded: int
 
     def to_dict(self) -> dict[str, Any]:
-        arrays = {name: list(getattr(self, name)) for name in ("shift", "sums", "squares")}
-        return {**vars(self), **arrays, "labels": [list(pair) for pair in self.labels]}
+        arrays = {
+            name: list(getattr(self, name)) for name in ("shift", "sums", "squares", "counts", "missing")
+        }
+        return {
+            **vars(self),
+            **arrays,
+            "categories": [list(counts) for counts in self.categories],
+            "target": list(self.target),
+            "labels": [list(pair) for pair in self.labels],
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Totals:
@@ -183,19 +198,39 @@ class Totals:
             shift=tuple(float(value) for value in data["shift"]),
             sums=tuple(float(value) for value in data["sums"]),
             squares=tuple(float(value) for value in data["squares"]),
+            counts=tuple(int(value) for value in data["counts"]),
+            missing=tuple(int(value) for value in data["missing"]),
+            categories=tuple(tuple(int(value) for value in counts) for counts in data["categories"]),
+            target=tuple(float(value) for value in data["target"]),
             labels=tuple((int(label), int(count)) for label, count in data["labels"]),
             exact_duplicates=int(data["exact_duplicates"]),
             superseded=int(data["superseded"]),
         )
 
     def mean_std(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """Per-feature mean and population std of the live train rows."""
-        count = max(self.train_rows, 1)
-        mean = np.array(self.sums) / count
-        variance = np.maximum(np.array(self.squares) / count - mean * mean, 0.0)
-        return tuple(float(v) for v in mean + np.array(self.shift)), tuple(
-            float(v) for v in np.sqrt(variance)
+        """Per-feature mean and population std of the live train rows' present values (0 and 0 for a
+        feature with none)."""
+        return _moments(
+            np.array(self.counts), np.array(self.shift), np.array(self.sums), np.array(self.squares)
         )
+
+    def target_mean_std(self) -> tuple[float, float]:
+        """A regression target's mean and population std over the live train rows."""
+        shift, total, squares = self.target
+        mean, std = _moments(
+            np.array([self.train_rows]), np.array([shift]), np.array([total]), np.array([squares])
+        )
+        return mean[0], std[0]
+
+
+def _moments(
+    counts: np.ndarray, shift: np.ndarray, sums: np.ndarray, squares: np.ndarray
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    count = np.maximum(counts, 1)
+    mean = sums / count
+    variance = np.maximum(squares / count - mean * mean, 0.0)
+    mean = np.where(counts > 0, mean + shift, 0.0)
+    return tuple(float(v) for v in mean), tuple(float(v) for v in np.sqrt(variance))
 
 
 def read_dead(folder: Path, entry: PartSplit) -> np.ndarray:

@@ -44,6 +44,7 @@ from training.tasks.tabular.raw_files import (
 )
 from training.tasks.tabular.schema import (
     DIGITS_SCHEMA,
+    LABEL_NAME,
     SOURCE_FILE_COLUMN,
     SOURCE_ROW_COLUMN,
     TableSchema,
@@ -112,6 +113,7 @@ def prepare(
             normalization=Normalization(mean=mean, std=std),
             previous_version=previous_manifest.data_version if previous_manifest else None,
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            vocabularies=folding.vocabulary_values(),
         )
         if existing is not None:
             return same_version_or_refuse(out, existing, manifest)
@@ -170,9 +172,7 @@ def _start(
         if reason is None:
             try:
                 check_files(previous_dir, previous.parts)
-                folding = Folding.from_version(
-                    previous_dir, previous.parts, previous.totals, schema, split, scratch
-                )
+                folding = Folding.from_version(previous_dir, previous, schema, scratch)
             except InputError as error:
                 reason = f"its prepared files cannot be reused ({error})"
             else:
@@ -259,10 +259,22 @@ def _why_not_incremental(
 
 
 def with_class_count(schema: TableSchema, folding: Folding, raw: Path) -> TableSchema:
-    """`schema` with an open class count fixed from the live rows' labels: the largest label + 1 of the range
-    the labels fill. A label far beyond the others (999999999 among 0..9) is refused naming its file and
-    row: taken as a class count, it would make the model's last layer a billion wide."""
-    if schema.n_classes is not None:
+    """`schema` with an open class count fixed from the live rows' labels: for class names, the names found
+    (in order of arrival); for class indices, the largest label + 1 of the range the labels fill. A label
+    far beyond the others (999999999 among 0..9) is refused naming its file and row: taken as a class
+    count, it would make the model's last layer a billion wide. A regression has no classes."""
+    if schema.is_regression or (schema.n_classes is not None and schema.label_kind != LABEL_NAME):
+        return schema
+    if schema.label_kind == LABEL_NAME:
+        classes = tuple(folding.classes.values)
+        if len(classes) < 2:
+            raise InputError(
+                f"{escaped(raw)}: the label column {schema.label_column!r} holds only the class "
+                f"{escaped(', '.join(classes))}; expected at least two classes (or set objective = "
+                '"regression" for a numeric target)'
+            )
+        if schema.classes is None or len(classes) > len(schema.classes):
+            return dataclasses.replace(schema, classes=classes, n_classes=len(classes))
         return schema
     labels = np.array(sorted(folding.labels), dtype=np.int64)
     count = inferred_class_count(labels)

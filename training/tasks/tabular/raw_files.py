@@ -15,7 +15,7 @@ import csv
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,15 @@ from core.errors import InputError
 from core.files import file_sha256
 from core.rejected_inputs import RawFilesRejected, rejected_for
 from core.text import escaped
+from training.tasks.tabular.encoding import FALSE_TEXT, MISSING_TEXT, TRUE_TEXT
 from training.tasks.tabular.schema import (
+    BOOLEAN,
+    CATEGORICAL,
     DERIVED_KEY_COLUMN,
+    LABEL_INDEX,
+    LABEL_NAME,
+    LABEL_NUMBER,
+    NUMERIC,
     SOURCE_FILE_COLUMN,
     SOURCE_ROW_COLUMN,
     TableSchema,
@@ -43,6 +50,7 @@ RAW_SUFFIXES = (".csv", ".parquet")
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 _MESSAGE_LIMIT = 200
 _DERIVED_KEY_TAG = b"retrain-row/1\n"
+_TEXT_TAG = b"retrain-text/1\n"
 # float32's largest value is 3.4028235e38; anything past it becomes inf once training casts it.
 FINITE_FEATURE = "a finite number within float32's range (|x| <= 3.4e38)"
 EXPECTED_UTF8 = "UTF-8 text (save the CSV file as UTF-8)"
@@ -50,6 +58,7 @@ _UTF8_CHUNK = 1 << 20
 _CSV_BLOCK_BYTES = 4 << 20  # what one CSV read parses at once: bounded, and large enough to read fast
 _BATCH_ROWS = 65536  # Parquet rows read at once
 _WHOLE_FILE = 1 << 62
+_INFERENCE_VALUES = 10_000  # a column's values its type is inferred from
 
 
 @dataclass(frozen=True)
@@ -116,15 +125,24 @@ def header_columns(path: Path) -> list[str]:
 
 
 def with_features(schema: TableSchema, paths: list[Path], previous: TableSchema | None = None) -> TableSchema:
-    """`schema` with open feature columns fixed: as the `previous` data version has them when it was
-    prepared with these options (the model's last good version), else as the header of most of the raw
-    data (by bytes; then by files; then the earliest name) has them. Which file sorts first decides
-    nothing: a file of another header is rejected when it is read, naming itself. Raises RawFilesRejected,
-    every file with its reason, when no file has a header with the key, the label and features."""
-    if schema.feature_columns is not None or not paths:
+    """`schema` with its open parts fixed: as the `previous` data version has them when it was prepared
+    with these options (the model's last good version); else the feature columns as the header of most of
+    the raw data (by bytes; then by files; then the earliest name) has them, and each undeclared feature's
+    type and the label's kind as the first file of that header shows them (`with_types`). Which file sorts
+    first decides nothing of the columns: a file of another header is rejected when it is read, naming
+    itself. Raises RawFilesRejected, every file with its reason, when no file has a header with the key,
+    the label and features."""
+    if not paths:
         return schema
-    if previous is not None and previous.feature_columns and schema.accepts(previous):
-        return dataclasses.replace(schema, feature_columns=previous.feature_columns)
+    if previous is not None and previous.is_resolved and schema.accepts(previous):
+        return dataclasses.replace(
+            schema,
+            feature_columns=previous.feature_columns,
+            feature_types=previous.feature_types,
+            label_kind=previous.label_kind,
+        )
+    if schema.feature_columns is not None:
+        return with_types(schema, next((path for path in paths if path.stat().st_size), paths[0]))
     headers: dict[frozenset[str], _HeaderVote] = {}
     problems = []
     for order, path in enumerate(paths):
@@ -138,7 +156,7 @@ def with_features(schema: TableSchema, paths: list[Path], previous: TableSchema 
         vote.files += 1
     if headers:
         chosen = max(headers.values(), key=lambda vote: (vote.bytes, vote.files, -vote.order))
-        return schema.with_features_from(list(chosen.header))
+        return with_types(schema.with_features_from(list(chosen.header)), paths[chosen.order])
     # No file could fix the schema: the first readable header does, so each file's own read says what it
     # lacks against it (as it did before there was a choice to make).
     first: InputError | None = None
@@ -149,6 +167,79 @@ def with_features(schema: TableSchema, paths: list[Path], previous: TableSchema 
         except InputError as error:
             first = first or error
     raise RawFilesRejected(problems, None if first is None else str(first))
+
+
+def with_types(schema: TableSchema, path: Path) -> TableSchema:
+    """`schema` (its feature columns known) with each feature's type and the label's kind fixed: as the
+    options declare them, else as the first block of `path` shows them. A Parquet column's type says it; a
+    CSV column of numbers (blanks aside) is numeric, of true/false boolean, of anything else categorical;
+    labels that are all whole numbers are class indices, others class names. A file that cannot be read
+    leaves the defaults (numeric, class indices): reading it in full then says what is wrong with it."""
+    if schema.feature_types is not None and schema.label_kind is not None:
+        return schema
+    declared = dict(schema.column_types)
+    sample: pa.Table | None = None
+    try:
+        batches = _batches(path, schema)
+        next(batches)
+        batch = next(batches, None)
+        sample = None if batch is None else pa.Table.from_batches([batch])
+    except (*_CONVERSION_ERRORS, OSError, UnicodeDecodeError, StopIteration):
+        sample = None
+    types = []
+    for name in schema.feature_columns or ():
+        present = sample is not None and name in sample.column_names
+        inferred = _inferred_type(sample.column(name)) if present and sample is not None else NUMERIC
+        types.append(declared.get(name, inferred))
+    kind = schema.label_kind
+    if kind is None:
+        has_label = sample is not None and schema.label_column in sample.column_names
+        kind = _label_kind(sample.column(schema.label_column)) if has_label and sample else LABEL_INDEX
+    return dataclasses.replace(schema, feature_types=tuple(types), label_kind=kind)
+
+
+def _inferred_type(column: pa.ChunkedArray) -> str:
+    """A column's type as its values show it. A text column is numeric when most of its values are
+    numbers: a typo ("12O") among numbers is then refused naming its row, with the hint to declare the
+    column categorical if it really holds names, rather than turning a measurement into a category."""
+    if pa.types.is_boolean(column.type):
+        return BOOLEAN
+    if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
+        return NUMERIC
+    if not _is_text(column.type):
+        return CATEGORICAL  # a date, say: a name the model can learn from, not a number
+    present = _blank_as_null(column).drop_null()
+    if not len(present):
+        return NUMERIC
+    lowered = pc.utf8_lower(pc.utf8_trim_whitespace(present))
+    if pc.all(pc.is_in(lowered, value_set=pa.array(["false", "true"]))).as_py():
+        return BOOLEAN
+    return NUMERIC if _mostly(present, _is_number) else CATEGORICAL
+
+
+def _mostly(values: pa.ChunkedArray, test: Callable[[str], bool]) -> bool:
+    """Whether more than half of (the first `_INFERENCE_VALUES` of) `values` pass `test`."""
+    sample = values.slice(0, _INFERENCE_VALUES).to_pylist()
+    return 2 * sum(1 for value in sample if test(value)) > len(sample)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _label_kind(column: pa.ChunkedArray) -> str:
+    """Class indices when most labels are whole numbers of 0 or more (or not text at all), else names: a
+    stray "2.5" among indices is refused naming its row."""
+    if not _is_text(column.type):
+        return LABEL_INDEX
+    present = _blank_as_null(column).drop_null()
+    if not len(present):
+        return LABEL_INDEX
+    return LABEL_INDEX if _mostly(present, lambda text: text.strip().isdigit()) else LABEL_NAME
 
 
 @dataclass
@@ -303,10 +394,14 @@ def _validated(path: Path, table: pa.Table, schema: TableSchema, first_row: int 
     for name in schema.columns:
         raw = table.column(name)
         target, expected = _target(name, schema)
-        if name == schema.label_column and schema.classes:
+        if name == schema.label_column and schema.classes and schema.label_kind == LABEL_INDEX:
             values, bad_index = _class_indices(raw, schema)
+        elif name == schema.key_column:
+            values, bad_index = _convert(raw, target, must_be_text=True)
+        elif name == schema.label_column:
+            values, bad_index = _convert(_blank_as_null(raw), target, must_be_text=False)
         else:
-            values, bad_index = _convert(raw, target, must_be_text=name == schema.key_column)
+            values, bad_index = _feature(raw, schema.feature_type(name))
         if values is not None:
             converted[name] = values
             bad_index = _first_invalid(values, name, schema)
@@ -319,7 +414,7 @@ def _validated(path: Path, table: pa.Table, schema: TableSchema, first_row: int 
             f"{first.expected}, got {_show(first.value)}"
         )
     if not schema.key_column:
-        converted[DERIVED_KEY_COLUMN] = derived_keys(converted, schema)
+        converted[DERIVED_KEY_COLUMN] = derived_keys(pa.table(converted), schema)
     converted[SOURCE_FILE_COLUMN] = pa.chunked_array([pa.array([path.name] * table.num_rows, pa.string())])
     converted[SOURCE_ROW_COLUMN] = pa.chunked_array(
         [pa.array(np.arange(first_row + 1, first_row + table.num_rows + 1), pa.int64())]
@@ -332,33 +427,91 @@ def _target(name: str, schema: TableSchema) -> tuple[pa.DataType, str]:
     if name == schema.key_column:
         return pa.string(), "a non-empty string"
     if name == schema.label_column:
-        return pa.int64(), schema.describe_labels()
-    return pa.float64(), FINITE_FEATURE
+        return schema.label_arrow_type(), schema.describe_labels()
+    kind = schema.feature_type(name)
+    expected = {
+        NUMERIC: f"{FINITE_FEATURE} or a blank (if the column holds names, declare it in the task option "
+        f'column_types as "categorical")',
+        BOOLEAN: "true or false (or 1 or 0), or a blank",
+        CATEGORICAL: "a category (text), or a blank",
+    }
+    return {NUMERIC: pa.float64(), BOOLEAN: pa.bool_(), CATEGORICAL: pa.string()}[kind], expected[kind]
 
 
-def derived_keys(converted: dict[str, pa.ChunkedArray], schema: TableSchema) -> pa.ChunkedArray:
+def _blank_as_null(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A text column with pandas' missing-value spellings (`MISSING_TEXT`) as nulls; others as they are."""
+    if not _is_text(column.type):
+        return column
+    text = column.cast(pa.string())
+    missing = pc.is_in(text, value_set=pa.array(sorted(MISSING_TEXT), pa.string()))
+    return pc.if_else(missing, pa.scalar(None, pa.string()), text)
+
+
+def _feature(column: pa.ChunkedArray, kind: str) -> tuple[pa.ChunkedArray | None, int | None]:
+    """A feature column as its type holds it, a missing value null; or (None, first bad row)."""
+    if pa.types.is_floating(column.type):  # Parquet: NaN is a missing value, as pandas reads it
+        column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
+    column = _blank_as_null(column)
+    if kind == BOOLEAN and _is_text(column.type):
+        lowered = pc.utf8_lower(pc.utf8_trim_whitespace(column.cast(pa.string())))
+        truth = pc.is_in(lowered, value_set=pa.array(sorted(TRUE_TEXT), pa.string()))
+        known = pc.or_(truth, pc.is_in(lowered, value_set=pa.array(sorted(FALSE_TEXT), pa.string())))
+        unknown = pc.and_(pc.invert(known), pc.is_valid(lowered)).to_numpy(zero_copy_only=False)
+        if unknown.any():
+            return None, int(np.flatnonzero(unknown)[0])
+        return pc.if_else(pc.is_valid(lowered), truth, pa.scalar(None, pa.bool_())), None
+    target = {NUMERIC: pa.float64(), BOOLEAN: pa.bool_(), CATEGORICAL: pa.string()}[kind]
+    return _convert(column, target, must_be_text=False)
+
+
+def derived_keys(table: pa.Table, schema: TableSchema) -> pa.ChunkedArray:
     """Each row's key in a table without a key column: its row digest (`row_digests`) in hex, which exact
     duplicates share."""
-    labels = converted[schema.label_column].to_numpy()
-    features = np.column_stack([converted[name].to_numpy() for name in schema.feature_columns or ()])
-    return pa.chunked_array(
-        [pa.array([digest.hex() for digest in row_digests(labels, features)], pa.string())]
-    )
+    return pa.chunked_array([pa.array([digest.hex() for digest in row_digests(table, schema)], pa.string())])
 
 
-def row_digests(labels: np.ndarray, features: np.ndarray) -> list[bytes]:
-    """16 bytes per row, a hash of its label and feature values as validated numbers (so `1` and `1.0`, and
-    -0.0 and 0.0, are the same row): equal rows, and only they, share one."""
-    labels = np.ascontiguousarray(labels, dtype="<i8").reshape(-1, 1)
-    features = np.ascontiguousarray(np.asarray(features, dtype="<f8") + 0.0, dtype="<f8")
-    rows = np.concatenate([labels.view(np.uint8), features.view(np.uint8)], axis=1)
+def row_digests(table: pa.Table, schema: TableSchema) -> np.ndarray:
+    """16 bytes per row (`S16`), a hash of its label and feature values as validated (so `1` and `1.0`, and
+    -0.0 and 0.0, are the same row; a missing value is one value): equal rows, and only they, share one.
+
+    Numbers (and booleans) enter as float64, a missing one as one NaN; text (a category, a class name) as
+    8 bytes of its own hash, so each row hashes a fixed width, whatever its text."""
+    label = table.column(schema.label_column)
+    parts = [_text_bytes(label) if pa.types.is_string(label.type) else _number_bytes(label)]
+    for name in schema.feature_columns or ():
+        column = table.column(name)
+        parts.append(
+            _text_bytes(column) if schema.feature_type(name) == CATEGORICAL else _number_bytes(column)
+        )
+    rows = np.concatenate(parts, axis=1) if table.num_rows else np.zeros((0, 0), np.uint8)
     tagged = hashlib.sha256(_DERIVED_KEY_TAG)
     digests = []
     for row in rows:
         digest = tagged.copy()
         digest.update(row.tobytes())
         digests.append(digest.digest()[:16])
-    return digests
+    return np.array(digests, dtype="S16")
+
+
+def _number_bytes(column: pa.ChunkedArray) -> np.ndarray:
+    if pa.types.is_integer(column.type):  # a class index: its own 8 bytes, as the label always entered
+        values = np.ascontiguousarray(column.to_numpy(), dtype="<i8")
+    else:
+        if pa.types.is_boolean(column.type):
+            column = column.cast(pa.float64())
+        numbers = column.to_numpy(zero_copy_only=False).astype(np.float64) + 0.0
+        values = np.ascontiguousarray(np.where(np.isnan(numbers), np.nan, numbers), dtype="<f8")
+    return values.view(np.uint8).reshape(-1, 8)
+
+
+def _text_bytes(column: pa.ChunkedArray) -> np.ndarray:
+    encoded = column.combine_chunks().dictionary_encode()
+    words = [
+        hashlib.sha256(_TEXT_TAG + value.encode()).digest()[:8] for value in encoded.dictionary.to_pylist()
+    ]
+    table = np.array([*words, b"\0" * 8], dtype="S8")  # the last: a missing value
+    indices = encoded.indices.fill_null(len(words)).to_numpy(zero_copy_only=False)
+    return table[indices].view(np.uint8).reshape(-1, 8)
 
 
 def _class_indices(column: pa.ChunkedArray, schema: TableSchema) -> tuple[pa.ChunkedArray | None, int | None]:
@@ -411,19 +564,28 @@ def _first_unconvertible(column: pa.ChunkedArray, target: pa.DataType) -> int:
 
 def _first_invalid(values: pa.ChunkedArray, name: str, schema: TableSchema) -> int | None:
     """Index of the first converted value that is null or outside the column's allowed values."""
+    if name not in (schema.key_column, schema.label_column):  # a feature: missing is allowed
+        if schema.feature_type(name) != NUMERIC:
+            return None
+        numbers = values.fill_null(0.0).to_numpy()
+        with np.errstate(over="ignore"):  # overflowing float32 is what is being looked for
+            bad_numbers = np.flatnonzero(~np.isfinite(numbers.astype(np.float32)))
+        return int(bad_numbers[0]) if bad_numbers.size else None
     bad = values.is_null().to_numpy(zero_copy_only=False)
     if name == schema.key_column:
         blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(values)), 0)
         bad |= blank.fill_null(False).to_numpy(zero_copy_only=False)
-    elif name == schema.label_column:
+    elif schema.label_kind == LABEL_NUMBER:
+        with np.errstate(over="ignore"):
+            bad |= ~np.isfinite(values.fill_null(0.0).to_numpy().astype(np.float32))
+    elif schema.label_kind == LABEL_NAME:
+        blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(values)), 0)
+        bad |= blank.fill_null(False).to_numpy(zero_copy_only=False)
+    else:
         labels = values.fill_null(0).to_numpy()
         bad |= labels < 0
         if schema.n_classes is not None:
             bad |= labels >= schema.n_classes
-    else:
-        numbers = values.fill_null(0.0).to_numpy()
-        with np.errstate(over="ignore"):  # overflowing float32 is what is being looked for
-            bad |= ~np.isfinite(numbers.astype(np.float32))
     indices = np.flatnonzero(bad)
     return int(indices[0]) if indices.size else None
 
