@@ -4,7 +4,7 @@ did, and a new model's configuration.
     retrain run --data RAW [--model-name NAME | --config FILE] [--task REF] [--task-option KEY=VALUE ...]
                 [--epochs N] [--param KEY=VALUE ...] [--nproc N] [--force-rerun]
     retrain runs [--json] [--limit N]
-    retrain init NAME --task tabular|image|custom [--dir models]
+    retrain init NAME --task tabular|image|custom [--dir models]     (tabular: also landing/NAME/ sample data)
 
 `run` reads the model's configuration file (models/NAME.toml, or --config; components/run_settings.py) for
 its task, gate policy and parameters, checks that the task loads and reports the gate's metrics (the
@@ -34,7 +34,7 @@ from components.local.measured import measured_training
 from components.local.options import warm_start_setting
 from components.local.warm import WarmLauncher
 from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
-from components.model_init import KINDS, init_model
+from components.model_init import KINDS, LANDING_FOLDER, init_model
 from components.outcome import (
     decision_details,
     describe_outcome,
@@ -45,6 +45,7 @@ from components.outcome import (
 from components.preflight import Preflight, SubprocessPreflight
 from components.request import CANCELED, COMPLETED, FAILED, DataRef, RunRequest
 from components.run_settings import DEFAULT_MODEL_NAME, RunSettings, resolve_run_settings
+from components.sample_table import SAMPLE_ROWS
 from components.specs import load_pipeline_spec
 from components.task_ref import raw_depth
 from core.secrets import mask_secrets, mask_secrets_in
@@ -129,7 +130,12 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
 
     init = commands.add_parser("init", help="write a new model's commented configuration (and task file)")
     init.add_argument("name", help="the model's name: 1-40 lowercase letters, digits or '-'")
-    init.add_argument("--task", choices=KINDS, required=True, help="custom: also a task file to start from")
+    init.add_argument(
+        "--task",
+        choices=KINDS,
+        required=True,
+        help=f"custom: also a task file to start from; tabular: also a sample table in {LANDING_FOLDER}/NAME",
+    )
     init.add_argument(
         "--dir",
         type=Path,
@@ -232,7 +238,10 @@ def init_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     folder = args.dir if args.dir is not None else models_dir(cwd, args.environ)
     folder = folder if folder.is_absolute() else cwd / folder
     shown = str(folder.relative_to(cwd)) if folder.is_relative_to(cwd) else str(folder)
-    result = init_model(args.name, args.task, folder, shown)
+    # tabular: a sample table in landing/NAME, the folder a local landing container holds the model's
+    # files in (its [trigger] prefix), where the printed run line finds it.
+    landing = Path(LANDING_FOLDER, args.name)
+    result = init_model(args.name, args.task, folder, shown, cwd / landing)
     print(f"wrote {result.config}", file=out)
     retrain = retrain_argv(cwd)
     # `--model-name` finds the file only in the folder `retrain run` looks in; elsewhere it is named.
@@ -242,12 +251,19 @@ def init_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if result.task_file is not None:
         print(f"wrote {result.task_file}", file=out)
         print("try it, from this folder, on the sample data the task writes:", file=out)
-        sample = [*python_argv(cwd), f"{shown}/{result.task_file.name}", "--sample", "RAW"]
+        steps = [[*python_argv(cwd), f"{shown}/{result.task_file.name}", "--sample", "RAW"], run]
+    elif result.sample is not None:
+        print(f"wrote {result.sample} (sample data: {SAMPLE_ROWS} customers, churned or not)", file=out)
+        print(
+            "try it, from this folder, on that sample (then set [task.options] to your table's columns):",
+            file=out,
+        )
+        steps = [[*retrain, "run", *model, "--data", str(landing)]]
     else:
         print("edit it for your data; to try it first, from this folder, on sample data:", file=out)
-        image = ["--task", "image"] if args.task == "image" else []
-        sample = [*retrain, "sample-data", *image, "--out", "RAW"]
-    for argv in (sample, run):  # each runs as printed: this interpreter and its `retrain`, by path
+        sample = [*retrain, "sample-data", "--task", args.task, "--out", "RAW"]
+        steps = [sample, run]
+    for argv in steps:  # each runs as printed: this interpreter and its `retrain`, by path
         print(f"  {command_line(argv)}", file=out)
     return 0
 

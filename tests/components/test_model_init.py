@@ -1,24 +1,39 @@
-"""`retrain init`: a commented configuration that loads as it is, and for `custom` a task file that runs as
-it is on the sample data it generates."""
+"""`retrain init`: a commented configuration that loads as it is, showing every key the loader accepts; for
+`custom` a task file that runs as it is on the sample data it generates, and for `tabular` no code but a
+sample table to train on."""
 
 from __future__ import annotations
 
 import argparse
 import io
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from components import cli_local
 from components.errors import ConfigError
-from components.model_config import MODELS_DIR_VARIABLE, load_model_config
-from components.model_init import class_name, init_model
-from components.specs import REPO_ROOT
+from components.local.plan import _overridable_inputs
+from components.model_config import _TASK_KEYS, _TRIGGER_KEYS, MODELS_DIR_VARIABLE, load_model_config
+from components.model_init import KINDS, TEMPLATES, class_name, init_model, render_config
+from components.run_inputs import GATE_INPUTS
+from components.sample_table import (
+    CLASSES,
+    COLUMN_TYPES,
+    COLUMNS,
+    KEY_COLUMN,
+    LABEL_COLUMN,
+    SAMPLE_FILE,
+    SAMPLE_ROWS,
+    sample_csv,
+)
+from components.specs import REPO_ROOT, load_pipeline_spec
 
 
 def retrain_init(cwd: Path, *argv: str, environ: dict[str, str] | None = None) -> tuple[int, str]:
@@ -110,11 +125,10 @@ def test_the_printed_commands_run_as_printed_from_the_folder_init_ran_in(tmp_pat
     assert (tmp_path / ".retrain" / "runs").is_dir()  # the run's state went where the user is, by default
 
 
-@pytest.mark.parametrize("kind", ["tabular", "image"])
-def test_a_built_in_kind_prints_sample_data_that_runs_and_the_same_run_line(tmp_path, kind):
-    """The run line is the custom kind's, whose whole pipeline the test above runs as printed; here each
-    built-in kind's sample-data line runs as printed and writes what the run line's RAW names."""
-    code, output = retrain_init(tmp_path, "trial", "--task", kind)
+def test_the_image_kind_prints_sample_data_that_runs_and_the_same_run_line(tmp_path):
+    """The run line is the custom kind's, whose whole pipeline the test above runs as printed; here the
+    image kind's sample-data line runs as printed and writes what the run line's RAW names."""
+    code, output = retrain_init(tmp_path, "trial", "--task", "image")
     sample, run = printed_commands(output)
 
     assert code == 0 and sample[:2] == [RETRAIN_SCRIPT, "sample-data"]
@@ -126,7 +140,7 @@ def test_a_built_in_kind_prints_sample_data_that_runs_and_the_same_run_line(tmp_
 def test_a_model_written_elsewhere_is_run_by_its_file(tmp_path):
     code, output = retrain_init(tmp_path, "b", "--task", "tabular", "--dir", str(tmp_path / "elsewhere"))
     assert code == 0
-    assert printed_commands(output)[-1][1:] == ["run", "--config", "elsewhere/b.toml", "--data", "RAW"]
+    assert printed_commands(output)[-1][1:] == ["run", "--config", "elsewhere/b.toml", "--data", "landing/b"]
 
 
 def test_the_folder_comes_from_the_setting_or_the_option(tmp_path):
@@ -165,6 +179,204 @@ def test_class_names_follow_the_model_name():
     assert (class_name("house-prices"), class_name("digits"), class_name("a-b_c")) == (
         "HousePricesTask", "DigitsTask", "ABCTask"
     )  # fmt: skip
+
+
+# -- every key the loader accepts, shown; every one shown, accepted -----------------------------------------
+
+_TABLE = re.compile(r"\[(?P<table>[a-z.]+)\]")
+_SHOWN_KEY = re.compile(r"(?P<mark># )?(?P<key>[A-Za-z_][A-Za-z0-9_]*) = ")
+
+
+def shown_keys(text: str) -> dict[str, dict[str, bool]]:
+    """Each table's keys as the file shows them ("" the top level), each with whether it is set (False: a
+    commented-out `# key = value` line)."""
+    tables: dict[str, dict[str, bool]] = {"": {}}
+    table = ""
+    for line in text.splitlines():
+        if header := _TABLE.fullmatch(line):
+            table = header["table"]
+            tables.setdefault(table, {})
+        elif shown := _SHOWN_KEY.match(line):
+            tables[table][shown["key"]] = not shown["mark"]
+    return tables
+
+
+def accepted_keys() -> dict[str, set[str]]:
+    """The keys model_config.load_model_config accepts, table by table (task options are the task's)."""
+    pipeline = _overridable_inputs(load_pipeline_spec()) - set(GATE_INPUTS)
+    return {
+        "": {"name"},
+        "task": set(_TASK_KEYS) - {"options"},
+        "gate": set(GATE_INPUTS),
+        "pipeline": pipeline,
+        "trigger": set(_TRIGGER_KEYS),
+    }
+
+
+def rendered(kind: str) -> str:
+    return render_config("trial", kind, "trial_task.py" if kind == "custom" else None)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_configuration_shows_every_key_the_loader_accepts(kind):
+    """Set or commented out: a key the loader gains (a new train input) fails here until the template
+    explains it. Validation, early stopping and the candidate's choice are among them, commented out."""
+    shown = shown_keys(rendered(kind))
+    assert {table: set(shown[table]) for table in accepted_keys()} == accepted_keys()
+    commented = {key for key, is_set in shown["pipeline"].items() if not is_set}
+    assert {
+        "validate_every_epochs",
+        "validate_every_steps",
+        "early_stopping_metric",
+        "early_stopping_patience",
+        "early_stopping_min_delta",
+        "candidate",
+        "split",
+        "bootstrap_resamples",
+        "checkpoint_every_steps",
+        "registry_lock",
+        "mlflow_tracking_uri",
+    } <= commented
+
+
+def _uncommented(text: str, lines: set[int]) -> str:
+    return "\n".join(
+        line.removeprefix("# ") if number in lines else line for number, line in enumerate(text.splitlines())
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_commented_out_key_is_accepted_by_the_loader_once_uncommented(tmp_path, kind):
+    """Each `# key = value` line uncommented alone, then all of them at once, loads through the real loader
+    (so the template can never show a key, or a value, the loader refuses), with the value as written."""
+    path = init_model("trial", kind, tmp_path).config  # custom: beside the task file it names
+    text = path.read_text()
+    commented = [
+        number for number, line in enumerate(text.splitlines()) if (m := _SHOWN_KEY.match(line)) and m["mark"]
+    ]
+    assert len(commented) >= 15
+    pipeline = load_pipeline_spec()
+    for number in commented:
+        path.write_text(_uncommented(text, {number}))
+        load_model_config(path, pipeline)  # a refusal names the file and the key
+    path.write_text(_uncommented(text, set(commented)))
+    config = load_model_config(path, pipeline)
+    document = tomllib.loads(path.read_text())
+    assert dict(config.pipeline) == document["pipeline"]
+    assert config.pipeline["early_stopping_metric"] == f"validation_{config.gate.primary_metric}"
+    assert (config.trigger.account, config.trigger.depth) == ("mystorageaccount", 1)
+    assert config.gate.confidence == 0.95
+
+
+def test_the_kinds_share_one_gate_and_one_pipeline_template():
+    """Only [task.options] and the gate's metrics and bounds are a kind's own: the rest is rendered from
+    one text, so the kinds cannot drift apart."""
+    for template in (TEMPLATES / f"{kind}.toml.tmpl" for kind in KINDS):
+        assert not re.search(r"^#? ?\[|^#? ?(primary_metric|epochs|candidate) = ", template.read_text(), re.M)
+    shared = {
+        kind: {
+            table: set(keys) for table, keys in shown_keys(rendered(kind)).items() if table != "task.options"
+        }
+        for kind in KINDS
+    }
+    assert shared["tabular"] == shared["custom"] == shared["image"]
+    pipelines = {kind: rendered(kind).split("\n[pipeline]\n")[1].split("\n[trigger]\n")[0] for kind in KINDS}
+    assert pipelines["tabular"] == pipelines["image"]  # the same primary metric
+    assert pipelines["custom"] == pipelines["tabular"].replace("validation_macro_f1", "validation_mse")
+
+
+# -- tabular: a configuration and a sample table, no code ----------------------------------------------------
+
+TABULAR_OPTIONS = {
+    "label_column": "churned",
+    "key_column": "customer_id",
+    "objective": "classification",
+    "column_types": {"plan": "categorical", "city": "categorical", "autopay": "boolean"},
+    "max_categories": 1000,
+    "hidden_width": 256,
+    "hidden_layers": 2,
+    "dropout": 0.1,
+}
+
+
+def test_tabular_writes_a_runnable_configuration_and_a_sample_table_and_no_code(tmp_path):
+    code, output = retrain_init(tmp_path, "churn", "--task", "tabular")
+
+    config_path = tmp_path / "models" / "churn.toml"
+    sample = tmp_path / "landing" / "churn" / SAMPLE_FILE
+    assert code == 0
+    assert output.splitlines()[:2] == [
+        f"wrote {config_path}",
+        f"wrote {sample} (sample data: {SAMPLE_ROWS} customers, churned or not)",
+    ]
+    assert printed_commands(output) == [
+        [RETRAIN_SCRIPT, "run", "--model-name", "churn", "--data", "landing/churn"]
+    ]
+    written = {path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*") if path.is_file()}
+    assert written == {"landing/churn/batch-0001.csv", "models/churn.toml"}  # no task file, no Python at all
+
+    config = load_model_config(config_path)
+    assert (config.name, config.task.ref, config.task.text) == ("churn", "tabular", "tabular")
+    assert dict(config.task.options) == TABULAR_OPTIONS
+    shown = shown_keys(config_path.read_text())["task.options"]
+    assert shown == {**dict.fromkeys(TABULAR_OPTIONS, True), **dict.fromkeys(
+        ("feature_columns", "classes", "class_weights"), False
+    )}  # fmt: skip
+    assert config.gate.primary_metric == "macro_f1" and config.trigger.prefix == "churn"
+    assert unexplained_keys(config_path.read_text()) == []
+
+
+def test_the_tabular_sample_is_the_table_its_configuration_describes(tmp_path):
+    """Numeric, categorical and boolean columns, blanks in some features, a label of names: the table the
+    configuration's options name, the same bytes on every machine."""
+    import pandas as pd
+
+    init_model("churn", "tabular", tmp_path / "models", sample_folder=tmp_path / "landing" / "churn")
+    path = tmp_path / "landing" / "churn" / SAMPLE_FILE
+    assert path.read_bytes() == sample_csv() == sample_csv(SAMPLE_ROWS, 0)  # deterministic
+    table = pd.read_csv(path)
+    options = load_model_config(tmp_path / "models" / "churn.toml").task.options
+
+    assert tuple(table.columns) == COLUMNS
+    assert (options["key_column"], options["label_column"]) == (KEY_COLUMN, LABEL_COLUMN)
+    assert options["column_types"] == COLUMN_TYPES and set(COLUMN_TYPES) <= set(table.columns)
+    assert 200 <= len(table) <= 1000 and table[KEY_COLUMN].is_unique
+    assert table[[KEY_COLUMN, LABEL_COLUMN]].notna().all().all()
+    labels = table[LABEL_COLUMN]
+    assert labels.dtype == object and set(labels) == set(CLASSES) == {"yes", "no"}
+    assert 0.2 <= (labels == "yes").mean() <= 0.5  # both classes well represented
+    blanks = table.isna().sum()
+    assert {name for name, count in blanks.items() if count} == {
+        "monthly_charges", "support_calls", "city", "autopay"
+    }  # fmt: skip
+    for numeric in ("tenure_months", "monthly_charges", "support_calls"):
+        assert pd.api.types.is_numeric_dtype(table[numeric])
+    assert set(table["autopay"].dropna()) == {True, False}  # read as booleans: true / false
+    assert set(table["plan"]) == {"monthly", "annual", "two-year"} and table["city"].nunique() >= 10
+    raw = path.read_text().splitlines()
+    assert raw[0] == ",".join(COLUMNS) and any(",," in line for line in raw[1:])  # blanks are empty cells
+
+
+def test_tabular_init_leaves_existing_data_alone(tmp_path):
+    landing = tmp_path / "landing" / "churn"
+    landing.mkdir(parents=True)
+    (landing / "mine.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ConfigError, match=r"landing/churn: exists already and is not an empty folder"):
+        retrain_init(tmp_path, "churn", "--task", "tabular")
+    assert not (tmp_path / "models").exists() and [p.name for p in landing.iterdir()] == ["mine.csv"]
+
+
+def test_a_tabular_configuration_that_cannot_be_written_leaves_no_sample(tmp_path, monkeypatch):
+    from components import model_init
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(model_init, "render_config", broken)
+    with pytest.raises(OSError, match="disk full"):
+        init_model("churn", "tabular", tmp_path / "models", sample_folder=tmp_path / "landing" / "churn")
+    assert not (tmp_path / "landing" / "churn").exists()
+    assert not (tmp_path / "models" / "churn.toml").exists()
 
 
 # -- the custom task runs as it is -------------------------------------------------------------------------

@@ -11,6 +11,9 @@ the JSON forms; and `retrain drift` compares new batches with its training data,
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from sklearn.metrics import f1_score, mean_absolute_error
 
 from components.local import RunRecord
 from components.model_config import MODELS_DIR_VARIABLE
+from components.specs import REPO_ROOT
 from training.cli import main as training_main
 from training.tasks.tabular.manifest import Manifest, read_manifest, read_split_table
 
@@ -231,3 +235,20 @@ def test_a_regression_target_trains_as_well_as_gradient_boosting_and_serves_numb
     answers = np.asarray(regressed.champion(monkeypatch).predict(table), dtype=np.float64)
     assert answers.shape == (len(table),) and np.isfinite(answers).all()
     assert mean_absolute_error(table["spend"], answers) < 2 * metrics["mae"]
+
+
+def test_retrain_init_tabular_then_run_needs_no_code(tmp_path):
+    environ = {name: value for name, value in os.environ.items() if not name.startswith("RETRAIN_")}
+    environ["PYTHONPATH"] = str(REPO_ROOT)
+    completed = subprocess.run(
+        [sys.executable, "-m", "retrain_cli", "init", "churn", "--task", "tabular"],
+        cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert not list(tmp_path.rglob("*.py"))
+
+    _, registration, output = retrain_run(
+        tmp_path / ".retrain", tmp_path / "models", "--model-name", "churn",
+        "--data", str(tmp_path / "landing" / "churn"), *QUICK,
+    )  # fmt: skip
+    assert registration["registered_version"] == "1", output
