@@ -119,6 +119,9 @@ def test_serving_reads_blanks_unseen_categories_and_booleans_as_callers_write_th
     assert np.isnan(encoded[1, at["colour"]]) and encoded[2, at["colour"]] == UNSEEN
     assert encoded[1, at["city"]] == UNSEEN and np.isnan(encoded[2, at["city"]])
     assert encoded[:, at["member"]].tolist() == [1.0, 0.0, 1.0]
+    # A JSON body's columns or rows, as MLflow hands them over to a model without an input schema.
+    for parsed in (caller.to_dict(orient="list"), caller.to_dict(orient="records")):
+        np.testing.assert_array_equal(feature_array(parsed, info), encoded)
 
     model = task.build_model(info).eval()
     with torch.no_grad():

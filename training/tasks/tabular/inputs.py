@@ -31,6 +31,10 @@ def feature_array(inputs: Any, info: Mapping[str, Any]) -> np.ndarray:
 
     columns: list[str] = list(info["feature_columns"])
     types: Sequence[str] = info.get("feature_types") or [NUMERIC] * len(columns)
+    if _is_table(inputs):
+        # MLflow hands a JSON body's `inputs` (columns) or `instances` (records) over as it parsed them when
+        # the model has no input schema: a dict of columns, or a list of rows by name.
+        inputs = pd.DataFrame(inputs)
     if isinstance(inputs, pd.DataFrame):
         missing = [name for name in columns if name not in inputs.columns]
         if missing:
@@ -65,10 +69,19 @@ def feature_array(inputs: Any, info: Mapping[str, Any]) -> np.ndarray:
     return array.astype(np.float32)
 
 
+def _is_table(inputs: Any) -> bool:
+    """A dict of columns, or a non-empty list of dicts (rows by column name)."""
+    if isinstance(inputs, Mapping):
+        return True
+    return isinstance(inputs, list) and bool(inputs) and all(isinstance(row, Mapping) for row in inputs)
+
+
 def _column(values: np.ndarray, name: str, kind: str, vocabulary: Sequence[str]) -> np.ndarray:
     out = np.full(len(values), np.nan)
     index = {category: code for code, category in enumerate(vocabulary)} if kind == CATEGORICAL else {}
     for row, value in enumerate(values):
+        if isinstance(value, np.ndarray) and value.ndim == 0:  # MLflow's parse of `instances` wraps each
+            value = value.item()
         if _is_missing(value):
             continue
         if kind == CATEGORICAL:
