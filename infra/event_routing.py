@@ -80,7 +80,9 @@ def event_routing(
     return {
         "servedModels": models,
         "commitApis": list(COMMIT_APIS),
-        "driftEventTypes": [RUN_STATUS_CHANGED, DATASET_DRIFT_DETECTED],
+        # separate subscriptions: the monitor's events are filtered on their breach tag, which v1's lack
+        "monitorEventType": RUN_STATUS_CHANGED,
+        "datasetDriftEventType": DATASET_DRIFT_DETECTED,
         "driftDetectedEventType": RETRAIN_DRIFT_DETECTED,
         "subscriptions": subscriptions,
     }

@@ -3,12 +3,14 @@
 //     -p environmentName=<name> location=<location> [principalId=<your object id>]
 // (later -p values win over the file's azd placeholders; every other parameter has a default).
 //
-// First deployment: an Event Grid subscription to an AzureFunction endpoint is validated when it is created,
-// and `azd up` provisions before it deploys the code, so the subscriptions cannot exist on the first
-// provision. They are their own module (modules/subscriptions.bicep), deployed when functionsPublished is
-// true: the azd postdeploy hook (infra/hooks/postdeploy.sh) sets RETRAIN_FUNCTIONS_PUBLISHED=true once the
-// code is published and provisions again; from then on every `azd up` keeps them. Without azd: deploy, publish
-// the code (`func azure functionapp publish <functionAppName>`), then deploy again with -p functionsPublished=true.
+// The Event Grid subscriptions are not in this deployment: a subscription to an AzureFunction endpoint is
+// validated when it is created, and `azd up` provisions before it deploys the code. modules/subscriptions.bicep
+// is its own resource-group deployment, made after the code by the azd postdeploy hook
+// (infra/hooks/postdeploy.sh: `az deployment group create`, on every deploy, from this template's outputs below).
+// Without azd: deploy this, publish the code (`func azure functionapp publish <functionAppName>`), then deploy
+// modules/subscriptions.bicep into the resource group (docs/deploying-by-hand.md). No flag records that the code
+// is published: nothing survives `azd down` to make the next first provision subscribe to functions that do
+// not exist yet.
 
 targetScope = 'subscription'
 
@@ -17,18 +19,75 @@ targetScope = 'subscription'
 @description('Names the resource group (rg-<name>) and seeds every resource name.')
 param environmentName string = 'retrain'
 
+// The regions where Azure Functions Flex Consumption (the Function App's plan) is offered: a snapshot of
+// Microsoft Learn's "Flex Consumption plan" region list (https://learn.microsoft.com/azure/azure-functions/flex-consumption-plan)
+// as of 2025, and the same as the official azd sample's, Azure-Samples/functions-quickstart-python-http-azd
+// infra/main.bicep, less its canary region eastus2euap. Refresh it with `az functionapp list-flexconsumption-locations --query "sort_by(@, &name)[].name" -o tsv`.
+// The GPU clusters' VM size (components/compute/gpu-*.yml) is offered in fewer regions: the azd preprovision
+// hook checks it with `az vm list-skus` and stops with one line where it is not (README, "Deploying to Azure").
 @minLength(1)
-@description('Region of every resource.')
+@description('Region of every resource: one where Azure Functions Flex Consumption is offered.')
+@metadata({
+  azd: {
+    type: 'location'
+  }
+})
+@allowed([
+  'australiaeast'
+  'australiasoutheast'
+  'brazilsouth'
+  'canadacentral'
+  'centralindia'
+  'centralus'
+  'eastasia'
+  'eastus'
+  'eastus2'
+  'francecentral'
+  'germanywestcentral'
+  'italynorth'
+  'japaneast'
+  'koreacentral'
+  'northcentralus'
+  'northeurope'
+  'norwayeast'
+  'southafricanorth'
+  'southcentralus'
+  'southeastasia'
+  'southindia'
+  'spaincentral'
+  'swedencentral'
+  'uaenorth'
+  'uksouth'
+  'ukwest'
+  'westcentralus'
+  'westeurope'
+  'westus'
+  'westus2'
+  'westus3'
+])
 param location string = deployment().location
 
 @description('Object id of the deploying user, granted AzureML Data Scientist for `retrain publish` (azd sets it); empty: none.')
 param principalId string = ''
 
+@description('What principalId is: a user, or a service principal (a pipeline that runs azd; azd sets AZURE_PRINCIPAL_TYPE).')
+@allowed([
+  'User'
+  'ServicePrincipal'
+])
+param principalType string = 'User'
+
+// The key vault (purge protection on) and the workspace stay soft-deleted under their names after `azd down`
+// (a purge-protected vault cannot be purged, even by `azd down --purge`: its name is taken until its retention
+// ends), so each incarnation names them afresh: the azd preprovision hook sets RETRAIN_NAME_SUFFIX once per
+// environment and the postdown hook clears it, so the next `azd up` gets new names. Empty for a plain
+// `az deployment sub create` (then a second deployment after a teardown needs a new suffix or environment name).
+@maxLength(8)
+@description('Lowercase letters and digits appended to the names of the resources soft-deleted by name.')
+param nameSuffix string = ''
+
 @description('An existing Azure ML workspace, in the deployment\'s resource group, to use instead of creating one.')
 param existingWorkspaceName string = ''
-
-@description('Whether the Function App\'s code is published: then the Event Grid subscriptions are deployed.')
-param functionsPublished bool = false
 
 @description('Whether to deploy the custom topic for Retrain.DriftDetected (the drift check\'s alert).')
 param deployDriftTopic bool = false
@@ -37,6 +96,8 @@ var tags = {
   'azd-env-name': environmentName
 }
 var token = toLower(uniqueString(subscription().id, environmentName, location))
+// 'kv-' + 13 + at most 8 = 24 characters, the key vault's limit; the workspace's and Log Analytics' limits are wider.
+var incarnation = '${token}${toLower(nameSuffix)}'
 // The deployment account's containers; `landing` is also infra/event_routing.py's LANDING_CONTAINER.
 var containers = {
   landing: 'landing'
@@ -78,7 +139,7 @@ module monitoring 'modules/monitoring.bicep' = {
   name: 'monitoring'
   scope: resourceGroup
   params: {
-    logAnalyticsName: 'log-${token}'
+    logAnalyticsName: 'log-${incarnation}'
     applicationInsightsName: 'appi-${token}'
     location: location
     tags: tags
@@ -89,11 +150,11 @@ module workspace 'modules/workspace.bicep' = if (newWorkspace) {
   name: 'workspace'
   scope: resourceGroup
   params: {
-    name: 'mlw-${token}'
+    name: 'mlw-${incarnation}'
     location: location
     tags: tags
     storageAccountName: 'stml${token}'
-    keyVaultName: 'kv-${token}'
+    keyVaultName: 'kv-${incarnation}'
     applicationInsightsId: monitoring.outputs.applicationInsightsId
   }
 }
@@ -136,6 +197,9 @@ module functionApp 'modules/functionapp.bicep' = {
   }
 }
 
+@description('The existing workspace\'s Event Grid system topic, if it has one (one per workspace): subscribed to instead of creating one. Empty: create one.')
+param existingWorkspaceTopicName string = ''
+
 module eventGrid 'modules/eventgrid.bicep' = {
   name: 'eventgrid'
   scope: resourceGroup
@@ -146,7 +210,7 @@ module eventGrid 'modules/eventgrid.bicep' = {
     storageAccountId: storage.outputs.id
     workspaceTopicName: 'evgt-mlw-${token}'
     workspaceId: azureml.outputs.workspaceId
-    workspaceLocation: location
+    existingWorkspaceTopicName: existingWorkspaceTopicName
     deployDriftTopic: deployDriftTopic
     driftTopicName: 'evgt-drift-${token}'
   }
@@ -165,28 +229,13 @@ module roles 'modules/roles.bicep' = {
     driftPrincipalId: azureml.outputs.driftPrincipalId
     storageTopicPrincipalId: eventGrid.outputs.storageTopicPrincipalId
     workspaceTopicPrincipalId: eventGrid.outputs.workspaceTopicPrincipalId
+    driftTopicPrincipalId: eventGrid.outputs.driftTopicPrincipalId
+    workspaceStorageAccountName: newWorkspace ? workspace.outputs.storageAccountName : ''
     deployDriftTopic: deployDriftTopic
     driftTopicName: 'evgt-drift-${token}'
     principalId: principalId
+    principalType: principalType
   }
-}
-
-module subscriptions 'modules/subscriptions.bicep' = if (functionsPublished) {
-  name: 'subscriptions'
-  scope: resourceGroup
-  params: {
-    functionAppName: functionApp.outputs.name
-    storageAccountName: storage.outputs.name
-    deadLetterContainer: containers.deadLetter
-    storageTopicName: eventGrid.outputs.storageTopicName
-    workspaceTopicName: eventGrid.outputs.workspaceTopicName
-    deployDriftTopic: deployDriftTopic
-    driftTopicName: eventGrid.outputs.driftTopicName
-  }
-  // Dead-lettering with the topics' identities needs their roles first.
-  dependsOn: [
-    roles
-  ]
 }
 
 // azd stores these in the environment (.azure/<env>/.env) and hands them to hooks as environment variables;
@@ -203,3 +252,10 @@ output RETRAIN_LEDGER_URL string = '${storage.outputs.blobEndpoint}${containers.
 output RETRAIN_AZUREML_DATASTORE string = datastores.checkpoints
 output RETRAIN_AZUREML_DATA_DATASTORE string = datastores.landing
 output RETRAIN_DRIFT_TOPIC_ENDPOINT string = eventGrid.outputs.driftTopicEndpoint
+// What infra/hooks/postdeploy.sh hands modules/subscriptions.bicep (with RETRAIN_FUNCTION_APP and
+// RETRAIN_STORAGE_ACCOUNT above), after the code is deployed.
+output RETRAIN_DEAD_LETTER_CONTAINER string = containers.deadLetter
+output RETRAIN_STORAGE_TOPIC string = eventGrid.outputs.storageTopicName
+output RETRAIN_WORKSPACE_TOPIC string = eventGrid.outputs.workspaceTopicName
+output RETRAIN_DRIFT_TOPIC_DEPLOYED bool = deployDriftTopic
+output RETRAIN_DRIFT_TOPIC_NAME string = eventGrid.outputs.driftTopicName

@@ -55,8 +55,6 @@ resource plan 'Microsoft.Web/serverfarms@2025-05-01' = {
 }
 
 resource site 'Microsoft.Web/sites@2025-05-01' = {
-  // checkov:skip=CKV_AZURE_56: the HTTP functions are protected by function keys (authLevel FUNCTION); Event Grid reaches its functions through the platform's own endpoint, which App Service Authentication would block
-  // checkov:skip=CKV_AZURE_159: Event Grid and Azure ML call the app over its public endpoint; Flex Consumption without a virtual network has no private one
   // checkov:skip=CKV_AZURE_222: Event Grid delivers to the functions over the public endpoint (there is no virtual network to reach a private one); HTTP needs a function key
   // checkov:skip=CKV_AZURE_17: Event Grid presents no client certificate; HTTP callers authenticate with a function key (authLevel FUNCTION)
   // checkov:skip=CKV_AZURE_212: Flex Consumption scales from zero by design; Event Grid retries a delivery that meets a cold or failed instance, so no instance is kept warm (alwaysReady costs money all day)

@@ -3,14 +3,17 @@
 //
 //   Function App       Storage Blob Data Contributor on landing (reads batches, snapshots them beside the
 //                      data: the data datastore), ledger, the deployment package and the host's two
-//                      containers; AzureML Data Scientist on the workspace (data assets, pipeline jobs);
-//                      Monitoring Metrics Publisher on Application Insights (telemetry with its identity)
+//                      containers; the custom role frontDoorRole (below) on the workspace (data assets,
+//                      pipeline jobs); Monitoring Metrics Publisher on Application Insights (its telemetry)
 //   each compute       Storage Blob Data Contributor on checkpoints (the pipeline's datastore: checkpoints,
 //                      the registry lock); Storage Blob Data Reader on landing (the data datastore: the jobs
 //                      read the pinned snapshots, and never write landing data)
 //   drift compute      EventGrid Data Sender on the drift topic (when deployed)
+//                      Storage Blob Data Reader on the workspace's storage account (a new workspace's:
+//                      without listsecrets, azure-ai-ml reads a step's output there with the app's token)
 //   storage topic      Storage Blob Data Contributor on dead-letter (identity-based dead-lettering)
 //   workspace topic    Storage Blob Data Contributor on dead-letter
+//   drift topic        Storage Blob Data Contributor on dead-letter (when deployed)
 //   deployer           AzureML Data Scientist on the workspace (`retrain publish` in the postprovision hook);
 //                      Storage Blob Data Contributor on landing (the README's first upload) and Storage Blob
 //                      Data Reader on ledger (`retrain ledger`: what became of it)
@@ -24,15 +27,52 @@ param computePrincipalIds array
 param driftPrincipalId string
 param storageTopicPrincipalId string
 param workspaceTopicPrincipalId string
+@description('The drift topic\'s identity (when deployed), which dead-letters like the system topics.')
+param driftTopicPrincipalId string = ''
+@description('A new workspace\'s storage account, where its jobs\' outputs lie; empty for an existing workspace (grant the Function App Storage Blob Data Reader there by hand: docs/deploying-by-hand.md).')
+param workspaceStorageAccountName string = ''
 param deployDriftTopic bool
 param driftTopicName string
 @description('The deploying user (azd: AZURE_PRINCIPAL_ID); empty: no assignment for a user.')
 param principalId string = ''
+@description('What principalId is (azd: AZURE_PRINCIPAL_TYPE): a user, or a service principal that runs azd.')
+@allowed([
+  'User'
+  'ServicePrincipal'
+])
+param principalType string = 'User'
 
 var roles = loadJsonContent('../roles.json')
 var blobContributor = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Storage Blob Data Contributor'])
 var blobReader = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Storage Blob Data Reader'])
 var dataScientist = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['AzureML Data Scientist'])
+// The front door's Azure ML role: only what components/azureml/workspace.py (MLClientWorkspace) calls.
+// AzureML Data Scientist would also hold workspaces/datastores/listsecrets/action, which hands out the
+// workspace storage account's key (Azure ML's own account keeps shared keys on: the service, its computes
+// and the studio use them, so switching them off is not ours to do), and workspaces/*/write|delete on every
+// asset: too much for the internet-facing app. A custom role keeps the keys out of its reach instead.
+// Without listsecrets, azure-ai-ml reads a job's output with the app's own token (_artifact_utilities).
+var frontDoorActions = [
+  'Microsoft.MachineLearningServices/workspaces/read' // MLClient resolves the workspace
+  'Microsoft.MachineLearningServices/workspaces/jobs/read' // jobs.get, jobs.list(parent_job_name)
+  'Microsoft.MachineLearningServices/workspaces/jobs/write' // jobs.create_or_update: submits the pipeline
+  'Microsoft.MachineLearningServices/workspaces/experiments/read' // a job's experiment (one per model)
+  'Microsoft.MachineLearningServices/workspaces/experiments/runs/read' // run history: a step's named output
+  'Microsoft.MachineLearningServices/workspaces/experiments/runs/submit/action' // the submission's runs
+  'Microsoft.MachineLearningServices/workspaces/data/read' // data.get: the pinned data versions
+  'Microsoft.MachineLearningServices/workspaces/data/write'
+  'Microsoft.MachineLearningServices/workspaces/data/versions/read'
+  'Microsoft.MachineLearningServices/workspaces/data/versions/write' // data.create_or_update
+  'Microsoft.MachineLearningServices/workspaces/datastores/read' // datastores.get (never listsecrets)
+  'Microsoft.MachineLearningServices/workspaces/components/read' // the registered components a job names
+  'Microsoft.MachineLearningServices/workspaces/components/versions/read'
+  'Microsoft.MachineLearningServices/workspaces/environments/read'
+  'Microsoft.MachineLearningServices/workspaces/environments/versions/read'
+  'Microsoft.MachineLearningServices/workspaces/computes/read' // compute.get: a cluster's size and tier
+  'Microsoft.MachineLearningServices/locations/vmsizes/read' // compute.list_sizes (the quota check)
+  'Microsoft.MachineLearningServices/locations/usages/read' // compute.list_usage (the quota check)
+]
+
 var dataSender = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['EventGrid Data Sender'])
 var metricsPublisher = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Monitoring Metrics Publisher'])
 
@@ -43,7 +83,8 @@ var functionAppContainers = [
   'azure-webjobs-hosts'
   'azure-webjobs-secrets'
 ]
-var topicPrincipalIds = [storageTopicPrincipalId, workspaceTopicPrincipalId]
+var driftTopicPrincipalIds = deployDriftTopic && !empty(driftTopicPrincipalId) ? [driftTopicPrincipalId] : []
+var topicPrincipalIds = concat([storageTopicPrincipalId, workspaceTopicPrincipalId], driftTopicPrincipalIds)
 
 resource storageAccount 'Microsoft.Storage/storageAccounts@2026-09-01' existing = {
   name: storageAccountName
@@ -101,11 +142,33 @@ resource functionAppBlob 'Microsoft.Authorization/roleAssignments@2022-04-01' = 
   }
 }]
 
+// Assignable in this resource group only (the workspace's: main.bicep deploys this module there); named from
+// a guid of that scope, and titled with it too, as a role's name must be unique in the tenant.
+resource frontDoorRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = {
+  name: guid(resourceGroup().id, 'retrain-front-door-azureml')
+  properties: {
+    roleName: 'Retrain front door (Azure ML) ${uniqueString(resourceGroup().id)}'
+    description: 'Submit and follow Retrain pipeline jobs and pin data assets in an Azure ML workspace; no datastore secrets, no keys.'
+    type: 'CustomRole'
+    permissions: [
+      {
+        actions: frontDoorActions
+        notActions: []
+        dataActions: []
+        notDataActions: []
+      }
+    ]
+    assignableScopes: [
+      resourceGroup().id
+    ]
+  }
+}
+
 resource functionAppWorkspace 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   scope: workspace
-  name: guid(workspace.id, functionAppPrincipalId, dataScientist)
+  name: guid(workspace.id, functionAppPrincipalId, frontDoorRole.id)
   properties: {
-    roleDefinitionId: dataScientist
+    roleDefinitionId: frontDoorRole.id
     principalId: functionAppPrincipalId
     principalType: 'ServicePrincipal'
   }
@@ -141,6 +204,22 @@ resource computeLanding 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
   }
 }]
 
+resource workspaceStorage 'Microsoft.Storage/storageAccounts@2026-09-01' existing = if (!empty(workspaceStorageAccountName)) {
+  name: workspaceStorageAccountName
+}
+
+// The prep step's report and prepared-data output lie on the workspace's default datastore; the front door
+// reads them after a run (components/azureml/submitter.py) with its own token, since it may not list keys.
+resource functionAppWorkspaceOutputs 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(workspaceStorageAccountName)) {
+  scope: workspaceStorage
+  name: guid(resourceId('Microsoft.Storage/storageAccounts', workspaceStorageAccountName), functionAppPrincipalId, blobReader)
+  properties: {
+    roleDefinitionId: blobReader
+    principalId: functionAppPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 resource topicDeadLetter 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (topicPrincipalId, i) in topicPrincipalIds: {
   scope: deadLetter
   name: guid(deadLetter.id, topicPrincipalId, blobContributor)
@@ -167,7 +246,7 @@ resource deployerWorkspace 'Microsoft.Authorization/roleAssignments@2022-04-01' 
   properties: {
     roleDefinitionId: dataScientist
     principalId: principalId
-    principalType: 'User'
+    principalType: principalType
   }
 }
 
@@ -177,7 +256,7 @@ resource deployerLanding 'Microsoft.Authorization/roleAssignments@2022-04-01' = 
   properties: {
     roleDefinitionId: blobContributor
     principalId: principalId
-    principalType: 'User'
+    principalType: principalType
   }
 }
 
@@ -187,6 +266,6 @@ resource deployerLedger 'Microsoft.Authorization/roleAssignments@2022-04-01' = i
   properties: {
     roleDefinitionId: blobReader
     principalId: principalId
-    principalType: 'User'
+    principalType: principalType
   }
 }

@@ -18,12 +18,9 @@ var dataContainers = [containers.landing, containers.ledger, containers.checkpoi
 var allContainers = concat(dataContainers, hostContainers)
 
 resource account 'Microsoft.Storage/storageAccounts@2026-09-01' = {
-  // checkov:skip=CKV_AZURE_33: the account serves no queues (the host's identity connection uses blobs only), so there is no queue logging to enable
   // checkov:skip=CKV_AZURE_206: locally redundant storage is enough for data that is re-uploadable and checkpoints that are rewritten; a geo-replicated account is a parameterless change (sku) for those who need it
   // checkov:skip=CKV_AZURE_35: Flex Consumption without a virtual network and Azure ML compute clusters (not trusted services) reach the account over its public endpoint, so the network default cannot be deny; only Entra ID identities with a data role get in
   // checkov:skip=CKV_AZURE_59: Event Grid, Flex Consumption and Azure ML compute reach the account over the public endpoint; the account admits Entra ID only (no shared keys, no anonymous blobs)
-  // checkov:skip=CKV2_AZURE_1: encryption with Microsoft-managed keys; customer-managed keys need a Key Vault key the deployer owns
-  // checkov:skip=CKV2_AZURE_33: no private endpoint: Flex Consumption without a virtual network and Event Grid's delivery use the public endpoint
   name: name
   location: location
   tags: tags

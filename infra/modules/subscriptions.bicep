@@ -1,7 +1,8 @@
 // The Event Grid subscriptions that deliver to the front door's functions. An AzureFunction endpoint is
-// validated when the subscription is created, so these can exist only once the functions are published:
-// main.bicep deploys this module when its parameter functionsPublished is true, which the azd postdeploy hook
-// (infra/hooks/postdeploy.sh) sets after the first deploy of the code, then provisions again.
+// validated when the subscription is created, so these can exist only once the functions are published: this
+// is its own resource-group deployment, not a module of main.bicep. The azd postdeploy hook
+// (infra/hooks/postdeploy.sh) deploys it after every deploy of the code, with `az deployment group create`
+// and main.bicep's outputs as its parameters (tests/infra/test_deploy_flow.py holds the two together).
 //
 // One subscription per served model's [trigger] scope. Its filters come from infra/event-routing.json, which
 // `python -m infra.event_routing` writes from models/*.toml through the front door's own code, and which
@@ -89,7 +90,12 @@ resource blobSubscriptions 'Microsoft.EventGrid/systemTopics/eventSubscriptions@
   }
 }]
 
-// Azure ML's own drift alerts: model monitoring's RunStatusChanged and data drift v1's DatasetDriftDetected.
+// Azure ML model monitoring's drift alerts. The workspace raises RunStatusChanged for every job in it, Retrain's
+// own steps included; only a monitor signal run that breached a threshold carries the tag, with this message,
+// so the filter Microsoft prescribes delivers those alone ("Monitor the performance of models deployed to
+// production", section "Integrate Azure Machine Learning model monitoring with Azure Event Grid":
+// https://learn.microsoft.com/azure/machine-learning/how-to-monitor-model-performance#integrate-azure-machine-learning-model-monitoring-with-azure-event-grid).
+// The function's parser checks the tag again (function_app/events/drift_alerts.py).
 resource workspaceSubscription 'Microsoft.EventGrid/systemTopics/eventSubscriptions@2025-02-15' = {
   parent: workspaceTopic
   name: 'retrain-drift'
@@ -104,7 +110,18 @@ resource workspaceSubscription 'Microsoft.EventGrid/systemTopics/eventSubscripti
       }
     }
     filter: {
-      includedEventTypes: routing.driftEventTypes
+      includedEventTypes: [
+        routing.monitorEventType
+      ]
+      advancedFilters: [
+        {
+          operatorType: 'StringContains'
+          key: 'data.RunTags.azureml_modelmonitor_threshold_breached'
+          values: [
+            'has failed due to one or more features violating metric thresholds'
+          ]
+        }
+      ]
     }
     retryPolicy: {
       maxDeliveryAttempts: 30
@@ -125,8 +142,47 @@ resource workspaceSubscription 'Microsoft.EventGrid/systemTopics/eventSubscripti
   }
 }
 
-// The drift check's own alert (Retrain.DriftDetected); a custom topic has no identity here, so its dead
-// letters are not kept: the drift check runs again on its schedule.
+// Data drift v1's DatasetDriftDetected, on its own: its events carry no run tags, so the monitor's filter
+// above would drop every one (a subscription's advanced filters must all match).
+resource datasetDriftSubscription 'Microsoft.EventGrid/systemTopics/eventSubscriptions@2025-02-15' = {
+  parent: workspaceTopic
+  name: 'retrain-dataset-drift'
+  properties: {
+    eventDeliverySchema: 'EventGridSchema'
+    destination: {
+      endpointType: 'AzureFunction'
+      properties: {
+        resourceId: '${functionApp.id}/functions/on_drift_alert'
+        maxEventsPerBatch: 1
+        preferredBatchSizeInKilobytes: 64
+      }
+    }
+    filter: {
+      includedEventTypes: [
+        routing.datasetDriftEventType
+      ]
+    }
+    retryPolicy: {
+      maxDeliveryAttempts: 30
+      eventTimeToLiveInMinutes: 1440
+    }
+    deadLetterWithResourceIdentity: {
+      identity: {
+        type: 'SystemAssigned'
+      }
+      deadLetterDestination: {
+        endpointType: 'StorageBlob'
+        properties: {
+          resourceId: storageAccount.id
+          blobContainerName: deadLetterContainer
+        }
+      }
+    }
+  }
+}
+
+// The drift check's own alert (Retrain.DriftDetected). Its dead letters are written with the custom topic's
+// system-assigned identity (eventgrid.bicep), as the system topics' are.
 resource driftSubscription 'Microsoft.EventGrid/topics/eventSubscriptions@2025-02-15' = if (deployDriftTopic) {
   parent: driftTopic
   name: 'retrain-drift-detected'
@@ -148,6 +204,18 @@ resource driftSubscription 'Microsoft.EventGrid/topics/eventSubscriptions@2025-0
     retryPolicy: {
       maxDeliveryAttempts: 30
       eventTimeToLiveInMinutes: 1440
+    }
+    deadLetterWithResourceIdentity: {
+      identity: {
+        type: 'SystemAssigned'
+      }
+      deadLetterDestination: {
+        endpointType: 'StorageBlob'
+        properties: {
+          resourceId: storageAccount.id
+          blobContainerName: deadLetterContainer
+        }
+      }
     }
   }
 }

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.infra.checkov_run import (
     CONFIG_FILE_NAMES,
+    SKIP_COMMENT,
     CheckovReport,
     checkov_parse_error,
     run_checkov,
@@ -78,3 +79,26 @@ def test_a_skip_without_a_reason_is_found(tmp_path: Path) -> None:
         f"{bare}:2: checkov:skip=CKV_AZURE_44 gives no reason",
         f"{bare}:3: checkov:skip=CKV_AZURE_3 gives no reason",
     ]
+
+
+def test_every_inline_skip_names_a_check_checkov_skips_there(report: CheckovReport) -> None:
+    # a skip of a check checkov never runs on that resource (a Terraform-only or graph check, another
+    # resource type's) excuses nothing and reads as if a policy had been weighed: each must be reported
+    skipped = {(r.file, r.check_id, r.lines[0]) for r in report.skipped}
+    stale = []
+    for path in infra_bicep_files():
+        relative = "infra/" + path.relative_to(INFRA).as_posix()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            for match in SKIP_COMMENT.finditer(line):
+                starts = [
+                    start for file, check, start in skipped if (file, check) == (relative, match.group(1))
+                ]
+                # the comment sits inside the resource checkov reports: the nearest resource opening above it
+                if not any(start <= number for start in starts) or _nearest_start(path, number) not in starts:
+                    stale.append(f"{relative}:{number}: checkov does not skip {match.group(1)} there")
+    assert not stale, "remove these inline skips (checkov never runs the check there):\n" + "\n".join(stale)
+
+
+def _nearest_start(path: Path, number: int) -> int:
+    lines = path.read_text(encoding="utf-8").splitlines()[:number]
+    return max(i for i, line in enumerate(lines, start=1) if line.startswith("resource "))

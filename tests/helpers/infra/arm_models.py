@@ -84,6 +84,11 @@ RESOURCE_MODELS: dict[str, tuple[str, str, str]] = {
         "azure.mgmt.authorization",
         "RoleAssignmentCreateParameters",
     ),
+    "Microsoft.Authorization/roleDefinitions": (
+        "azure-mgmt-authorization",
+        "azure.mgmt.authorization",
+        "RoleDefinition",
+    ),
     "Microsoft.Insights/components": (
         "azure-mgmt-applicationinsights",
         "azure.mgmt.applicationinsights",

@@ -52,11 +52,12 @@ BUILT_IN_ROLES = {
     "AzureML Data Scientist": "f6c7c914-8db3-469d-8ca1-694a8f32e121",
     "EventGrid Data Sender": "d5a91429-5739-47e2-a06b-3470a27159e7",
     "Monitoring Metrics Publisher": "3913510d-42f4-4e42-8a64-420c390055eb",
+    "Key Vault Administrator": "00482a5a-887f-4fb3-b363-3b7fe8e74483",
 }
 # Who must hold which role where (modules/roles.bicep): principal parameter, role, scope resource.
 REQUIRED_ASSIGNMENTS = {
     ("functionAppPrincipalId", "Storage Blob Data Contributor", "functionAppContainerScopes"),
-    ("functionAppPrincipalId", "AzureML Data Scientist", "workspace"),
+    ("functionAppPrincipalId", "frontDoorRole", "workspace"),  # the custom role roles.bicep defines
     ("functionAppPrincipalId", "Monitoring Metrics Publisher", "applicationInsights"),
     ("computePrincipalId", "Storage Blob Data Contributor", "checkpoints"),
     ("computePrincipalId", "Storage Blob Data Reader", "landing"),
@@ -377,6 +378,9 @@ def check_roles(infra: Path) -> list[str]:
         reference = (function.get("parameters") or {}).get("resource_name_1")
         if function.get("type") == "subscription_resource_id" and text(reference).startswith("roles["):
             by_variable[variable] = reference["operator"]["operands"]["operand_2"]
+    for name, resource in parsed["resources"].items():  # a custom role defined beside its assignments
+        if resource["type"] == "Microsoft.Authorization/roleDefinitions":
+            by_variable[f"{name}.id"] = name
     assigned = set()
     for name, resource in parsed["resources"].items():
         if resource["type"] != "Microsoft.Authorization/roleAssignments":
