@@ -159,7 +159,7 @@ def _module_graph() -> dict[str, set[str]]:
     files = [*REPO_ROOT.glob("*.py")]
     files += [
         f
-        for room in ("function_app", "components", "training", "demo", "infra")
+        for room in ("core", "function_app", "components", "training", "demo", "infra")
         for f in (REPO_ROOT / room).rglob("*.py")
     ]
     modules = {}

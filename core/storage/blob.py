@@ -33,8 +33,15 @@ from core.blob_urls import BlobLocation, check_prefix, parse_blob_url
 from core.secrets import mask_secrets
 from core.storage.azure_errors import AzureErrors, describe, is_container_missing
 from core.storage.leases import HeldBy, LeaseRenewal
-from core.storage.locations import CONNECTION_STRING_VARIABLE
-from core.storage.records import ErrorType, Listed, Stored, check_name, check_tag, lease_file_name
+from core.storage.records import (
+    CONNECTION_STRING_VARIABLE,
+    ErrorType,
+    Listed,
+    Stored,
+    check_name,
+    check_tag,
+    lease_file_name,
+)
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.secrets import displayable_url
+from core.storage.records import CONNECTION_STRING_VARIABLE
 from core.text import quoted
 
 if TYPE_CHECKING:
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
     from core.storage.records import ErrorType, RecordStore
 
-CONNECTION_STRING_VARIABLE = "RETRAIN_STORAGE_CONNECTION_STRING"
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _BLOB_SCHEMES = ("http", "https")
 EXPECTED_LOCATION = "a local folder path or https://<account>.blob.core.windows.net/<container>/<prefix>"

@@ -26,6 +26,10 @@ from typing import Protocol
 
 from core.storage.leases import Lease
 
+# The Blob emulator's connection string, where a location is opened (locations.py) and refused without it
+# (blob.py): here, below both, so that neither imports the other for it.
+CONNECTION_STRING_VARIABLE = "RETRAIN_STORAGE_CONNECTION_STRING"
+
 ErrorType = Callable[[str], Exception]
 
 UNREADABLE = "?"  # the tag of a record that cannot be decoded; check_tag refuses it, so none is written
