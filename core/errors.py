@@ -35,3 +35,9 @@ class CheckpointError(RetrainError):
 
 class ResumeRefusedError(RetrainError):
     """A checkpoint exists but resuming from it would silently change the run (other data, other config)."""
+
+
+def require(ok: bool, message: str) -> None:
+    """Refuse a bad input in one line: InputError(message) unless `ok`."""
+    if not ok:
+        raise InputError(message)

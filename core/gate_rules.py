@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from core.errors import InputError
-from core.train_rules import Rule, check_by_rules, read_optional_whole
+from core.train_rules import Rule, check_by_rules, read_number, read_optional_whole
 
 CONFIDENCE = "confidence"
 CONFIDENCE_EXPECTED = "a number between 0 and 1, exclusive, such as 0.95"
@@ -34,20 +34,12 @@ _SLACK = 1e-9
 AS_FLAGS = ("--confidence", "--bootstrap-resamples")  # the two as the evaluate step's options name them
 
 
-def _number(value: object) -> float:
-    if isinstance(value, str):
-        return float(value)  # 'nan' and 'inf' read; the rule refuses them
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    raise ValueError(value)
-
-
 def _probability(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value) and 0.0 < value < 1.0
 
 
 _RULES = (
-    Rule(CONFIDENCE, CONFIDENCE_EXPECTED, _number, _probability),
+    Rule(CONFIDENCE, CONFIDENCE_EXPECTED, read_number, _probability),
     # An optional input: unset (None, 'off') is the default count, which `resampling_conflict` reads.
     Rule(
         RESAMPLES,
@@ -83,7 +75,7 @@ def resampling_conflict(
         return None
     if resamples is not None and not GATE_RULES[RESAMPLES].fits(resamples):
         return None
-    level, given = _number(confidence), read_optional_whole(resamples)
+    level, given = read_number(confidence), read_optional_whole(resamples)
     count = DEFAULT_RESAMPLES if given is None else given
     needed = minimum_resamples(level)
     if count >= needed:

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from core.errors import InputError
+from core.errors import require
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -17,11 +17,6 @@ SECONDS_PER_HOUR = 3600.0
 def is_finite_number(value: object) -> TypeGuard[int | float]:
     """A real, finite number; a bool is not one."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise InputError(message)
 
 
 @dataclass(frozen=True)
@@ -36,29 +31,29 @@ class SpotScenario:
     restart_overhead: float = 0.0
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             isinstance(self.gpus, int) and not isinstance(self.gpus, bool) and self.gpus >= 1,
             f"--gpus must be a whole number >= 1, got {self.gpus!r}",
         )
-        _require(
+        require(
             is_finite_number(self.hours) and self.hours > 0,
             f"--hours must be a number > 0, got {self.hours!r}",
         )
-        _require(
+        require(
             is_finite_number(self.evictions) and self.evictions >= 0,
             f"--evictions must be a number >= 0, got {self.evictions!r}",
         )
         # A discount of 1 makes spot free and every comparison meaningless, so it is refused.
-        _require(
+        require(
             is_finite_number(self.discount) and 0 <= self.discount < 1,
             f"--discount must be a fraction in [0, 1), e.g. 0.6, got {self.discount!r}",
         )
-        _require(
+        require(
             self.checkpoint_every is None
             or (is_finite_number(self.checkpoint_every) and self.checkpoint_every > 0),
             f"--checkpoint-every must be a number of hours > 0, got {self.checkpoint_every!r}",
         )
-        _require(
+        require(
             is_finite_number(self.restart_overhead) and self.restart_overhead >= 0,
             f"--restart-overhead must be a number of hours >= 0, got {self.restart_overhead!r}",
         )
@@ -105,11 +100,11 @@ class IntervalInputs:
     mtbe_hours: float
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             is_finite_number(self.checkpoint_seconds) and self.checkpoint_seconds > 0,
             f"--checkpoint-seconds must be a number of seconds > 0, got {self.checkpoint_seconds!r}",
         )
-        _require(
+        require(
             is_finite_number(self.mtbe_hours) and self.mtbe_hours > 0,
             f"--mtbe-hours must be a number of hours > 0, got {self.mtbe_hours!r}",
         )

@@ -47,7 +47,9 @@ def _whole(value: object) -> int:
     raise ValueError(value)
 
 
-def _number(value: object) -> float:
+def read_number(value: object) -> float:
+    """A number, from a number or its text ('nan' and 'inf' read: the rules refuse them); ValueError
+    otherwise (a bool is not one)."""
     if isinstance(value, str):
         return float(value)  # 'nan' and 'inf' read; the rules refuse them
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -95,12 +97,12 @@ def read_interval(value: object) -> float | str | None:
         return None
     if isinstance(value, str) and value.strip().lower() == AUTO_INTERVAL:
         return AUTO_INTERVAL
-    return _number(value)
+    return read_number(value)
 
 
 def read_optional_number(value: object) -> float | None:
     """A number, or 'off' (None); ValueError otherwise."""
-    return None if _off(value) else _number(value)
+    return None if _off(value) else read_number(value)
 
 
 # `--precision`: full float32, bfloat16 autocast (CPU and CUDA), float16 autocast with a gradient scaler
@@ -161,8 +163,8 @@ _RULES = (
     Rule("epochs", "a whole number >= 1", _whole, _at_least(1)),
     Rule("seed", "a whole number >= 0", _whole, _at_least(0)),
     Rule("global_batch_size", "a whole number >= 1", _whole, _at_least(1)),
-    Rule("learning_rate", "a number > 0", _number, lambda value: _finite(value) and value > 0),
-    Rule("weight_decay", "a number >= 0", _number, lambda value: _finite(value) and value >= 0),
+    Rule("learning_rate", "a number > 0", read_number, lambda value: _finite(value) and value > 0),
+    Rule("weight_decay", "a number >= 0", read_number, lambda value: _finite(value) and value >= 0),
     Rule("warmup_steps", "a whole number >= 0", _whole, _at_least(0)),
     Rule(
         "grad_clip_norm",
@@ -190,7 +192,7 @@ _RULES = (
         read_interval,
         lambda value: value in (None, AUTO_INTERVAL) or (_finite(value) and value > 0),
     ),
-    Rule("mtbe_hours", "a number of hours > 0", _number, lambda value: _finite(value) and value > 0),
+    Rule("mtbe_hours", "a number of hours > 0", read_number, lambda value: _finite(value) and value > 0),
     Rule(
         "keep_checkpoints",
         "a whole number >= 2, so that a corrupt newest checkpoint still leaves one to resume from",
@@ -224,7 +226,7 @@ _RULES = (
     Rule(
         "early_stopping_min_delta",
         "a number >= 0 (how much the metric must improve by to count)",
-        _number,
+        read_number,
         lambda value: _finite(value) and value >= 0,
     ),
     Rule("candidate", f"one of {', '.join(CANDIDATES)}", read_candidate, lambda value: value in CANDIDATES),

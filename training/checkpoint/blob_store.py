@@ -23,7 +23,12 @@ from core.blob_urls import check_prefix
 from core.errors import CheckpointError
 from core.storage.azure_errors import AzureErrors, is_container_missing
 from core.storage.blob import container_url, open_container
-from training.checkpoint.store import ObjectExistsError, ObjectNotFoundError, check_object_name
+from training.checkpoint.store import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    check_object_name,
+    is_object_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +102,7 @@ class BlobCheckpointStore:
             children = [
                 item.name[len(self._folder) :] for item in listing if not isinstance(item, BlobPrefix)
             ]
-        return sorted(child for child in children if _is_object_name(child))
+        return sorted(child for child in children if is_object_name(child))
 
     def delete(self, name: str) -> None:
         path = self._blob_path(name)
@@ -185,11 +190,3 @@ def open_blob_store(url: str, connection_string: str | None = None) -> BlobCheck
     """
     container, prefix = open_container(url, connection_string, CHECKPOINT_URL, CheckpointError)
     return BlobCheckpointStore(container, prefix)
-
-
-def _is_object_name(name: str) -> bool:
-    try:
-        check_object_name(name)
-    except CheckpointError:
-        return False
-    return True

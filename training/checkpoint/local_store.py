@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from core.errors import CheckpointError
-from training.checkpoint.store import ObjectExistsError, ObjectNotFoundError, check_object_name
+from training.checkpoint.store import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    check_object_name,
+    is_object_name,
+)
 from training.checkpoint.writeback import WritebackFile
 
 log = logging.getLogger(__name__)
@@ -74,7 +79,7 @@ class LocalCheckpointStore:
             raise ObjectNotFoundError(f"checkpoint object {name!r} not found in {self._root}") from None
 
     def names(self) -> list[str]:
-        return sorted(entry.name for entry in self._scan() if entry.is_file() and _is_object_name(entry.name))
+        return sorted(entry.name for entry in self._scan() if entry.is_file() and is_object_name(entry.name))
 
     def delete(self, name: str) -> None:
         self._object_path(name).unlink(missing_ok=True)
@@ -149,11 +154,3 @@ class LocalCheckpointStore:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _is_object_name(name: str) -> bool:
-    try:
-        check_object_name(name)
-    except CheckpointError:
-        return False
-    return True

@@ -35,6 +35,15 @@ def check_object_name(name: str) -> str:
     return name
 
 
+def is_object_name(name: str) -> bool:
+    """Whether `name` is one a store may hold (`check_object_name` accepts it): what listings keep."""
+    try:
+        check_object_name(name)
+    except CheckpointError:
+        return False
+    return True
+
+
 @runtime_checkable
 class CheckpointStore(Protocol):
     """Durable storage for checkpoint objects.

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from core.errors import InputError
+from core.errors import InputError, require
 from core.flags import default_of, flag, number_text
 from core.task_ref import options_text, written_options
 from core.train_rules import AUTO_INTERVAL as AUTO_INTERVAL  # where the trainer's callers look for it
@@ -51,11 +51,6 @@ DEFAULT_CHECKPOINT_EVERY_SECONDS = 300.0
 DEFAULT_MTBE_HOURS = 12.0
 
 DEFAULT_TASK = "tabular"
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise InputError(message)
 
 
 def _is_number(value: object) -> bool:
@@ -346,13 +341,13 @@ class TrainConfig:
         # check): one definition, core/train_rules.py.
         for name, rule in TRAIN_RULES.items():
             value = getattr(self, name)
-            _require(rule.fits(value), f"{rule.flag} {_shown(value)}: expected {rule.expected}")
+            require(rule.fits(value), f"{rule.flag} {_shown(value)}: expected {rule.expected}")
         object.__setattr__(self, "precision", read_precision(self.precision))  # a TOML 32 is the name "32"
-        _require(
+        require(
             self.progress in PROGRESS_MODES,
             f"--progress {self.progress!r}: expected one of {', '.join(PROGRESS_MODES)}",
         )
-        _require(
+        require(
             isinstance(self.task, str) and bool(self.task.strip()),
             f"--task {self.task!r}: expected a built-in (tabular, image), path/to/file.py:Attr or "
             "package.module:Attr",
@@ -361,15 +356,15 @@ class TrainConfig:
         if self.early_stopping_metric is not None:
             object.__setattr__(self, "early_stopping_metric", self.early_stopping_metric.strip())
         self._check_validation()
-        _require(
+        require(
             self.checkpoint_layout in CHECKPOINT_LAYOUTS,
             f"--checkpoint-layout {self.checkpoint_layout!r}: expected one of "
             f"{', '.join(CHECKPOINT_LAYOUTS)}",
         )
         conflict = strategy_conflict(self.strategy, self.checkpoint_layout, self.precision)
-        _require(conflict is None, f"options: {conflict}")
-        _require(bool(self.checkpoints), "--checkpoints: expected a folder or a Blob Storage URL")
-        _require(
+        require(conflict is None, f"options: {conflict}")
+        require(bool(self.checkpoints), "--checkpoints: expected a folder or a Blob Storage URL")
+        require(
             "?" not in self.checkpoints,
             "--checkpoints: credentials in the URL (a SAS query string) are not accepted; use managed "
             "identity, or RETRAIN_STORAGE_CONNECTION_STRING for the emulator",
@@ -379,12 +374,12 @@ class TrainConfig:
         for name in ("validate_every_epochs", "validate_every_steps"):
             if getattr(self, name) == 0:  # 0 is off, as 'off' is: one value for it in checkpoints
                 object.__setattr__(self, name, None)
-        _require(
+        require(
             self.early_stopping_metric is None or self.validates,
             f"--early-stopping-metric {self.early_stopping_metric}: needs validation; add "
             "--validate-every-epochs N or --validate-every-steps N",
         )
-        _require(
+        require(
             self.candidate != CANDIDATE_BEST or self.validates,
             "--candidate best: needs validation to pick the best step; add --validate-every-epochs N or "
             "--validate-every-steps N, or use --candidate last",
@@ -427,7 +422,7 @@ class TrainConfig:
 
 def _json_object(options: object) -> dict[str, Any]:
     """Task options as plain JSON values (what checkpoints record and compare), or a one-line refusal."""
-    _require(
+    require(
         isinstance(options, dict) and all(isinstance(key, str) for key in options),
         f'--task-options {options!r}: expected a JSON object such as {{"hidden_width": 128}}',
     )

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from core.errors import InputError
+from core.errors import require
 
 # The spot and interval formulas live in core/spot.py, which components/ uses too; `retrain plan`
 # reaches them here, beside the scaling maths (the redundant aliases mark them as re-exported).
@@ -27,11 +27,6 @@ from core.spot import spot_estimate as spot_estimate
 DEFAULT_EFFICIENCY_THRESHOLD = 0.8
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise InputError(message)
-
-
 # -- scaling (modelled) ---------------------------------------------------------------------------------
 
 
@@ -39,9 +34,9 @@ def parse_gpu_counts(text: str) -> tuple[int, ...]:
     """`1,8,16` -> (1, 8, 16): positive whole numbers, increasing, so a typo cannot reorder the table."""
     expected = "--gpus must be increasing positive whole numbers without duplicates, e.g. 1,8,16"
     parts = [part.strip() for part in text.split(",")]
-    _require(all(part.isascii() and part.isdigit() for part in parts), f"{expected}; got {text!r}")
+    require(all(part.isascii() and part.isdigit() for part in parts), f"{expected}; got {text!r}")
     counts = tuple(int(part) for part in parts)
-    _require(
+    require(
         counts[0] >= 1 and all(a < b for a, b in pairwise(counts)),
         f"{expected}; got {text!r}",
     )
@@ -58,11 +53,11 @@ class ScalingInputs:
     value_per_hour_saved: float | None = None
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             is_finite_number(self.single_gpu_hours) and self.single_gpu_hours > 0,
             f"--single-gpu-hours must be a number of hours > 0, got {self.single_gpu_hours!r}",
         )
-        _require(
+        require(
             is_finite_number(self.comm_hours_per_doubling) and self.comm_hours_per_doubling >= 0,
             f"--comm-hours-per-doubling must be a number of hours >= 0, got {self.comm_hours_per_doubling!r}",
         )
@@ -78,24 +73,24 @@ def check_scaling_options(
     value_per_hour_saved: float | None,
 ) -> None:
     """The options both scaling modes share; measuring checks them before it spends minutes on runs."""
-    _require(
+    require(
         len(gpus) > 0
         and all(isinstance(n, int) and n >= 1 for n in gpus)
         and all(a < b for a, b in pairwise(gpus)),
         f"--gpus must be increasing positive whole numbers without duplicates, got {gpus!r}",
     )
-    _require(
+    require(
         is_finite_number(efficiency_threshold) and 0 < efficiency_threshold <= 1,
         f"--efficiency-threshold must be a fraction in (0, 1], got {efficiency_threshold!r}",
     )
     # The money test compares a cost with a value: one without the other cannot be weighed.
-    _require(
+    require(
         (gpu_hour_price is None) == (value_per_hour_saved is None),
         "--gpu-hour-price and --value-per-hour-saved must be given together",
     )
     money = (("--gpu-hour-price", gpu_hour_price), ("--value-per-hour-saved", value_per_hour_saved))
     for flag, value in money:
-        _require(
+        require(
             value is None or (is_finite_number(value) and value >= 0),
             f"{flag} must be a number >= 0, got {value!r}",
         )
@@ -197,17 +192,17 @@ class MeasuredRow:
 def fit_step_times(points: Sequence[StepTime]) -> StepFit:
     """Least squares of step(N) = a/N + b·log2(N) over the points, with b >= 0 (exact for 2 points)."""
     for point in points:
-        _require(
+        require(
             isinstance(point.processes, int) and point.processes >= 1,
             f"scaling fit: process counts must be whole numbers >= 1, got {point.processes!r}",
         )
-        _require(
+        require(
             is_finite_number(point.seconds) and point.seconds > 0,
             f"scaling fit: step times must be seconds > 0, "
             f"got {point.seconds!r} at {point.processes} processes",
         )
     distinct = sorted({point.processes for point in points})
-    _require(
+    require(
         len(distinct) >= 2,
         f"scaling fit: needs step times at 2 or more distinct process counts, got {distinct}",
     )
@@ -223,7 +218,7 @@ def fit_step_times(points: Sequence[StepTime]) -> StepFit:
     clamped = b < 0
     if clamped:
         a, b = uy / uu, 0.0
-    _require(
+    require(
         a > 0,
         f"scaling fit: step times grow faster with the process count than a/N + b·log2(N) allows "
         f"(fitted single-process step {a:.3g} s); measure a larger model or batch",
@@ -255,7 +250,7 @@ def measured_rows(points: Sequence[StepTime], fit: StepFit) -> tuple[MeasuredRow
 
 
 def check_run_steps(run_steps: int) -> None:
-    _require(
+    require(
         isinstance(run_steps, int) and not isinstance(run_steps, bool) and run_steps >= 1,
         f"--run-steps must be a whole number >= 1, got {run_steps!r}",
     )
