@@ -38,6 +38,19 @@ def check_file_sha256(path: Path, expected: str, what: str = "file") -> None:
         raise InputError(f"{path}: sha256 differs from the manifest, the {what} was changed")
 
 
+def checked_bytes(path: Path, expected: str, what: str = "file", hint: str = "") -> bytes:
+    """The bytes of `path` (a small file, read whole), whose sha256 must be `expected`; else an InputError as
+    `check_file_sha256` words it, with `hint` (what to do about it) after a semicolon."""
+    suffix = f"; {hint}" if hint else ""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise InputError(f"{path}: cannot read the {what} ({error.strerror}){suffix}") from error
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise InputError(f"{path}: sha256 differs from the manifest, the {what} was changed{suffix}")
+    return data
+
+
 def make_read_only(folder: Path) -> None:
     """Take the write bits off every file under `folder` (published data and step outputs): a process that
     opens one to write fails loudly instead of silently changing what others reuse. Folders keep theirs,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import InputError
+from core.files import checked_bytes
 from training.data.shards import SHARD_BYTES, Shard, ShardSplit, open_split, split_shards
 from training.data.splits import SPLIT_NAMES, SplitFractions, split_config
 from training.data.versions import (
@@ -269,13 +270,7 @@ def read_keys(data_dir: Path, manifest: ImageManifest, name: str) -> tuple[str, 
     """One split's image keys in row order, after checking their file is the one the manifest names."""
     entry = manifest.split_entry(name)
     path = data_dir / entry.keys_file
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise InputError(f"{path}: cannot read the {name} split ({error.strerror}); {RERUN_HINT}") from error
-    if hashlib.sha256(data).hexdigest() != entry.keys_sha256:
-        raise InputError(f"{path}: sha256 differs from the manifest, the file was changed; {RERUN_HINT}")
-    keys = json.loads(data)
+    keys = json.loads(checked_bytes(path, entry.keys_sha256, f"{name} split's keys", RERUN_HINT))
     if len(keys) != entry.images:
         raise InputError(f"{path}: {len(keys)} keys, not {entry.images} as the manifest says; {RERUN_HINT}")
     return tuple(str(key) for key in keys)

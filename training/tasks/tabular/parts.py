@@ -26,8 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.errors import InputError
-from core.files import check_file_sha256
+from core.files import check_file_sha256, checked_bytes
 from training.data.shards import Shard
 from training.data.splits import SPLIT_NAMES
 from training.tasks.tabular.schema import RERUN_HINT, TableSchema
@@ -235,15 +234,7 @@ def _moments(
 
 def read_dead(folder: Path, entry: PartSplit) -> np.ndarray:
     """A split's deletion vector, checked against its sha256."""
-    path = folder / str(entry.dead)
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise InputError(
-            f"{path}: cannot read the deletion vector ({error.strerror}); {RERUN_HINT}"
-        ) from error
-    if hashlib.sha256(data).hexdigest() != entry.dead_sha256:
-        raise InputError(f"{path}: sha256 differs from the manifest, the file was changed; {RERUN_HINT}")
+    data = checked_bytes(folder / str(entry.dead), str(entry.dead_sha256), "deletion vector", RERUN_HINT)
     return np.load(io.BytesIO(data), allow_pickle=False).astype(np.int64)
 
 
@@ -259,13 +250,7 @@ def live_tables(folder: Path, parts: Sequence[Part], split: int) -> Iterator[pa.
     """Each part's live rows of one split, as a table, in part order (one part held at a time)."""
     for part in parts:
         entry = part.splits[split]
-        path = folder / entry.file
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise InputError(f"{path}: cannot read ({error.strerror}); {RERUN_HINT}") from error
-        if hashlib.sha256(data).hexdigest() != entry.file_sha256:
-            raise InputError(f"{path}: sha256 differs from the manifest, the file was changed; {RERUN_HINT}")
+        data = checked_bytes(folder / entry.file, entry.file_sha256, hint=RERUN_HINT)
         # ParquetFile reads on this thread: `pq.read_table`'s async threads could drop the last reference
         # to `data` at interpreter exit and abort the process after its work was done.
         with pq.ParquetFile(pa.BufferReader(data)) as parquet:
