@@ -1,6 +1,7 @@
 """The deployment docs, run as a reader would: every command that needs no Azure account runs as written.
 
-The README's "Deploying to Azure" and docs/deploying-by-hand.md mark each command block with what it needs:
+The README's "Deploying to Azure", docs/deploying.md and docs/deploying-by-hand.md mark each command block
+with what it needs:
 ```sh offline``` (runs here, exactly as written, from the repository root) or ```sh azure``` (needs a
 subscription: azd, az, func, curl, or a retrain command that reaches a workspace). An unmarked block, or an
 "azure" block that hides a command needing no Azure, fails: a reader must be able to trust the mark.
@@ -36,6 +37,7 @@ def deploy_section() -> str:
 def documents() -> dict[str, str]:
     return {
         "README.md#deploying-to-azure": deploy_section(),
+        "docs/deploying.md": (REPO_ROOT / "docs/deploying.md").read_text(),
         "docs/deploying-by-hand.md": (REPO_ROOT / "docs/deploying-by-hand.md").read_text(),
     }
 

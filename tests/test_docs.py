@@ -111,8 +111,10 @@ def test_every_repository_file_a_document_names_exists(doc):
 
 
 def test_the_checks_see_what_they_check():
-    readme = _text("README.md")
-    assert _ASSET_VERSION.search(readme) and _PATH.search(readme) and _FLAVOUR_CALL.search(readme)
+    every = "\n".join(map(_text, DOCS))
+    assert _ASSET_VERSION.search(every) and _PATH.search(every) and _FLAVOUR_CALL.search(every)
+    assert _PATH.search(_text("README.md")) and _FLAVOUR_CALL.search(_text("README.md"))
+    assert {"README.md", "docs/architecture.md", "docs/configuration.md"} <= set(DOCS)
     assert not _exists("components/no-such.yml") and _exists("components/train.yml")
     assert _exists("training/tasks/") and _exists("models/<name>.toml")
     assert Path(REPO_ROOT / "docs/architecture.md").is_file()

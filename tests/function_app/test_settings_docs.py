@@ -1,6 +1,7 @@
 """The settings' documentation: local.settings.json.example is strict JSON (the Functions extension of VS
-Code and `az functionapp config appsettings set --settings @file` accept nothing else), and the README's
-configuration table has a row for every RETRAIN_* setting the front door reads and every example value."""
+Code and `az functionapp config appsettings set --settings @file` accept nothing else), and the settings
+reference table (docs/configuration.md) has a row for every RETRAIN_* setting the front door reads and every
+example value."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ MODEL_SETTINGS = ("RETRAIN_MODELS", "RETRAIN_MODELS_DIR")
 
 
 def _table_settings() -> set[str]:
-    """The names in the first column of the README's configuration reference table."""
-    readme = (REPO_ROOT / "README.md").read_text()
-    section = readme.split("## Configuration reference", 1)[1].split("\n## ", 1)[0]
+    """The names in the first column of the settings reference table, the one list of them."""
+    page = (REPO_ROOT / "docs" / "configuration.md").read_text()
+    section = page.split("## Settings reference", 1)[1].split("\n## ", 1)[0]
     names: set[str] = set()
     for row in section.splitlines():
         if row.startswith("| `"):
@@ -40,7 +41,7 @@ def test_the_example_is_strict_json():
     assert all(isinstance(value, str) for value in document["Values"].values())
 
 
-def test_every_setting_the_front_door_reads_has_a_row_in_the_readme():
+def test_every_setting_the_front_door_reads_has_a_row_in_the_settings_reference():
     read = {name for path in SETTINGS_SOURCES for name in SETTING_NAME.findall(path.read_text())}
     assert {"RETRAIN_LEDGER", "RETRAIN_PIPELINE_PARAMETERS", "RETRAIN_GPU_HOUR_PRICE"} <= read  # found some
 
@@ -48,7 +49,7 @@ def test_every_setting_the_front_door_reads_has_a_row_in_the_readme():
     assert sorted(set(MODEL_SETTINGS) - _table_settings()) == []
 
 
-def test_every_example_value_has_a_row_in_the_readme():
+def test_every_example_value_has_a_row_in_the_settings_reference():
     values = json.loads((REPO_ROOT / "local.settings.json.example").read_text())["Values"]
 
     assert sorted(set(values) - _table_settings()) == []

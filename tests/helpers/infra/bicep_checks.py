@@ -23,7 +23,7 @@ from infra.event_routing import REGENERATE, event_routing
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 COMPUTE_DIR = REPO_ROOT / "components" / "compute"
-# The front door's code, whose string constants name the settings it reads (the README's configuration
+# The front door's code, whose string constants name the settings it reads (docs/configuration.md's settings
 # table is held equal to the same code by tests/function_app/test_settings_docs.py).
 SETTINGS_CODE = (REPO_ROOT / "function_app", REPO_ROOT / "components")
 SETTING_CONSTANT = re.compile(r"[\"']((?:RETRAIN|AZURE|AZUREML)_[A-Z0-9]+(?:_[A-Z0-9]+)*)[\"']")
@@ -63,7 +63,7 @@ REQUIRED_ASSIGNMENTS = {
     ("computePrincipalId", "Storage Blob Data Reader", "landing"),
     ("topicPrincipalId", "Storage Blob Data Contributor", "deadLetter"),
     ("driftPrincipalId", "EventGrid Data Sender", "driftTopic"),
-    # The deployer: the README's first upload, and `retrain ledger` to see what became of it.
+    # The deployer: docs/deploying.md's first upload, and `retrain ledger` to see what became of it.
     ("principalId", "Storage Blob Data Contributor", "landing"),
     ("principalId", "Storage Blob Data Reader", "ledger"),
 }
