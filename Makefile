@@ -12,7 +12,7 @@ AZURITE := node_modules/.bin/azurite-blob
 OLDEST_AZURE_FUNCTIONS := .azure-functions-oldest
 OLDEST_STAMP := $(OLDEST_AZURE_FUNCTIONS)/.installed
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck bench docs clean
 
 demo: $(VENV_STAMP)
 	$(VENV)/bin/retrain demo
@@ -38,6 +38,11 @@ bench: $(VENV_STAMP) $(AZURITE)
 	$(PY) bench/triggers.py
 	$(PY) bench/data_scale.py
 
+# The documentation site (mkdocs.yml), into site/, which git ignores. --strict fails on any warning: a broken
+# link or anchor, or a page missing from the nav. tests/test_docs_site.py builds it the same way.
+docs: $(VENV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 $(VENV_STAMP): requirements.txt requirements-dev.txt components/environment/requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
@@ -59,4 +64,4 @@ $(AZURITE): package.json package-lock.json
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) $(OLDEST_AZURE_FUNCTIONS) node_modules .retrain .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) $(OLDEST_AZURE_FUNCTIONS) node_modules .retrain .pytest_cache .ruff_cache .mypy_cache site
