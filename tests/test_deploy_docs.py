@@ -1,10 +1,11 @@
 """The deployment docs, run as a reader would: every command that needs no Azure account runs as written.
 
 The README's "Deploying to Azure", docs/deploying.md and docs/deploying-by-hand.md mark each command block
-with what it needs:
-```sh offline``` (runs here, exactly as written, from the repository root) or ```sh azure``` (needs a
-subscription: azd, az, func, curl, or a retrain command that reaches a workspace). An unmarked block, or an
-"azure" block that hides a command needing no Azure, fails: a reader must be able to trust the mark.
+with what it needs, as its title: ```sh title="offline"``` (runs here, exactly as written, from the
+repository root) or ```sh title="azure"``` (needs a subscription: azd, az, func, curl, or a retrain command
+that reaches a workspace). A title is what the docs site shows above the block (GitHub reads only the
+language), so the reader sees the mark. An unmarked block, or an "azure" block that hides a command needing
+no Azure, fails: a reader must be able to trust the mark.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from components.specs import REPO_ROOT
 _FENCE = re.compile(
     r"^(?P<indent> *)```(?P<info>[^\n]*)\n(?P<body>.*?)^(?P=indent)```$", re.MULTILINE | re.DOTALL
 )
+_TITLE = re.compile(r'^title="([^"]*)"$')
 _NEEDS_AZURE = ("az", "azd", "func", "curl")
 
 
@@ -43,10 +45,11 @@ def documents() -> dict[str, str]:
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
-    """(mark, body) of each fenced block; the mark is the word after the language."""
+    """(mark, body) of each fenced block; the mark is the language and the block's title, if any:
+    `sh title="azure"` is marked "sh azure"."""
     found = []
     for match in _FENCE.finditer(text):
-        words = match["info"].split()
+        words = [_TITLE.sub(r"\1", word) for word in match["info"].split()]
         found.append((" ".join(words), textwrap.dedent(match["body"])))
     return found
 
@@ -107,7 +110,7 @@ def test_every_block_is_marked_and_every_azure_block_needs_azure():
         found = blocks(text)
         assert found, f"{name} has no command blocks"
         for mark, body in found:
-            expected = "```sh offline, ```sh azure (or json/yaml/text)"
+            expected = '```sh title="offline", ```sh title="azure" (or json/yaml/text)'
             assert mark in ("sh offline", "sh azure", "json", "yaml", "text"), (
                 f"{name}: a block marked {mark!r}; expected {expected}:\n{body}"
             )
@@ -144,6 +147,7 @@ def test_the_docs_have_offline_commands_to_run():
 
 
 def test_the_marks_are_read_as_a_reader_would():
+    assert blocks('```sh title="azure"\naz login\n```\n') == [("sh azure", "az login\n")]
     assert needs_azure(["az", "storage", "blob", "upload"]) and needs_azure([".venv/bin/retrain", "publish"])
     assert needs_azure(["RETRAIN_LEDGER=$(azd env get-value X)", ".venv/bin/retrain", "ledger"])
     assert needs_azure(["do", "az", "ml", "compute", "create"])
