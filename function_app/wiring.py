@@ -96,7 +96,7 @@ def _submitter_and_pinner(
     settings: AppSettings, environ: Mapping[str, str], task_check: PreflightTaskCheck | None
 ) -> tuple[Submitter, DataPinner]:
     if settings.submitter == "dry-run":
-        from components.dry_run import DryRunSubmitter
+        from components.azureml.dry_run import DryRunSubmitter
 
         # Pins nothing; a request's own folder is listed in the model's landing container, whose client
         # connects only when a listing is asked for. The job's checkpoints are in the pipeline's datastore,
@@ -134,7 +134,7 @@ def _submitter_and_pinner(
             ),
         )
     from components.local import RunnerOptions
-    from components.submitters.local import LocalSubmitter
+    from components.local.submitter import LocalSubmitter
 
     # The runner checks the task as the flush did, with the same kept verdicts: one check per version.
     preflight = task_check.preflight if task_check is not None else None
@@ -183,7 +183,7 @@ def _check_pipeline_parameters(settings: AppSettings) -> None:
     if not settings.pipeline_parameters:
         return  # nothing to check: no cold start pays for reading the pipeline's YAMLs
     from components.errors import SubmissionError
-    from components.local.plan import check_parameter_texts
+    from components.parameters import check_parameter_texts
     from components.specs import load_pipeline_spec
 
     try:

@@ -20,17 +20,16 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from components.azureml.data_assets import DATA_DATASTORE_SETTING
-from components.builder import (
+from components.azureml.builder import (
     DATASTORE_SETTING,
     DEFAULT_DATASTORE,
-    REGISTRY_LOCK_INPUT,
     check_datastore_name,
     check_pipeline_task_options,
-    check_registry_lock,
 )
+from components.azureml.data_assets import DATA_DATASTORE_SETTING
 from components.cost import CostSettings, CostSettingsError
 from components.errors import SubmissionError
+from components.parameters import REGISTRY_LOCK_INPUT, check_registry_lock
 from core.names import check_model_name
 from core.secrets import mask_secrets
 from core.text import quoted

@@ -12,8 +12,8 @@ from azure.ai.ml.entities._load_functions import load_schedule  # azure.ai.ml do
 from azure.storage.blob import ContainerClient
 from helpers.components.azure_fakes import WORKSPACE_LOCK, RecordingWorkspace
 
+from components.azureml.cli import Connectors, register_commands
 from components.azureml.workspace import DatastoreRecord, WorkspaceRef
-from components.cli_azure import Connectors, register_commands
 from components.data_version import DataError
 from components.errors import SubmissionError
 

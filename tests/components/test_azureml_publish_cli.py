@@ -22,9 +22,9 @@ from azure.core.exceptions import (
 from azure.identity import CredentialUnavailableError
 from helpers.components.azure_fakes import RecordingWorkspace
 
+from components.azureml.cli import Connectors, register_commands
 from components.azureml.publish import component_files, environment_reference
 from components.azureml.workspace import WorkspaceRef
-from components.cli_azure import Connectors, register_commands
 from components.errors import AzureAccessError, SubmissionError
 from components.specs import COMPUTE_FILES, REPO_ROOT, load_component_spec
 from training.local_state import STATE_DIR_VARIABLE

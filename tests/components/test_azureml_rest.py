@@ -19,12 +19,12 @@ import pytest
 from helpers.components.loopback_arm import ARM_HOST, AzureStandIn, FixedToken
 from helpers.components.loopback_azureml import BlobAccount, WorkspaceFarSide
 
+from components.azureml.builder import PipelineBuild
 from components.azureml.publish import publish
 from components.azureml.schedule import build_schedule, create_schedule, scheduled_checkpoints_path
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings
 from components.azureml.workspace import MLClientWorkspace, WorkspaceRef
-from components.builder import PipelineBuild
-from components.local.fingerprint import ignore_rules_of, kept_files
+from components.fingerprint import ignore_rules_of, kept_files
 from components.request import QUEUED, DataRef, RunRequest
 from components.specs import REPO_ROOT
 

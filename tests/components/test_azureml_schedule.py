@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from helpers.components.azure_fakes import RecordingWorkspace
 
+from components.azureml.builder import PipelineBuild
 from components.azureml.schedule import (
     build_schedule,
     check_cron,
     create_schedule,
     scheduled_checkpoints_path,
 )
-from components.builder import PipelineBuild
 from components.errors import SubmissionError
 
 

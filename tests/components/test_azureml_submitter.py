@@ -57,8 +57,8 @@ def with_history(*attempts: tuple[JobRecord, list[JobRecord]]) -> RecordingWorks
 
 
 def test_importing_the_azure_side_does_not_import_azure_ai_ml():
-    modules = (
-        "components.azureml.submitter, components.cli_azure, components.dry_run, components.blob_snapshot"
+    modules = ", ".join(
+        f"components.azureml.{name}" for name in ("submitter", "cli", "dry_run", "blob_snapshot", "builder")
     )
     code = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.startswith('azure.ai.ml')))"
     result = subprocess.run(

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from components.blob_retention import collect_blob_store
-from components.blob_snapshot import snapshot_blob_prefix, snapshot_paths
+from components.azureml.blob_retention import collect_blob_store
+from components.azureml.blob_snapshot import snapshot_blob_prefix, snapshot_paths
 from components.errors import PipelineError
 
 SNAPSHOTS = "retrain/snapshots/digits"

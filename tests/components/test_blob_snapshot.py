@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from azure.storage.blob import BlobBlock
 
-from components.blob_snapshot import (
+from components.azureml.blob_snapshot import (
     copy_snapshot,
     folder_prefix,
     manifest_of_blob_prefix,

@@ -9,7 +9,7 @@ import pytest
 from azure.ai.ml import Input, load_job
 from azure.ai.ml.entities import Command, PipelineJob
 
-from components.builder import (
+from components.azureml.builder import (
     CHECKPOINTS_ROOT,
     PipelineBuild,
     build_pipeline_job,
@@ -260,7 +260,7 @@ def test_a_job_that_does_not_validate_is_a_one_line_spec_error():
 
 
 def test_importing_the_builder_does_not_import_azure_ai_ml():
-    code = "import sys, components.builder; print('azure.ai.ml' in sys.modules)"
+    code = "import sys, components.azureml.builder; print('azure.ai.ml' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )

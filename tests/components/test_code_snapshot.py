@@ -10,12 +10,12 @@ import pytest
 from helpers.components.azure_fakes import RecordingWorkspace
 from helpers.components.task_file import TASK_FILE, write_task_file
 
+from components.azureml.builder import PipelineBuild, build_pipeline_job
+from components.azureml.code_snapshot import stage_code_snapshot
+from components.azureml.dry_run import DryRunSubmitter
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings
-from components.builder import PipelineBuild, build_pipeline_job
-from components.code_snapshot import stage_code_snapshot
-from components.dry_run import DryRunSubmitter
 from components.errors import SubmissionError
-from components.local.fingerprint import ignore_rules_of, kept_files
+from components.fingerprint import ignore_rules_of, kept_files
 from components.request import DataRef, RunRequest
 from components.specs import REPO_ROOT
 

@@ -24,7 +24,7 @@ from helpers.components.quick_pipeline import QuickPipeline, QuickRequest
 from helpers.components.run_requests import SMALL_MODEL
 from helpers.components.task_file import write_task_file
 
-from components.builder import PipelineBuild
+from components.azureml.builder import PipelineBuild
 from components.checkpoint_key import checkpoint_key
 from components.local import LocalRunner, RunnerOptions, RunRecord, RunStore
 from components.local.plan import durable_path

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from helpers.components.run_requests import SMALL_MODEL, SMALL_TRAINING
 
-from components import cli_local
 from components.local import LocalStepFailed, RunStore
+from components.local import cli as local_cli
 from components.local.launch import DIVERGED_EXIT_CODE, TorchrunReports, reported_reason
 from components.model_config import MODELS_DIR_VARIABLE
 from components.request import CANCELED, COMPLETED, FAILED
@@ -33,7 +33,7 @@ def test_a_diverged_training_fails_the_run_at_train_and_registers_nothing(tmp_pa
     argv += ["--task-options", json.dumps(options), "--epochs", "1"]
     argv += [f"--param={name}={value}" for name, value in SMALL_TRAINING.items() if name != "epochs"]
     parser = argparse.ArgumentParser(prog="retrain")
-    cli_local.register_commands(parser.add_subparsers(dest="command", required=True))
+    local_cli.register_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     args.state_root = state
     args.environ = {**os.environ, MODELS_DIR_VARIABLE: str(tmp_path / "no-model-configs")}

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from components.azureml.dry_run import DRY_RUN_DIR, DryRunSubmitter
 from components.cost import CostSettings, with_estimate
-from components.dry_run import DRY_RUN_DIR, DryRunSubmitter
 from components.errors import SubmissionError
 from components.request import COMPLETED, DataRef, RunRequest
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from components.builder import PipelineBuild, build_pipeline_job
+from components.azureml.builder import PipelineBuild, build_pipeline_job
+from components.azureml.input_modes import DISK_TAG, compute_disks
 from components.errors import SpecError, SubmissionError
-from components.input_modes import DISK_TAG, compute_disks
 from components.request import DataRef, RunRequest
 from components.specs import COMPUTE_DIR
 

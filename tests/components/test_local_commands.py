@@ -12,13 +12,8 @@ import pytest
 from components.errors import SpecError, SubmissionError
 from components.local.commands import render_command
 from components.local.launch import TorchrunReports, exit_code_from, launch_argv, step_environment
-from components.local.plan import (
-    check_parameters,
-    durable_outputs,
-    pipeline_values,
-    step_argv,
-    step_input_values,
-)
+from components.local.plan import durable_outputs, pipeline_values, step_argv, step_input_values
+from components.parameters import check_parameters
 from components.request import DataRef, RunRequest
 from components.specs import Distribution, load_pipeline_spec
 

@@ -8,7 +8,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from components.errors import SpecError
-from components.local.fingerprint import (
+from components.fingerprint import (
     code_hash,
     content_hash,
     environment_hash,

@@ -19,13 +19,13 @@ import pytest
 from helpers.components.run_requests import SMALL_MODEL, SMALL_TRAINING, pinned_request
 
 import retrain_cli
-from components import cli_local
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
+from components.local import cli as local_cli
 from components.local.cache import STAGING_PREFIX
+from components.local.submitter import LocalSubmitter
 from components.model_config import MODELS_DIR_VARIABLE
 from components.request import CANCELED, COMPLETED, FAILED
 from components.specs import REPO_ROOT
-from components.submitters.local import LocalSubmitter
 from training.tasks.tabular.sample_data import write_sample_batches
 
 
@@ -46,7 +46,7 @@ def retrain(state: Path, *argv: str) -> tuple[int, str]:
     model configuration file applies (the repository's models/digits.toml is tested on its own): the runs
     train the defaults, as the direct runner requests below do."""
     parser = argparse.ArgumentParser(prog="retrain")
-    cli_local.register_commands(parser.add_subparsers(dest="command", required=True))
+    local_cli.register_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     args.state_root = state
     args.environ = {**os.environ, MODELS_DIR_VARIABLE: str(state.parent / "no-model-configs")}

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from helpers.components.quick_pipeline import QuickPipeline, QuickRequest
 
-from components import cli_local
 from components.data_version import DataError
 from components.errors import ConfigError, SubmissionError
 from components.local import RunnerOptions, RunStore
+from components.local import cli as local_cli
+from components.local.submitter import LocalSubmitter
 from components.request import COMPLETED, FAILED, Submitter
-from components.submitters.local import LocalSubmitter
 
 
 def quick_submitter(quick: QuickPipeline, state: Path, progress: io.StringIO | None = None) -> LocalSubmitter:
@@ -49,7 +49,7 @@ def test_a_failed_run_is_a_failed_submission_with_the_step_and_its_log_tail(
     quick_pipeline, quick_request, tmp_path, caplog
 ):
     submitter = quick_submitter(quick_pipeline, tmp_path / "state")
-    with caplog.at_level(logging.INFO, logger="components.submitters.local"):
+    with caplog.at_level(logging.INFO, logger="components.local.submitter"):
         submission = submitter.submit(quick_request(parameters={"exit_code": 4}))
 
     assert submission.status == FAILED
@@ -75,7 +75,7 @@ def test_a_previous_prepared_version_that_is_gone_is_dropped_with_a_warning_and_
     gone = tmp_path / "state" / "cache" / "prep" / "0123abcd" / "prepared_data"  # a cleared cache entry
     submitter = quick_submitter(quick_pipeline, tmp_path / "state", io.StringIO())
     request = quick_request(previous_prepared=str(gone))
-    caplog.set_level(logging.WARNING, logger="components.submitters.local")
+    caplog.set_level(logging.WARNING, logger="components.local.submitter")
 
     submission = submitter.submit(request)
 
@@ -98,7 +98,7 @@ def test_status_of_an_unknown_job_is_a_one_line_error(quick_pipeline, tmp_path):
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="retrain")
-    cli_local.register_commands(parser.add_subparsers(dest="command", required=True))
+    local_cli.register_commands(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(argv)
 
 

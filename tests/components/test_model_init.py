@@ -17,13 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from components import cli_local
 from components.errors import ConfigError
-from components.local.plan import _overridable_inputs
-from components.model_config import _TASK_KEYS, _TRIGGER_KEYS, MODELS_DIR_VARIABLE, load_model_config
-from components.model_init import KINDS, TEMPLATES, class_name, init_model, render_config
-from components.run_inputs import GATE_INPUTS
-from components.sample_table import (
+from components.local import cli as local_cli
+from components.local.model_init import KINDS, TEMPLATES, class_name, init_model, render_config
+from components.local.sample_table import (
     CLASSES,
     COLUMN_TYPES,
     COLUMNS,
@@ -33,12 +30,15 @@ from components.sample_table import (
     SAMPLE_ROWS,
     sample_csv,
 )
+from components.model_config import _TASK_KEYS, _TRIGGER_KEYS, MODELS_DIR_VARIABLE, load_model_config
+from components.parameters import _overridable_inputs
+from components.run_inputs import GATE_INPUTS
 from components.specs import REPO_ROOT, load_pipeline_spec
 
 
 def retrain_init(cwd: Path, *argv: str, environ: dict[str, str] | None = None) -> tuple[int, str]:
     parser = argparse.ArgumentParser(prog="retrain")
-    cli_local.register_commands(parser.add_subparsers(dest="command", required=True))
+    local_cli.register_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["init", *argv])
     args.state_root, args.environ = cwd / "state", environ or {}
     out = io.StringIO()
@@ -367,7 +367,7 @@ def test_tabular_init_leaves_existing_data_alone(tmp_path):
 
 
 def test_a_tabular_configuration_that_cannot_be_written_leaves_no_sample(tmp_path, monkeypatch):
-    from components import model_init
+    from components.local import model_init
 
     def broken(*args, **kwargs):
         raise OSError("disk full")

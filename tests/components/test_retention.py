@@ -10,7 +10,7 @@ import pytest
 
 from components.data_version import check_pinned, data_objects, snapshot_folder
 from components.errors import PipelineError
-from components.retention import collect, pinned_versions
+from components.local.retention import collect, pinned_versions
 
 BASE = "row_key,label\n" + "".join(f"b{row},{row % 10}\n" for row in range(200))
 

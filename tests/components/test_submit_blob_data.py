@@ -10,8 +10,8 @@ import sys
 import pytest
 from azure.storage.blob import ContainerClient
 
-from components.blob_snapshot import manifest_of_blob_prefix
-from components.cli_azure import _reading_blobs
+from components.azureml.blob_snapshot import manifest_of_blob_prefix
+from components.azureml.cli import _reading_blobs
 from components.errors import SubmissionError
 from components.model_config import MODELS_DIR_VARIABLE
 from components.specs import REPO_ROOT

@@ -10,7 +10,7 @@ import json
 import pytest
 from helpers.function_app.served_models import served_environ, write_model
 
-from components.builder import PipelineBuild
+from components.azureml.builder import PipelineBuild
 from components.errors import SubmissionError
 from components.request import DataRef, RunRequest
 from function_app.settings.app import AppSettings, SettingsError

@@ -25,18 +25,18 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from components.errors import SubmissionError
-from components.local.fingerprint import IGNORE_FILES, file_sha256, ignore_rules_of, kept_files
+from components.fingerprint import IGNORE_FILES, file_sha256, ignore_rules_of, kept_files
 from components.specs import REPO_ROOT
 from components.task_ref import USER_TASKS_FOLDER
 from core.files import staged_folder
 from core.sources import file_task_sources
 
 if TYPE_CHECKING:
-    from components.builder import PipelineBuild
+    from components.azureml.builder import PipelineBuild
 
 SNAPSHOTS_FOLDER = "code-snapshots"
 _KEEP_USER_TASKS = (
-    f"\n# The user's task file, staged by components/code_snapshot.py\n!/{USER_TASKS_FOLDER}/\n"
+    f"\n# The user's task file, staged by components/azureml/code_snapshot.py\n!/{USER_TASKS_FOLDER}/\n"
 )
 
 

@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from components.builder import PREP_STEP, PREPARED_OUTPUT
 from components.errors import JobNotFound
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
 from components.local.launch import ProcessStarted
@@ -23,6 +22,7 @@ from components.local.runs import ABANDONED
 from components.outcome import PREPARED_KEY, gate_details, rejected_details
 from components.preflight import Preflight
 from components.request import COMPLETED, FAILED, RunRequest, Submission
+from components.specs import PREP_STEP, PREPARED_OUTPUT
 from core.rejected_inputs import REPORT_OUTPUT
 
 log = logging.getLogger(__name__)

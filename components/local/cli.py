@@ -28,13 +28,14 @@ from typing import TextIO
 
 from components.cost import CostSettings, with_estimate
 from components.errors import SubmissionError
-from components.invocation import command_line, python_argv, retrain_argv, shown_path
 from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRecord, RunStore
+from components.local.invocation import command_line, python_argv, retrain_argv, shown_path
 from components.local.measured import measured_training
+from components.local.model_init import KINDS, LANDING_FOLDER, init_model
 from components.local.options import warm_start_setting
+from components.local.sample_table import SAMPLE_ROWS
 from components.local.warm import WarmLauncher
 from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
-from components.model_init import KINDS, LANDING_FOLDER, init_model
 from components.outcome import (
     decision_details,
     describe_outcome,
@@ -44,8 +45,7 @@ from components.outcome import (
 )
 from components.preflight import Preflight, SubprocessPreflight
 from components.request import CANCELED, COMPLETED, FAILED, DataRef, RunRequest
-from components.run_settings import DEFAULT_MODEL_NAME, RunSettings, resolve_run_settings
-from components.sample_table import SAMPLE_ROWS
+from components.run_settings import DEFAULT_MODEL_NAME, add_task_options, settings_from_arguments
 from components.specs import load_pipeline_spec
 from components.task_ref import raw_depth
 from core.secrets import mask_secrets, mask_secrets_in
@@ -70,26 +70,6 @@ def _parameter(text: str) -> tuple[str, str]:
     if not separator or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a pipeline or component input), got {text!r}")
     return key.strip(), value
-
-
-def add_task_options(parser: argparse.ArgumentParser) -> None:
-    """--config, --task, --task-options and --task-option: what a run trains, over the model's file."""
-    parser.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        help=f"the model's configuration (default: NAME.toml in ${MODELS_DIR_VARIABLE}, "
-        f"else ./{DEFAULT_MODELS_DIR})",
-    )
-    parser.add_argument(
-        "--task",
-        metavar="REF",
-        help="tabular, image, file.py:Attr or package.module:Attr (default: the file's; needed without one)",
-    )
-    parser.add_argument("--task-options", metavar="JSON", help="the task's options as one JSON object")
-    parser.add_argument(
-        "--task-option", action="append", default=[], metavar="KEY=VALUE", help="one task option (repeatable)"
-    )
 
 
 def register_commands(commands: argparse._SubParsersAction) -> None:
@@ -158,27 +138,12 @@ def _parameters(args: argparse.Namespace) -> dict[str, object]:
     return parameters
 
 
-def run_settings(args: argparse.Namespace, parameters: dict[str, object]) -> RunSettings:
-    """The run's model, task and parameters: the configuration file, with the command line over it."""
-    return resolve_run_settings(
-        model_name=args.model_name,
-        config_file=args.config,
-        task=args.task,
-        task_options=args.task_options,
-        task_option=args.task_option,
-        parameters=parameters,
-        cwd=Path.cwd(),
-        environ=args.environ,
-        pipeline=load_pipeline_spec(),
-    )
-
-
 def build_request(args: argparse.Namespace, preflight: Preflight | None = None) -> RunRequest:
     """Check the run (its settings, then its task and gate policy), then pin the raw folder as a data
     version and describe the run: nothing is pinned for a run that would be refused."""
     from components.data_version import require_folder, snapshot_folder
 
-    settings = run_settings(args, _parameters(args))
+    settings = settings_from_arguments(args, _parameters(args))
     require_folder(args.data)  # before the slower preflight
     # The raw folder is read only if a per-class metric (recall_7) needs the class count it holds.
     preflight = preflight or SubprocessPreflight(environ=args.environ)

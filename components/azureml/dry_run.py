@@ -4,7 +4,8 @@
 came from) without an Azure account. Each record is a folder `<state root>/dry-runs/<job name>/`, written
 complete or not at all; submitting the same request again finds it, like Azure ML finds a job by name. A job
 whose task is a user's file has its code snapshot staged under `<state root>/code-snapshots/` (the
-components' code plus `user_tasks/<file>`, components/code_snapshot.py): the job's components point at it.
+components' code plus `user_tasks/<file>`, components/azureml/code_snapshot.py): the job's components point
+at it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 
 import yaml
 
+from components.azureml.builder import DEFAULT_DATASTORE, PipelineBuild, build_pipeline_job
+from components.azureml.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.azureml.names import RESOURCE_NAME_FORM, is_resource_name
-from components.builder import DEFAULT_DATASTORE, PipelineBuild, build_pipeline_job
-from components.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.errors import JobNotFound, SubmissionError
 from components.request import COMPLETED, RunRequest, Submission
 from components.specs import PIPELINE_FILE

@@ -96,7 +96,7 @@ class BlobSnapshot:
     store, or an older pin's own copy), and `manifest_name`, the blob whose presence marks it complete.
     `copied` names the objects this pin copied: the bytes no earlier version had stored. `folder_bytes` is
     what the folder holds, so what a job that downloads it fetches (the whole store: every version's
-    objects), which is what chooses its input mode (components/input_modes.py)."""
+    objects), which is what chooses its input mode (components/azureml/input_modes.py)."""
 
     folder: str
     manifest_name: str

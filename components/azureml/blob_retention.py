@@ -1,5 +1,5 @@
 """Retention of a model's pinned data versions in Blob Storage, and collection of the objects none of them
-names: components/retention.py's rules, for the store components/blob_snapshot.py writes.
+names: components/local/retention.py's rules, for the store components/azureml/blob_snapshot.py writes.
 
 A version stays when it is among the model's `keep` newest (by when its manifest was written, which it says
 to the microsecond: its first pin, since a reused pin writes nothing), when the caller names it as in use
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from components.blob_snapshot import folder_prefix, store_folder
+from components.azureml.blob_snapshot import folder_prefix, store_folder
 from components.errors import PipelineError
 from core.pinned_store import LATEST_NAME, OBJECTS_FIELD, OBJECTS_FOLDER, PINNED_AT_FIELD
 from core.versions import MANIFEST_SUFFIX, is_raw_version

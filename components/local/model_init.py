@@ -8,9 +8,9 @@ file that runs as it is on generated sample data, and for `tabular` a sample tab
     landing/NAME/batch-0001.csv
                             (tabular, where the caller names a sample folder: `retrain init` does) the
                             table the configuration describes, numeric, categorical and boolean columns
-                            with blanks and a label of names (components/sample_table.py)
+                            with blanks and a label of names (components/local/sample_table.py)
 
-The configuration is rendered from components/templates/ (text, not modules: components/ never imports
+The configuration is rendered from components/local/templates/ (text, not modules: components/ never imports
 torch, the task file does): head.toml.tmpl, the kind's [task.options] (KIND.toml.tmpl), then what every
 kind shares, gate.toml.tmpl with the kind's metrics and bounds (GATES below) and common_tail.toml.tmpl
 ([pipeline] and [trigger]). Nothing is overwritten: if any file exists, nothing is written.
@@ -26,8 +26,8 @@ from pathlib import Path
 from string import Template
 
 from components.errors import ConfigError, SubmissionError
+from components.local.sample_table import write_sample_table
 from components.model_config import CONFIG_SUFFIX
-from components.sample_table import write_sample_table
 from core.names import check_model_name
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"

@@ -5,7 +5,7 @@ components/specs.py), and each step's component from its YAML through `azure.ai.
 built job and pipeline.yml cannot drift. What a submission adds is what pins the run: the data input, the
 component versions, the compute per step, the process count, the trigger metadata (tags), the job name
 derived from the run key (Azure ML itself refuses a duplicate), how each step reads the pinned data
-(components/input_modes.py), and the train step's checkpoint path, by the checkpoint key
+(components/azureml/input_modes.py), and the train step's checkpoint path, by the checkpoint key
 (components/checkpoint_key.py): a resubmitted job resumes there, one with other epochs never.
 
 azure-ai-ml is imported inside the functions that need it: the Function App imports this module.
@@ -20,9 +20,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from components.azureml.input_modes import compute_disks, input_mode
 from components.checkpoint_key import checkpoint_key
 from components.errors import SpecError, SubmissionError
-from components.input_modes import compute_disks, input_mode
+from components.parameters import REGISTRY_LOCK_INPUT, check_registry_lock
 from components.request import RunRequest
 from components.run_inputs import (
     DATA_INPUT,
@@ -34,7 +35,9 @@ from components.run_inputs import (
     trigger_argument,
 )
 from components.specs import (
+    CHECKPOINTS_OUTPUT,
     PIPELINE_FILE,
+    TRAIN_STEP,
     ParentInput,
     PipelineSpec,
     StepOutput,
@@ -43,11 +46,7 @@ from components.specs import (
     load_yaml,
 )
 from components.task_ref import DEFAULT_TASK, parse_task_reference, snapshot_text
-from core.blob_urls import EXPECTED_BLOB_URL, parse_blob_url
-from core.secrets import mask_secrets
-from core.storage.locations import parse_location
 from core.task_ref import secret_options
-from core.text import quoted
 
 if TYPE_CHECKING:
     from azure.ai.ml.entities import PipelineJob
@@ -56,12 +55,6 @@ if TYPE_CHECKING:
 DATASTORE_SETTING = "RETRAIN_AZUREML_DATASTORE"
 DEFAULT_DATASTORE = "workspaceblobstore"
 CHECKPOINTS_ROOT = "retrain/checkpoints"
-TRAIN_STEP = "train"
-PREP_STEP = "prep"  # its rejected_inputs output says which raw files it left out (core/rejected_inputs.py)
-PREPARED_OUTPUT = "prepared_data"  # prep's prepared data version, which a later run's prep builds on
-CHECKPOINTS_OUTPUT = "checkpoints"
-# The register component's input naming the lock blob that serialises champion changes across nodes.
-REGISTRY_LOCK_INPUT = "registry_lock"
 
 _AZUREML = "azureml:"
 _PINNED_ASSET = re.compile(r"azureml:(?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]*):(?P<version>[A-Za-z0-9_.-]+)")
@@ -80,22 +73,6 @@ def check_datastore_name(name: str, where: str = "datastore") -> str:
             f"{where} {name!r}: expected a datastore name (letters, digits, '_'), such as {DEFAULT_DATASTORE}"
         )
     return name
-
-
-def check_registry_lock(url: str, where: str = REGISTRY_LOCK_INPUT, *, folder: bool = False) -> str:
-    """`url` if it is a blob container URL with an optional prefix, the form the register step takes on
-    Azure ML; with `folder`, a local folder too (`--lock` of a register step on this machine). A URL with
-    credentials (user info, a SAS query) is refused, its secret masked: the lock authenticates with the
-    managed identity, or the emulator's connection string."""
-    if parse_location(url, where, SubmissionError).folder is not None:
-        if folder:
-            return url
-        raise SubmissionError(
-            f"{where} {quoted(mask_secrets(url), 120)}: a folder, which register steps on other nodes "
-            f"cannot share; expected {EXPECTED_BLOB_URL}"
-        )
-    parse_blob_url(url, where, SubmissionError)
-    return url
 
 
 def check_pipeline_task_options(options: Mapping[str, Any], where: str = "task options") -> None:
@@ -179,7 +156,7 @@ class PipelineBuild:
     allow_latest_data: bool = False
     # The task as the steps see it (a task file by its place in the code snapshot, `user_tasks/...`), its
     # options as JSON text, the local task file the snapshot must carry, and the staged code snapshot
-    # (components/code_snapshot.py; with or without a task file), which every component's `code` then
+    # (components/azureml/code_snapshot.py; with or without a task file), which every component's `code` then
     # points at.
     task: str = DEFAULT_TASK
     task_options: str = "{}"
@@ -192,7 +169,8 @@ class PipelineBuild:
     # set on the prep step's `previous_prepared` input.
     previous_prepared: str | None = None
     # The pinned raw data's bytes (DataRef.size_bytes), which choose how each step reads it: downloaded when
-    # it fits its node's disk comfortably, else mounted (components/input_modes.py). None: Azure ML's default.
+    # it fits its node's disk comfortably, else mounted (components/azureml/input_modes.py). None: Azure
+    # ML's default.
     data_bytes: int | None = None
 
     def __post_init__(self) -> None:
@@ -414,11 +392,11 @@ def _component(step: StepSpec, build: PipelineBuild) -> Any:
     if build.task_file is not None and build.code_folder is None:
         raise SpecError(
             f"task file {build.task_file}: the job needs a code snapshot that holds it; stage one with "
-            "components.code_snapshot.with_code_snapshot before building"
+            "components.azureml.code_snapshot.with_code_snapshot before building"
         )
     if (
         build.code_folder is not None
-    ):  # a staged snapshot of the components' code (components/code_snapshot.py)
+    ):  # a staged snapshot of the components' code (components/azureml/code_snapshot.py)
         component.code = str(build.code_folder)
     return component
 

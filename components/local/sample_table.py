@@ -12,8 +12,8 @@ a subscription service, and whether each churned.
 
 `churned` is a noisy function of the others (a monthly plan, a short tenure, many support calls and no
 autopay make a customer leave), so a model has something to learn and the gate something to weigh. Like the
-custom task's `--sample` (components/templates/custom_task.py.tmpl) it is generated from a fixed seed, the
-same rows on every machine, and written as a raw batch file, `batch-0001.csv`; with the standard library
+custom task's `--sample` (components/local/templates/custom_task.py.tmpl) it is generated from a fixed seed,
+the same rows on every machine, and written as a raw batch file, `batch-0001.csv`; with the standard library
 only, as components/ never imports numpy or torch. The file appears whole and never replaces one.
 """
 

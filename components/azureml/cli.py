@@ -35,6 +35,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
+from components.azureml.blob_snapshot import manifest_of_blob_prefix, snapshot_blob_prefix, split_folder_url
+from components.azureml.builder import (
+    DATASTORE_SETTING,
+    DEFAULT_DATASTORE,
+    PipelineBuild,
+    check_datastore_name,
+)
+from components.azureml.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.azureml.data_assets import (
     DATA_DATASTORE_SETTING,
     build_data_asset,
@@ -42,6 +50,7 @@ from components.azureml.data_assets import (
     data_asset_reference,
     register_data_asset,
 )
+from components.azureml.dry_run import DRY_RUN_DIR, DryRunSubmitter
 from components.azureml.fallback import FallbackPolicy
 from components.azureml.publish import plan_publish, publish, write_publish_documents
 from components.azureml.registry_lock import LOCKS_PREFIX, resolve_registry_lock
@@ -55,23 +64,13 @@ from components.azureml.schedule import (
 )
 from components.azureml.submitter import AzureMLSubmitter, AzureSettings
 from components.azureml.workspace import AzureMLWorkspace, MLClientWorkspace, WorkspaceRef
-from components.blob_snapshot import manifest_of_blob_prefix, snapshot_blob_prefix, split_folder_url
-from components.builder import (
-    DATASTORE_SETTING,
-    DEFAULT_DATASTORE,
-    REGISTRY_LOCK_INPUT,
-    PipelineBuild,
-    check_datastore_name,
-)
-from components.cli_local import add_task_options, run_settings
-from components.code_snapshot import SNAPSHOTS_FOLDER, with_code_snapshot
 from components.cost import CostSettings, with_estimate
-from components.dry_run import DRY_RUN_DIR, DryRunSubmitter
 from components.errors import AzureAccessError, SubmissionError
+from components.parameters import REGISTRY_LOCK_INPUT
 from components.preflight import PreflightResult, SubprocessPreflight
 from components.request import DataRef, Submission
 from components.run_inputs import trigger_argument
-from components.run_settings import RunSettings
+from components.run_settings import RunSettings, add_task_options, settings_from_arguments
 from components.task_ref import parse_task_reference, raw_depth, snapshot_text
 from core.secrets import displayable_url, mask_secrets
 from core.text import quoted
@@ -417,7 +416,7 @@ def _settings(args: argparse.Namespace) -> tuple[RunSettings, PreflightResult]:
     """The run's model, task and parameters (its configuration file with the command line over it), and
     the preflight's verdict on them: a task that does not load or a gate metric it lacks stops here,
     before any data is pinned or anything submitted."""
-    settings = run_settings(args, _pairs(args.param, "--param"))
+    settings = settings_from_arguments(args, _pairs(args.param, "--param"))
     return settings, SubprocessPreflight(environ=args.environ).check(settings, settings.where)
 
 

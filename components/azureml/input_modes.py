@@ -5,7 +5,7 @@ it must fit on the node's disk, beside everything else there. A read-only mount 
 the step reads as it reads it, through a cache that evicts, so it never fills the disk, at the price of a
 slower first read. So a data input is downloaded when it fits comfortably, at most `DOWNLOAD_SHARE` of the
 disk (the other half is for the image, the step's outputs, and what a store holds beyond the version:
-components/blob_snapshot.py), and mounted otherwise.
+components/azureml/blob_snapshot.py), and mounted otherwise.
 
 The disk is the compute's, from its YAML (components/compute/*.yml): Azure ML's compute schema has no disk
 field and refuses unknown ones, so it is the tag `retrain.local_disk_gib`, the GiB a step's downloads may
