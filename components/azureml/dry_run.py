@@ -23,6 +23,7 @@ from components.azureml.names import RESOURCE_NAME_FORM, is_resource_name
 from components.errors import JobNotFound, SubmissionError
 from components.request import COMPLETED, RunRequest, Submission
 from components.specs import PIPELINE_FILE
+from components.submitters import SubmitterContext
 from core.files import staged_folder
 from core.secrets import mask_secrets
 from core.task_ref import written_options
@@ -150,3 +151,12 @@ def _submission_to_dict(submission: Submission) -> dict[str, Any]:
         "run_key": submission.run_key,
         "details": dict(submission.details),
     }
+
+
+def build_submitter(context: SubmitterContext) -> DryRunSubmitter:
+    """RETRAIN_SUBMITTER=dry-run (components/submitters.py): each job recorded under the context's home."""
+    return DryRunSubmitter(
+        context.home,
+        datastore=context.datastore or DEFAULT_DATASTORE,
+        registered_components=context.registered_components,
+    )

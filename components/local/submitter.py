@@ -23,6 +23,7 @@ from components.outcome import PREPARED_KEY, gate_details, rejected_details
 from components.preflight import Preflight
 from components.request import COMPLETED, FAILED, RunRequest, Submission
 from components.specs import PREP_STEP, PREPARED_OUTPUT
+from components.submitters import SubmitterContext
 from core.rejected_inputs import REPORT_OUTPUT
 
 log = logging.getLogger(__name__)
@@ -125,3 +126,11 @@ class LocalSubmitter:
             if record.job_name == job_name:
                 return _submission(record)
         raise JobNotFound(f"job name {job_name!r}: no local run has it; `retrain runs` lists the local runs")
+
+
+def build_submitter(context: SubmitterContext) -> LocalSubmitter:
+    """RETRAIN_SUBMITTER=local (components/submitters.py): runs under the context's home, each step with the
+    context's environment, its progress logged."""
+    return LocalSubmitter(
+        RunnerOptions(state_root=context.home), dict(context.environ), preflight=context.preflight
+    )
