@@ -2,12 +2,13 @@
 
 `training.cli` contributes the commands that run inside a step (sample-data, prepare, train, evaluate,
 register, drift), those that read the model registry (models, lineage, rollback, serve) and the planner
-(plan); `components.cli_local` the local pipeline runner (run, runs); `components.cli_azure` the Azure ML side
-(submit, publish, schedule); `function_app.local.cli` the front door played locally (event, watch, trigger,
-flush, ledger); `demo.cli` the whole loop on one machine (demo). One command is this file's own, since it
-asks every room: `gc`, which removes the pinned data nothing needs any more (components/retention.py) and
-must hear from the front door's ledger, the local runs and the registry what they still use. Each handler
-gets the local state folder and the environment on its arguments, so no library code reads os.environ.
+(plan); `components.local.cli` the local pipeline runner (run, runs, init); `components.azureml.cli` the
+Azure ML side (submit, publish, schedule); `function_app.local.cli` the front door played locally (event,
+watch, trigger, flush, ledger); `demo.cli` the whole loop on one machine (demo). One command is this file's
+own, since it asks every room: `gc`, which removes the pinned data nothing needs any more
+(components/local/retention.py) and must hear from the front door's ledger, the local runs and the registry
+what they still use. Each handler gets the local state folder and the environment on its arguments, so no
+library code reads os.environ.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ RUN_COMMAND = "run"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from components import cli_azure, cli_local
+    from components.azureml import cli as azureml_cli
+    from components.local import cli as local_cli
     from demo import cli as demo_cli
     from function_app.local import cli as front_door_cli
     from training import cli as training_cli
@@ -42,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     training_cli.register_commands(commands)
-    cli_local.register_commands(commands)
-    cli_azure.register_commands(commands)
+    local_cli.register_commands(commands)
+    azureml_cli.register_commands(commands)
     front_door_cli.register_commands(commands)
     demo_cli.register_commands(commands)
     _register_gc(commands)
@@ -51,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_gc(commands: argparse._SubParsersAction) -> None:
-    from components.retention import DEFAULT_KEEP
+    from components.local.retention import DEFAULT_KEEP
 
     gc = commands.add_parser(
         "gc",
@@ -68,8 +70,8 @@ def _register_gc(commands: argparse._SubParsersAction) -> None:
 
 
 def _gc(args: argparse.Namespace) -> int:
+    from components.local.retention import collect, pinned_versions
     from components.local.runs import IN_PROGRESS, RunStore
-    from components.retention import collect, pinned_versions
     from core.versions import is_raw_version
     from function_app.local.cli import open_configured_ledger
     from training.gate.lineage import RAW_DATA_VERSION, tag

@@ -4,7 +4,7 @@ A submission never trains on "whatever is in the folder now". It pins a manifest
 size and fingerprint (a sha256 of its bytes locally, its eTag in Blob Storage). The sha256 of the manifest's
 canonical JSON is the raw data version (`rd-<16 hex>`), so the same files give the same version, and any
 added, removed or changed file gives another. Locally the version is an immutable folder; on Azure it is
-a snapshot prefix registered as a data asset version (components/blob_snapshot.py).
+a snapshot prefix registered as a data asset version (components/azureml/blob_snapshot.py).
 
 A local copy is `<root>/<version>/` with its manifest beside it, `<root>/<version>.manifest.json`. Its files
 are hard links into the object store beside `root` (core/objects.py, `<state>/data/.objects`), so each file

@@ -45,3 +45,10 @@ class AzureAccessError(PipelineError):
     failed and how to fix it."""
 
     one_line = True
+
+
+class SubmitterUnavailable(PipelineError):
+    """RETRAIN_SUBMITTER names no submitter, or one this installation does not ship
+    (components/submitters.py): one line naming the setting and what to set instead."""
+
+    one_line = True

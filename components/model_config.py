@@ -10,7 +10,7 @@
     [trigger]                   # account, container, prefix, suffixes (default: the task's raw_suffixes),
                                 # depth (folder levels below the prefix holding data; default: the task's)
 
-`retrain init` writes one with every key explained (components/templates/, models/digits.toml).
+`retrain init` writes one with every key explained (components/local/templates/, models/digits.toml).
 Files live in `models/<name>.toml` under the working folder; RETRAIN_MODELS_DIR moves that folder. They
 are read with the standard library (tomllib), torch-free, so the command line, the pipeline runners and the
 front door can all read them. Everything is checked when the file is read, and each error is one line
@@ -322,7 +322,7 @@ def _gate(reader: _Reader, document: Mapping[str, Any]) -> GateConfig:
 
 
 def _pipeline(reader: _Reader, document: Mapping[str, Any], spec: PipelineSpec) -> dict[str, Any]:
-    from components.local.plan import check_parameters, parameter_ports, parameter_refusal
+    from components.parameters import check_parameters, parameter_ports, parameter_refusal
 
     table = reader.table(document, "pipeline", "[pipeline]")
     for name in table:

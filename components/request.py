@@ -56,7 +56,8 @@ class DataRef:
     version: str
     uri: str
     # The raw bytes the version holds (its manifest's sizes), where the pin knows them: the Azure ML builder
-    # chooses the data input's mode by it (components/input_modes.py). None: unknown, Azure ML's default.
+    # chooses the data input's mode by it (components/azureml/input_modes.py). None: unknown, Azure ML's
+    # default.
     size_bytes: int | None = None
 
     def __post_init__(self) -> None:

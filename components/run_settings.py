@@ -11,6 +11,7 @@ must not train the built-in tabular task on data it cannot read).
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from components.model_config import (
 )
 from components.request import DataRef, RunRequest
 from components.run_inputs import GATE_INPUTS
-from components.specs import PipelineSpec
+from components.specs import PipelineSpec, load_pipeline_spec
 from components.task_ref import (
     DEFAULT_TASK,
     check_task_options,
@@ -155,7 +156,7 @@ def resolve_run_settings(
     pipeline: PipelineSpec,
 ) -> RunSettings:
     """The run's settings from the configuration file (if any) with the command line over it."""
-    from components.local.plan import check_parameter_texts, check_parameters
+    from components.parameters import check_parameter_texts, check_parameters
 
     config = _config(model_name, config_file, cwd, environ, pipeline)
     if config is None and task is None:
@@ -182,4 +183,41 @@ def resolve_run_settings(
         task_options=options,
         parameters=merged,
         config=config,
+    )
+
+
+def add_task_options(parser: argparse.ArgumentParser) -> None:
+    """--config, --task, --task-options and --task-option: what a run trains, over the model's file. Both
+    `retrain run` and `retrain submit` take them."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help=f"the model's configuration (default: NAME.toml in ${MODELS_DIR_VARIABLE}, "
+        f"else ./{DEFAULT_MODELS_DIR})",
+    )
+    parser.add_argument(
+        "--task",
+        metavar="REF",
+        help="tabular, image, file.py:Attr or package.module:Attr (default: the file's; needed without one)",
+    )
+    parser.add_argument("--task-options", metavar="JSON", help="the task's options as one JSON object")
+    parser.add_argument(
+        "--task-option", action="append", default=[], metavar="KEY=VALUE", help="one task option (repeatable)"
+    )
+
+
+def settings_from_arguments(args: argparse.Namespace, parameters: dict[str, object]) -> RunSettings:
+    """The run's model, task and parameters: the configuration file, with the command line over it
+    (`add_task_options`' flags, --model-name, `parameters` from --param)."""
+    return resolve_run_settings(
+        model_name=args.model_name,
+        config_file=args.config,
+        task=args.task,
+        task_options=args.task_options,
+        task_option=args.task_option,
+        parameters=parameters,
+        cwd=Path.cwd(),
+        environ=args.environ,
+        pipeline=load_pipeline_spec(),
     )

@@ -28,6 +28,11 @@ COMPUTE_FILES = {
     "gpu_spot": COMPUTE_DIR / "gpu-spot.yml",
     "gpu_dedicated": COMPUTE_DIR / "gpu-dedicated.yml",
 }
+# The steps and outputs of pipeline.yml that code names: both runners report what prep prepared.
+TRAIN_STEP = "train"
+PREP_STEP = "prep"  # its rejected_inputs output says which raw files it left out (core/rejected_inputs.py)
+PREPARED_OUTPUT = "prepared_data"  # prep's prepared data version, which a later run's prep builds on
+CHECKPOINTS_OUTPUT = "checkpoints"
 
 _PARENT_INPUT = re.compile(r"\$\{\{parent\.inputs\.(\w+)\}\}")
 _STEP_OUTPUT = re.compile(r"\$\{\{parent\.jobs\.(\w+)\.outputs\.(\w+)\}\}")

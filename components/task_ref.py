@@ -8,7 +8,7 @@ training environment.
 
 A task file travels with the code: locally the steps read it where it is (its code's hash joins each step's
 cache key), and on Azure ML the builder copies it into the job's code snapshot, under `user_tasks/`, and
-rewrites the reference to that relative path (components/code_snapshot.py). A task's code is what
+rewrites the reference to that relative path (components/azureml/code_snapshot.py). A task's code is what
 core/sources.py task_sources finds: a task file and the modules of its folder it imports, or a module
 task's package; it is hashed there, once, for every key and check.
 """

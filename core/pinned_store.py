@@ -1,7 +1,8 @@
 """A data version pinned in Blob Storage without copies: a manifest that names objects kept once, and how a
 job reads it as the folder of files a task expects.
 
-components/blob_snapshot.py writes one store per model, in its snapshots area (`retrain/snapshots/<model>/`):
+components/azureml/blob_snapshot.py writes one store per model, in its snapshots area
+(`retrain/snapshots/<model>/`):
 
     store/objects/<key>                each blob's bytes, copied once, named by what identifies them before
                                        they are read: `md5-<Content-MD5 hex>-<size>` when Storage has the
@@ -85,7 +86,8 @@ def manifest_name(version: str) -> str:
 def read_objects(text: str, where: str) -> dict[str, tuple[int, str]]:
     """Each file of a version manifest: name -> (size, object key); InputError in one line naming `where`
     when the text is not a whole version (its `version` must be the hash of its files, as pinned)."""
-    expected = f"expected a version manifest with '{OBJECTS_FIELD}' written by components/blob_snapshot.py"
+    writer = "components/azureml/blob_snapshot.py"
+    expected = f"expected a version manifest with '{OBJECTS_FIELD}' written by {writer}"
     try:
         document = json.loads(text)
         files = [

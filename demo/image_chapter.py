@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components import cli_local
 from components.local import RunStore
+from components.local import cli as local_cli
 from components.specs import REPO_ROOT
 from core.errors import RetrainError
 from demo.narration import Narrator
@@ -84,7 +84,7 @@ def _retrain_run(
         state_root=home,
     )
     say.line(f"retrain run --model-name {IMAGE_MODEL} --data {raw.name} --epochs {epochs}")
-    if cli_local.run_command(args, say.indented()) != 0:
+    if local_cli.run_command(args, say.indented()) != 0:
         raise RetrainError("the image model's pipeline run did not complete; see its steps above")
     run = RunStore(home / "runs").list(limit=1)[0]
     return json.loads((Path(run.outputs["registration"]) / "registration.json").read_text())

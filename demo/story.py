@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from components.local import RunnerOptions, RunStore
-from components.submitters.local import LocalSubmitter
+from components.local.submitter import LocalSubmitter
 from core.errors import RetrainError
 from demo.eviction import EvictOnFirstCheckpoint
 from demo.image_chapter import ImageChapter, run_image_chapter

@@ -219,7 +219,7 @@ class PlannedSnapshot:
         return ()  # a dry run copies nothing, so nothing it lists can fail a copy
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
-        from components.blob_snapshot import store_paths
+        from components.azureml.blob_snapshot import store_paths
 
         path, _ = store_paths(f"{SNAPSHOTS_ROOT}/{model_name}", manifest.version)
         uri = f"azureml://datastores/{self._datastore}/paths/{path}"
@@ -387,7 +387,7 @@ def _a_link(link: Path, path: Path | None = None) -> str:
 
 class RegisteredSnapshot:
     """Azure ML: the pinned blobs kept in the model's object store (each blob's bytes copied once,
-    server-side: components/blob_snapshot.py), the version registered as a data asset version through
+    server-side: components/azureml/blob_snapshot.py), the version registered as a data asset version through
     `datastore` (RETRAIN_AZUREML_DATA_DATASTORE), which must be on the landing container: the store is kept
     there, and the asset's path is relative to the datastore. Each pin checks that first, so a mismatch
     copies and registers nothing."""
@@ -410,6 +410,7 @@ class RegisteredSnapshot:
         return vanished_blobs(self._container, manifest)
 
     def pin(self, manifest: DataManifest, model_name: str) -> DataRef:
+        from components.azureml.blob_snapshot import copy_snapshot
         from components.azureml.data_assets import (
             DATA_DATASTORE_SETTING,
             build_data_asset,
@@ -417,7 +418,6 @@ class RegisteredSnapshot:
             data_asset_reference,
             register_data_asset,
         )
-        from components.blob_snapshot import copy_snapshot
         from components.errors import SubmissionError
 
         try:

@@ -12,6 +12,7 @@ from typing import Any
 
 from components.data_version import DataManifest
 from components.request import DataRef, Submitter
+from components.submitters import AZUREML, DRY_RUN, LOCAL, SubmitterContext, open_submitter
 from function_app.ledger.ledger import open_ledger
 from function_app.pinning import (
     DataPinner,
@@ -26,7 +27,6 @@ from function_app.service import FrontDoor, utc_now
 from function_app.settings.app import (
     BLOB_ACCOUNT,
     BLOB_CONTAINER,
-    LOCAL,
     PIPELINE_PARAMETERS,
     AppSettings,
     BlobScope,
@@ -95,59 +95,70 @@ def landing_container(settings: AppSettings, scope: BlobScope) -> Any:
 def _submitter_and_pinner(
     settings: AppSettings, environ: Mapping[str, str], task_check: PreflightTaskCheck | None
 ) -> tuple[Submitter, DataPinner]:
-    if settings.submitter == "dry-run":
-        from components.dry_run import DryRunSubmitter
+    # Jobs and data assets go through one workspace, connected at first use; only Azure ML has one.
+    workspace = _workspace(environ) if settings.submitter == AZUREML else None
+    # The deployed app carries no training code: its jobs run the components `retrain publish` registered.
+    # A local run checks the task as the flush did, with the same kept verdicts: one check per version.
+    context = SubmitterContext(
+        home=settings.home,
+        environ=environ,
+        datastore=settings.azureml_datastore,
+        registered_components=True,
+        preflight=task_check.preflight if task_check is not None else None,
+        workspace=workspace,
+    )
+    submitter = open_submitter(settings.submitter, context)
+    if settings.submitter == DRY_RUN:
+        return submitter, _planned_snapshots(settings)
+    if settings.submitter == AZUREML:
+        return submitter, _registered_snapshots(settings, workspace)
+    return submitter, _local_copies(settings)
 
-        # Pins nothing; a request's own folder is listed in the model's landing container, whose client
-        # connects only when a listing is asked for. The job's checkpoints are in the pipeline's datastore,
-        # its planned snapshot in the data datastore.
-        datastore = settings.azureml_datastore
-        return DryRunSubmitter(settings.home, datastore=datastore, registered_components=True), ModelPinners(
-            {
-                route.name: PlannedSnapshot(
-                    settings.data_datastore,
-                    None
-                    if route.scope is None
-                    else functools.partial(landing_container, settings, route.scope),
-                    1 if route.scope is None else route.scope.depth,
-                )
-                for route in settings.models
-            }
-        )
-    if settings.submitter == "azureml":
-        from components.azureml.submitter import AzureMLSubmitter, AzureSettings
-        from components.azureml.workspace import MLClientWorkspace, WorkspaceRef
 
-        workspace = MLClientWorkspace(WorkspaceRef.from_settings(environ))
-        # The deployed app carries no training code: it runs the components `retrain publish` registered.
-        # Each job's register step gets the registry lock in the datastore's container (the submitter's).
-        submitter = AzureMLSubmitter(
-            workspace, AzureSettings(datastore=settings.azureml_datastore, registered_components=True)
-        )
-        # Start-up has checked that every model has a landing container (AppSettings). Snapshots are copied
-        # beside the landed blobs and registered through the data datastore, which each pin checks is on
-        # that container before copying anything.
-        return submitter, _per_model(
-            settings,
-            lambda scope: RegisteredSnapshot(
-                landing_container(settings, scope), workspace, settings.data_datastore, scope.depth
-            ),
-        )
-    from components.local import RunnerOptions
-    from components.submitters.local import LocalSubmitter
+def _workspace(environ: Mapping[str, str]) -> Any:
+    from components.azureml.workspace import MLClientWorkspace, WorkspaceRef
 
-    # The runner checks the task as the flush did, with the same kept verdicts: one check per version.
-    preflight = task_check.preflight if task_check is not None else None
-    submitter = LocalSubmitter(RunnerOptions(state_root=settings.home), dict(environ), preflight=preflight)
+    return MLClientWorkspace(WorkspaceRef.from_settings(environ))
+
+
+def _planned_snapshots(settings: AppSettings) -> DataPinner:
+    """The dry run's: pins nothing; a request's own folder is listed in the model's landing container, whose
+    client connects only when a listing is asked for. The job's planned snapshot is in the data datastore."""
+    return ModelPinners(
+        {
+            route.name: PlannedSnapshot(
+                settings.data_datastore,
+                None if route.scope is None else functools.partial(landing_container, settings, route.scope),
+                1 if route.scope is None else route.scope.depth,
+            )
+            for route in settings.models
+        }
+    )
+
+
+def _registered_snapshots(settings: AppSettings, workspace: Any) -> DataPinner:
+    """Azure ML's: start-up has checked that every model has a landing container (AppSettings). Snapshots are
+    copied beside the landed blobs and registered through the data datastore, which each pin checks is on
+    that container before copying anything."""
+    return _per_model(
+        settings,
+        lambda scope: RegisteredSnapshot(
+            landing_container(settings, scope), workspace, settings.data_datastore, scope.depth
+        ),
+    )
+
+
+def _local_copies(settings: AppSettings) -> DataPinner:
+    """The local runner's: each batch downloaded into the home, or copied from the landing folder, which
+    plays the one served model's prefix (AppSettings refuses it with several models)."""
     if settings.landing_folder is not None:
-        # The folder plays the one served model's prefix (AppSettings refuses it with several models).
         [route] = settings.models
         scope = route.scope
         folder_url = f"{scope.container_url}/{scope.prefix}" if scope and scope.prefix else None
         depth = scope.depth if scope else 1
         folder = LandingFolderCopy(settings.landing_folder, settings.home, folder_url, depth)
-        return submitter, ModelPinners({route.name: folder})
-    return submitter, _per_model(
+        return ModelPinners({route.name: folder})
+    return _per_model(
         settings,
         lambda scope: DownloadedFolder(landing_container(settings, scope), settings.home, scope.depth),
     )
@@ -183,7 +194,7 @@ def _check_pipeline_parameters(settings: AppSettings) -> None:
     if not settings.pipeline_parameters:
         return  # nothing to check: no cold start pays for reading the pipeline's YAMLs
     from components.errors import SubmissionError
-    from components.local.plan import check_parameter_texts
+    from components.parameters import check_parameter_texts
     from components.specs import load_pipeline_spec
 
     try:

@@ -20,11 +20,11 @@ if TYPE_CHECKING:
 # from ending the suite alone on a long file while the other is idle. Only the order changes.
 SLOWEST_FILES = (
     "tests/test_demo.py",
-    "tests/components/test_concurrent_runs.py",
+    "tests/components/local/test_concurrent_runs.py",
     "tests/components/test_readme_task.py",
     "tests/training/test_resume.py",
     "tests/training/test_optimization_resume.py",
-    "tests/components/test_local_pipeline.py",
+    "tests/components/local/test_local_pipeline.py",
     "tests/training/test_orphan_workers.py",
     "tests/training/test_checkpoint_integrity.py",
     "tests/training/test_image_resume.py",

@@ -83,6 +83,40 @@ def test_nothing_deployed_imports_the_local_stand_ins():
     ] == []
 
 
+# components/ is one contract and two twins, as core/storage/ is: the root (the request, the specs, the
+# parameters, the Submitter protocol and its registry), the Azure ML twin in azureml/ and the local runner in
+# local/. The Function App ships no components/local/ (.funcignore), so the root, the Azure ML twin and every
+# module of function_app/ reach the local runner only by its name in the registry (components/submitters.py,
+# importlib), never by an import, even a lazy one: one would fail in Azure, or ship the runner.
+COMPONENTS_ROOT_FILES = tuple(
+    path.relative_to(REPO_ROOT).as_posix() for path in sorted((REPO_ROOT / "components").glob("*.py"))
+)
+TWINS = ("components.azureml", "components.local")
+
+
+def _files_imports(files: tuple[str, ...]) -> list[tuple[str, str, bool]]:
+    return [found for file in files for found in _file_imports(REPO_ROOT / file)]
+
+
+def _importers_of(found: list[tuple[str, str, bool]], forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{file} imports {module}" for file, module, _ in found if _within(module, forbidden)]
+
+
+def test_nothing_deployed_imports_the_local_runner():
+    found = _files_imports(COMPONENTS_ROOT_FILES) + _imports("components/azureml") + _imports("function_app")
+    assert _importers_of(found, ("components.local",)) == []
+
+
+def test_the_contract_imports_neither_twin():
+    assert _importers_of(_files_imports(COMPONENTS_ROOT_FILES), TWINS) == []
+
+
+def test_the_twins_import_each_other_not():
+    # What both need is the contract's, in the root.
+    assert _importers_of(_imports("components/local"), ("components.azureml",)) == []
+    assert _importers_of(_imports("components/azureml"), ("components.local",)) == []
+
+
 def test_training_uses_event_grid_only_to_publish_a_drift_alert_and_only_lazily():
     # The drift check sends the project's drift event, nothing more: it knows the event's contract (the
     # front door parses a published one in test_local_topic.py), not the front door; and training steps

@@ -1,7 +1,7 @@
 """A pinned data version as an Azure ML data asset: `<model>-raw`, version = the data version.
 
-The asset points at the snapshot written by components/blob_snapshot.py in a datastore's container: the
-model's object store, where the version is its manifest (the prep step reads it by the pipeline's
+The asset points at the snapshot written by components/azureml/blob_snapshot.py in a datastore's container:
+the model's object store, where the version is its manifest (the prep step reads it by the pipeline's
 `raw_data_version`, core/pinned_store.py), or a version's own full copy pinned before the store existed.
 Either way `azureml:<model>-raw:<data version>` always names the same files. Registering is idempotent:
 an asset version that already exists at the same path is reused; one at another path is an error, because

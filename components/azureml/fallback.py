@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from components.azureml.workspace import JobRecord
-from components.builder import TRAIN_STEP
 from components.errors import SubmissionError
+from components.specs import TRAIN_STEP
 
 PREEMPTION_TAG = "retrain.preempted_at_step"
 # Azure ML job states in which an attempt is over without success.

@@ -9,9 +9,9 @@ Publishing is planned whole before anything is sent (`plan_publish`): every YAML
 azure-ai-ml, each component's code staged, so a bad file refuses the release offline, and `retrain publish
 --dry-run` shows the same plan (`write_publish_documents`) without sending it.
 
-Each component's code is uploaded from a staged snapshot of its `code` folder (components/code_snapshot.py),
-written once per publish: exactly the files `.amlignore` keeps, so azure-ai-ml's walk of the folder does not
-cross the checkout's `.venv` and `node_modules`.
+Each component's code is uploaded from a staged snapshot of its `code` folder
+(components/azureml/code_snapshot.py), written once per publish: exactly the files `.amlignore` keeps, so
+azure-ai-ml's walk of the folder does not cross the checkout's `.venv` and `node_modules`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from components.code_snapshot import stage_code_snapshot
+from components.azureml.code_snapshot import stage_code_snapshot
 from components.errors import SpecError
 from components.specs import (
     COMPONENTS_DIR,

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from components.azureml.builder import DATASTORE_SETTING
 from components.azureml.workspace import AzureMLWorkspace, DatastoreRecord
-from components.builder import DATASTORE_SETTING, REGISTRY_LOCK_INPUT, check_registry_lock
 from components.errors import SubmissionError
+from components.parameters import REGISTRY_LOCK_INPUT, check_registry_lock
 
 LOCKS_PREFIX = "retrain/locks"
 _EXPLICIT = f"--param {REGISTRY_LOCK_INPUT}=https://<account>.blob.core.windows.net/<container>/<prefix>"

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from components.azureml.builder import CHECKPOINTS_ROOT, PipelineBuild, build_pipeline_job, validate_job
 from components.azureml.names import RESOURCE_NAME_FORM, is_resource_name
-from components.builder import CHECKPOINTS_ROOT, PipelineBuild, build_pipeline_job, validate_job
 from components.errors import SubmissionError
 from core.files import write_atomically
 

@@ -25,20 +25,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from components.azureml.builder import DEFAULT_DATASTORE, PipelineBuild, build_pipeline_job, is_data_uri
+from components.azureml.code_snapshot import with_code_snapshot
 from components.azureml.fallback import Attempt, FallbackPolicy, decide_next_attempt, train_child
 from components.azureml.quota import check_quota
 from components.azureml.registry_lock import resolve_registry_lock
-from components.azureml.workspace import AzureMLWorkspace, JobRecord
-from components.builder import (
-    DEFAULT_DATASTORE,
-    PREP_STEP,
-    PREPARED_OUTPUT,
-    TRAIN_STEP,
-    PipelineBuild,
-    build_pipeline_job,
-    is_data_uri,
-)
-from components.code_snapshot import with_code_snapshot
+from components.azureml.workspace import AzureMLWorkspace, JobRecord, MLClientWorkspace, WorkspaceRef
 from components.errors import JobNotFound, SubmissionError
 from components.outcome import PREPARED_KEY, REJECTED_KEY
 from components.request import (
@@ -51,6 +43,8 @@ from components.request import (
     RunRequest,
     Submission,
 )
+from components.specs import PREP_STEP, PREPARED_OUTPUT, TRAIN_STEP
+from components.submitters import SubmitterContext
 from core.rejected_inputs import REPORT_FILE, REPORT_OUTPUT, parse_report
 
 log = logging.getLogger(__name__)
@@ -247,3 +241,14 @@ class AzureMLSubmitter:
             instance_count=request.instance_count,
             processes_per_instance=request.processes_per_instance,
         )
+
+
+def build_submitter(context: SubmitterContext) -> AzureMLSubmitter:
+    """RETRAIN_SUBMITTER=azureml (components/submitters.py): jobs in the workspace the context shares,
+    else the one AZURE_SUBSCRIPTION_ID, AZURE_RESOURCE_GROUP and AZUREML_WORKSPACE name (connected at first
+    use)."""
+    workspace = context.workspace or MLClientWorkspace(WorkspaceRef.from_settings(context.environ))
+    settings = AzureSettings(
+        datastore=context.datastore or DEFAULT_DATASTORE, registered_components=context.registered_components
+    )
+    return AzureMLSubmitter(workspace, settings)

@@ -4,6 +4,10 @@ It executes the very `command:` lines of the component YAMLs, in dependency orde
 folders under the state folder, reuses unchanged steps from an immutable cache, runs `distribution:
 pytorch` steps under torchrun, and restarts a preempted training step so that it resumes.
 
+The deployed Function App does not ship this package (.funcignore): the contract, the Azure ML twin and
+function_app/ never import it (tests/test_architecture.py); RETRAIN_SUBMITTER=local reaches its submitter
+by name, through components/submitters.py.
+
 The names below are imported when first asked for, so that a module of this package (warm.py, which
 `retrain run` imports to start its warm starter before anything else) costs only its own imports.
 """

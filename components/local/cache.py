@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from components.errors import PipelineError
-from components.local.fingerprint import content_hash
+from components.fingerprint import content_hash
 from components.local.runs import write_json_atomically
 from core.files import make_read_only
 

@@ -28,17 +28,17 @@ from typing import Any
 
 from components.data_version import check_pinned
 from components.errors import PipelineError, StepFailed, SubmissionError
-from components.local.cache import CacheEntry, StepCache, cache_key
-from components.local.clock import Clock
-from components.local.commands import format_value
-from components.local.credentials import credentials_apart
-from components.local.fingerprint import (
+from components.fingerprint import (
     code_listing,
     content_listing,
     environment_hash,
     first_difference,
     listing_hash,
 )
+from components.local.cache import CacheEntry, StepCache, cache_key
+from components.local.clock import Clock
+from components.local.commands import format_value
+from components.local.credentials import credentials_apart
 from components.local.launch import (
     PREEMPTED_EXIT_CODE,
     StepExecutor,

@@ -137,7 +137,7 @@ def _blob(
         account=scope.account,
         container=subject_container,
         name=subject_name,
-        etag=etag.strip('"'),  # the listing strips them too (components/blob_snapshot.py)
+        etag=etag.strip('"'),  # the listing strips them too (components/azureml/blob_snapshot.py)
         sequencer=sequencer,
         size=size,
     )

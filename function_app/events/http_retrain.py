@@ -23,18 +23,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from components.submitters import LOCAL, SUBMITTER_SETTING
 from function_app.events.blob_paths import blob_url, check_folder_in_scope, check_name, url_blob
 from function_app.events.envelope import Invalid, has_unsafe_characters, json_type, load_json, shown
 from function_app.events.routing import route_named
 from function_app.events.triggers import KIND_HTTP, TriggerRequest
-from function_app.settings.app import (
-    BLOB_ACCOUNT,
-    HTTP_MAX_BODY_BYTES,
-    LOCAL,
-    SUBMITTER,
-    AppSettings,
-    BlobScope,
-)
+from function_app.settings.app import BLOB_ACCOUNT, HTTP_MAX_BODY_BYTES, AppSettings, BlobScope
 from function_app.settings.models import ModelRoute
 
 log = logging.getLogger(__name__)
@@ -168,7 +162,7 @@ def _data_uri(value: Any, scope: BlobScope | None, submitter: str) -> str:
         if submitter == LOCAL:
             raise Invalid(
                 f"data {shown(value)} is an Azure ML data asset, which runs on this machine cannot read; "
-                f"expected a blob folder URL ({SUBMITTER}={LOCAL})"
+                f"expected a blob folder URL ({SUBMITTER_SETTING}={LOCAL})"
             )
         return value
     if not value.startswith(("https://", "http://")):

@@ -40,6 +40,7 @@ from azure.core.exceptions import AzureError
 
 from components.errors import PipelineError
 from components.outcome import describe_outcome
+from components.submitters import LOCAL, SUBMITTER_SETTING
 from core.errors import RetrainError
 from core.text import quoted
 from function_app import runtime
@@ -55,9 +56,7 @@ from function_app.settings.app import (
     HOME,
     LANDING_FOLDER,
     LEDGER,
-    LOCAL,
     STORAGE_CONNECTION_STRING,
-    SUBMITTER,
     AppSettings,
     EmulatorConnection,
     LedgerLocation,
@@ -222,8 +221,9 @@ def _watched_folder(args: argparse.Namespace, settings: AppSettings) -> Path:
     # files that no pin can find.
     if settings.submitter == LOCAL and (landing is None or landing.resolve() != folder.resolve()):
         raise CliError(
-            f"retrain watch --folder {folder} with {SUBMITTER}={LOCAL}: expected {LANDING_FOLDER}={folder} "
-            "too, so that the local submitter pins the batch from the folder it watches"
+            f"retrain watch --folder {folder} with {SUBMITTER_SETTING}={LOCAL}: expected "
+            f"{LANDING_FOLDER}={folder} too, so that the local submitter pins the batch from the folder it "
+            "watches"
         )
     return folder
 

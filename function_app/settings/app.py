@@ -20,17 +20,17 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from components.azureml.data_assets import DATA_DATASTORE_SETTING
-from components.builder import (
+from components.azureml.builder import (
     DATASTORE_SETTING,
     DEFAULT_DATASTORE,
-    REGISTRY_LOCK_INPUT,
     check_datastore_name,
     check_pipeline_task_options,
-    check_registry_lock,
 )
+from components.azureml.data_assets import DATA_DATASTORE_SETTING
 from components.cost import CostSettings, CostSettingsError
-from components.errors import SubmissionError
+from components.errors import SubmissionError, SubmitterUnavailable
+from components.parameters import REGISTRY_LOCK_INPUT, check_registry_lock
+from components.submitters import AZUREML, LOCAL, SUBMITTER_SETTING, check_submitter
 from core.names import check_model_name
 from core.secrets import mask_secrets
 from core.text import quoted
@@ -69,7 +69,7 @@ __all__ = [
     "mask_secrets",
 ]
 
-SUBMITTER, HOME = "RETRAIN_SUBMITTER", "RETRAIN_HOME"
+HOME = "RETRAIN_HOME"
 DEBOUNCE_QUIET, DEBOUNCE_MAX_WAIT = "RETRAIN_DEBOUNCE_QUIET_SECONDS", "RETRAIN_DEBOUNCE_MAX_WAIT_SECONDS"
 COOLDOWN, MAX_RUNS_PER_DAY = "RETRAIN_COOLDOWN_SECONDS", "RETRAIN_MAX_RUNS_PER_DAY"
 HTTP_MAX_BODY_BYTES = "RETRAIN_HTTP_MAX_BODY_BYTES"
@@ -77,8 +77,6 @@ LANDING_FOLDER = "RETRAIN_LANDING_FOLDER"
 PIPELINE_PARAMETERS = "RETRAIN_PIPELINE_PARAMETERS"
 PROCESSES_PER_NODE, NODES = "RETRAIN_TRAIN_PROCESSES_PER_NODE", "RETRAIN_TRAIN_NODES"
 
-LOCAL, AZUREML, DRY_RUN = "local", "azureml", "dry-run"
-SUBMITTERS = (LOCAL, AZUREML, DRY_RUN)
 
 DEFAULT_HOME = Path(".retrain")
 DEFAULT_MODEL_NAME = "digits"
@@ -133,10 +131,10 @@ class AppSettings:
     azureml_data_datastore: str | None = None
 
     def __post_init__(self) -> None:
-        if self.submitter not in SUBMITTERS:
-            raise SettingsError(
-                f"{SUBMITTER} {quoted(self.submitter)}: expected one of {', '.join(SUBMITTERS)}"
-            )
+        try:
+            check_submitter(self.submitter)
+        except SubmitterUnavailable as error:
+            raise SettingsError(str(error)) from None
         check_model_name(self.model_name, MODEL_NAME, SettingsError)
         if "\x00" in str(self.home):
             raise SettingsError(
@@ -171,8 +169,8 @@ class AppSettings:
         self._check_emulator_connection()
         if self.landing_folder is not None and self.submitter != LOCAL:
             raise SettingsError(
-                f"{LANDING_FOLDER} is set, but {SUBMITTER}={self.submitter} pins data from the landing "
-                f"container; expected {LANDING_FOLDER} unset, or {SUBMITTER}={LOCAL}"
+                f"{LANDING_FOLDER} is set, but {SUBMITTER_SETTING}={self.submitter} pins data from the "
+                f"landing container; expected {LANDING_FOLDER} unset, or {SUBMITTER_SETTING}={LOCAL}"
             )
         if self.landing_folder is not None and len(self.models) > 1:
             # The folder plays one prefix's blobs: several models' files would be one model's data.
@@ -190,12 +188,12 @@ class AppSettings:
             if route.config is None:
                 raise SettingsError(
                     f"{BLOB_ACCOUNT} and {BLOB_CONTAINER} are unset; expected the landing account and "
-                    f"container when {SUBMITTER}={AZUREML}"
+                    f"container when {SUBMITTER_SETTING}={AZUREML}"
                 )
             raise SettingsError(
                 f"{route.config}: [trigger] account and container are unset, and so are {BLOB_ACCOUNT} and "
                 f"{BLOB_CONTAINER}; expected the model's landing account and container when "
-                f"{SUBMITTER}={AZUREML}"
+                f"{SUBMITTER_SETTING}={AZUREML}"
             )
 
     def _check_registry_lock(self) -> None:
@@ -315,7 +313,7 @@ class AppSettings:
         home = Path(values.get(HOME, str(DEFAULT_HOME)))
         routes = served_models(values, Path.cwd() if cwd is None else Path(cwd))
         return cls(
-            submitter=values.get(SUBMITTER, LOCAL),
+            submitter=values.get(SUBMITTER_SETTING, LOCAL),
             home=home,
             model_name=routes[0].name if routes else values.get(MODEL_NAME, DEFAULT_MODEL_NAME),
             blob=None if routes else blob_scope_from(values),

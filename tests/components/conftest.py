@@ -1,6 +1,6 @@
 """Fixtures for the local runner's tests: raw data, run requests, and a small pipeline of quick steps
 (tests/helpers/components/quick_pipeline.py). The real pipeline (components/pipeline.yml) is run by
-test_local_pipeline.py with a small training."""
+local/test_local_pipeline.py with a small training."""
 
 from __future__ import annotations
 

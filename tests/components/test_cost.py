@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from components import cli_azure, cli_local
+from components.azureml import cli as azureml_cli
 from components.cost import (
     CostSettings,
     CostSettingsError,
@@ -18,6 +18,7 @@ from components.cost import (
     with_estimate,
 )
 from components.errors import PipelineError, SubmissionError
+from components.local import cli as local_cli
 from components.request import DataRef, RunRequest
 from components.run_inputs import trigger_argument
 from components.specs import PIPELINE_FILE
@@ -294,11 +295,11 @@ def test_a_bad_cost_setting_stops_run_and_submit_before_anything_is_pinned(comma
     raw.mkdir()
     (raw / "a.csv").write_text("id,x,label\n1,0.5,a\n")
     if command == "run":
-        argv, register = ("run", "--data", str(raw), "--task", "tabular"), cli_local.register_commands
+        argv, register = ("run", "--data", str(raw), "--task", "tabular"), local_cli.register_commands
     else:
         argv = ("submit", "--dry-run", "--data", f"azureml:digits-raw:{VERSION}", "--model-name", "digits")
         argv += ("--task", "tabular")
-        register = cli_azure.register_commands
+        register = azureml_cli.register_commands
     args = _handler_args(register, *argv, state_root=tmp_path / "state", environ={"RETRAIN_MTBE_HOURS": "x"})
 
     with pytest.raises(CostSettingsError, match="RETRAIN_MTBE_HOURS 'x'"):

@@ -18,8 +18,9 @@ from helpers.function_app.front_door_settings import app_settings
 import retrain_cli
 from components.errors import ConfigError, SubmissionError
 from components.local.commands import render_command
-from components.local.plan import check_parameter_texts, pipeline_values, step_input_values
+from components.local.plan import pipeline_values, step_input_values
 from components.model_config import load_model_config
+from components.parameters import check_parameter_texts
 from components.preflight import SubprocessPreflight
 from components.request import DataRef, RunRequest
 from components.specs import load_pipeline_spec

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from helpers.components.task_file import TASK_FILE, write_task_file
 
-from components import cli_azure, cli_local
+from components.azureml import cli as azureml_cli
 from components.errors import SubmissionError
+from components.local import cli as local_cli
 from components.local.warm import WarmLauncher
 from components.model_config import MODELS_DIR_VARIABLE
 from components.preflight import SubprocessPreflight
@@ -144,7 +145,7 @@ def test_a_bad_gate_metric_in_the_configuration_is_refused_before_the_prep_step_
     (models / "flowers.toml").write_text(f'[task]\nref = "{ref}"\n[gate]\nfloors = {{ acuracy = 0.9 }}\n')
     state = tmp_path / "state"
     args = handler_args(
-        cli_local.register_commands,
+        local_cli.register_commands,
         ["run", "--model-name", "flowers", "--data", str(sample_raw)],
         state,
         models,
@@ -175,7 +176,7 @@ def test_submit_refuses_a_bad_gate_metric_before_recording_or_submitting(tmp_pat
         "--model-name",
         "flowers",
     ]
-    args = handler_args(cli_azure.register_commands, argv, state, models)
+    args = handler_args(azureml_cli.register_commands, argv, state, models)
 
     with pytest.raises(
         SubmissionError, match=r"Flowers'\): primary_metric names metric 'r2', which the task does not report"
@@ -193,7 +194,7 @@ def test_a_class_s_metric_beyond_the_data_s_classes_is_refused_before_anything_i
     # The digits' 10 classes are known only from their labels: the pre-run check reads them from --data.
     state = tmp_path / "state"
     argv = ["run", "--task", "tabular", "--data", str(sample_raw), "--param", "primary_metric=recall_99"]
-    args = handler_args(cli_local.register_commands, argv, state, tmp_path)
+    args = handler_args(local_cli.register_commands, argv, state, tmp_path)
 
     with pytest.raises(SubmissionError) as raised:
         args.handler(args, io.StringIO())

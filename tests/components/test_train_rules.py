@@ -13,8 +13,9 @@ import pytest
 import retrain_cli
 from components.errors import ConfigError, SubmissionError
 from components.local.commands import render_command
-from components.local.plan import check_parameter_texts, step_input_values
+from components.local.plan import step_input_values
 from components.model_config import load_model_config
+from components.parameters import check_parameter_texts
 from components.preflight import SubprocessPreflight
 from components.specs import load_pipeline_spec
 from core.errors import InputError

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from helpers.function_app.corpus import blob_created
 
-from components.builder import DEFAULT_DATASTORE
-from components.dry_run import DryRunSubmitter
+from components.azureml.builder import DEFAULT_DATASTORE
+from components.azureml.dry_run import DryRunSubmitter
 from components.errors import SpecError
 from components.request import COMPLETED, Submitter
 from function_app.ledger.records import SUBMITTING

@@ -151,16 +151,38 @@ def test_the_deployment_package_keeps_what_the_entry_needs(shipped):
         assert not any(path == left_out or path.startswith(f"{left_out}/") for path in shipped), left_out
 
 
-@pytest.mark.parametrize("served", ["one model", "models from files"])
-def test_the_deployment_package_starts_on_its_own(shipped, tmp_path, app_settings, served):
-    # The package as .funcignore leaves it, run from its own root: a module it lacks fails the import, and
-    # a file RETRAIN_MODELS reads that it lacks fails the start-up.
-    package = tmp_path / "package"
+def test_the_deployment_package_leaves_the_local_runner_out(shipped):
+    # A deployed app submits to Azure ML: the local runner is reached only by its name in the submitter
+    # registry, which ships with both Azure ML submitters (tests/test_architecture.py).
+    assert [path for path in shipped if path.startswith("components/local/")] == []
+    kept = {"components/submitters.py", "components/azureml/submitter.py", "components/azureml/dry_run.py"}
+    assert kept <= shipped
+
+
+def _package(shipped: set[str], package: Path) -> Path:
+    """The package as .funcignore leaves it, copied to `package`: the stand-ins for bulky folders have no
+    original, and are left out."""
     for path in shipped:
-        if (REPO_ROOT / path).is_file():  # the stand-ins for bulky folders have no original
+        if (REPO_ROOT / path).is_file():
             (package / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(REPO_ROOT / path, package / path)
-    settings = app_settings(tmp_path / "home")
+    return package
+
+
+AZURE_ML_WORKSPACE = {
+    "AZURE_SUBSCRIPTION_ID": "00000000-0000-0000-0000-000000000000",
+    "AZURE_RESOURCE_GROUP": "retrain",
+    "AZUREML_WORKSPACE": "retrain-ws",
+}
+
+
+@pytest.mark.parametrize("submitter", ["dry-run", "azureml"])
+@pytest.mark.parametrize("served", ["one model", "models from files"])
+def test_the_deployment_package_starts_on_its_own(shipped, tmp_path, app_settings, served, submitter):
+    # The package as .funcignore leaves it, run from its own root: a module it lacks fails the import, and
+    # a file RETRAIN_MODELS reads that it lacks fails the start-up.
+    package = _package(shipped, tmp_path / "package")
+    settings = app_settings(tmp_path / "home", RETRAIN_SUBMITTER=submitter, **AZURE_ML_WORKSPACE)
     if served == "models from files":
         del settings["RETRAIN_MODEL_NAME"], settings["RETRAIN_BLOB_PREFIX"]
         settings["RETRAIN_MODELS"] = "digits,shapes"
@@ -170,6 +192,19 @@ def test_the_deployment_package_starts_on_its_own(shipped, tmp_path, app_setting
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report == {"heavy": [], "functions": 5, "training": [], "outside": []}
+
+
+def test_the_deployment_package_refuses_the_local_runner_in_one_line(shipped, tmp_path, app_settings):
+    package = _package(shipped, tmp_path / "package")
+
+    result = _import_entry(app_settings(tmp_path / "home", RETRAIN_SUBMITTER="local"), root=package)
+
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "function_app.settings.storage.SettingsError: RETRAIN_SUBMITTER=local: this installation does not "
+        "ship components/local/ (the deployed Function App leaves it out, .funcignore); set "
+        "RETRAIN_SUBMITTER to one of azureml, dry-run"
+    )
 
 
 def _import_entry(settings: dict[str, str], root: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:

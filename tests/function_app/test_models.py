@@ -14,7 +14,7 @@ from helpers.function_app import corpus
 from helpers.function_app.front_door_settings import app_settings
 from helpers.function_app.served_models import IMAGE, TABULAR, served_environ, write_model
 
-from components.model_init import init_model
+from components.local.model_init import init_model
 from function_app.events.drift_alerts import parse_drift_alert
 from function_app.events.http_retrain import HttpRejection, parse_http_retrain
 from function_app.events.parsing import parse_blob_created

@@ -14,7 +14,7 @@ import pytest
 from helpers.function_app import corpus
 from helpers.function_app.corpus import CLOUD_EVENTS, DROP, EVENT_GRID
 
-from components.blob_snapshot import manifest_of_blob_prefix
+from components.azureml.blob_snapshot import manifest_of_blob_prefix
 from function_app.events.http_retrain import HttpRejection
 from function_app.events.parsing import (
     PayloadError,
@@ -162,7 +162,7 @@ def test_emulator_urls_are_accepted_only_for_the_emulator_endpoint(settings):
 
 def test_a_real_upload_on_azurite_is_keyed_as_the_data_version_lists_it(azurite):
     """The event carries what the blob service reports; the trigger's URL and eTag must be the ones the data
-    version later pins (components/blob_snapshot.py), or dedupe and pinning would disagree."""
+    version later pins (components/azureml/blob_snapshot.py), or dedupe and pinning would disagree."""
     container = azurite.new_container()
     try:
         name = f"{corpus.PREFIX}/batch 0001.csv"

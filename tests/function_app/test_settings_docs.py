@@ -11,11 +11,13 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Where the front door's settings are named: AppSettings.from_environ reads them through these modules
-# (the two Azure ML datastores' names are kept beside the code that uses them, as the cost settings' are).
+# (the two Azure ML datastores' names are kept beside the code that uses them, as the cost settings' are,
+# and RETRAIN_SUBMITTER in the submitter registry).
 SETTINGS_SOURCES = (
     *sorted((REPO_ROOT / "function_app" / "settings").glob("*.py")),
     REPO_ROOT / "components" / "cost.py",
-    REPO_ROOT / "components" / "builder.py",
+    REPO_ROOT / "components" / "submitters.py",
+    REPO_ROOT / "components" / "azureml" / "builder.py",
     REPO_ROOT / "components" / "azureml" / "data_assets.py",
 )
 SETTING_NAME = re.compile(r"[\"'](RETRAIN_[A-Z0-9]+(?:_[A-Z0-9]+)*)[\"']")
@@ -43,7 +45,13 @@ def test_the_example_is_strict_json():
 
 def test_every_setting_the_front_door_reads_has_a_row_in_the_settings_reference():
     read = {name for path in SETTINGS_SOURCES for name in SETTING_NAME.findall(path.read_text())}
-    assert {"RETRAIN_LEDGER", "RETRAIN_PIPELINE_PARAMETERS", "RETRAIN_GPU_HOUR_PRICE"} <= read  # found some
+    found_some = {
+        "RETRAIN_LEDGER",
+        "RETRAIN_PIPELINE_PARAMETERS",
+        "RETRAIN_GPU_HOUR_PRICE",
+        "RETRAIN_SUBMITTER",
+    }
+    assert found_some <= read
 
     assert sorted(read - _table_settings()) == []
     assert sorted(set(MODEL_SETTINGS) - _table_settings()) == []

@@ -13,7 +13,7 @@ import pytest
 from helpers.function_app.corpus import blob_created
 
 from components.errors import SubmissionError
-from components.local.plan import check_parameter_texts
+from components.parameters import check_parameter_texts
 from components.specs import load_pipeline_spec
 from function_app import runtime
 from function_app.local.cli import register_commands
@@ -134,7 +134,7 @@ def test_parameters_within_their_inputs_bounds_start(tmp_path):
 
 
 def test_a_boolean_input_takes_true_or_false_only():
-    from components.local.plan import parse_text_value, value_fits
+    from components.parameters import parse_text_value, value_fits
     from components.specs import Port
 
     flag = Port("flag", "boolean")

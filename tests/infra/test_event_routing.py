@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from components.model_init import init_model
+from components.local.model_init import init_model
 from infra.event_routing import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ import json
 import os
 from pathlib import Path
 
-from components import cli_local
 from components.local import RunRecord, RunStore
+from components.local import cli as local_cli
 from components.model_config import MODELS_DIR_VARIABLE
 from components.request import COMPLETED
 
@@ -21,7 +21,7 @@ def retrain_run(state: Path, models: Path, *argv: str) -> tuple[RunRecord, dict,
     """`retrain run ...` as the root CLI runs it, with `models` as the configuration folder; the newest
     run's record, its registration.json and what the command printed."""
     parser = argparse.ArgumentParser(prog="retrain")
-    cli_local.register_commands(parser.add_subparsers(dest="command", required=True))
+    local_cli.register_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["run", *argv])
     args.state_root, args.environ = state, {**os.environ, MODELS_DIR_VARIABLE: str(models)}
     out = io.StringIO()

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from components.local import RunnerOptions
-from components.submitters.local import LocalSubmitter
+from components.local.submitter import LocalSubmitter
 from function_app.service import FrontDoor
 from function_app.settings.app import AppSettings
 from function_app.wiring import build_front_door

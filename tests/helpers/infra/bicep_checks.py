@@ -17,8 +17,9 @@ from pycep import BicepParser
 
 from components.azureml.workspace import WorkspaceRef
 from components.errors import PipelineError
+from components.submitters import AZUREML
 from function_app.events.blob_created import COMMIT_APIS
-from function_app.settings.app import AZUREML, AppSettings, SettingsError
+from function_app.settings.app import AppSettings, SettingsError
 from infra.event_routing import REGENERATE, event_routing
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
