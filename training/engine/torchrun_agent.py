@@ -12,9 +12,10 @@ longer than a worker whose parent died is allowed to take.
 
 torchrun starts each worker as `python -u -m MODULE ...` in a session of its own. Here it forks them from
 this process instead (training/warm/forked.py), when this process has already imported what a worker
-imports (it was itself forked by the local run's starter, training/warm/server.py): the workers are then
-still its children, in sessions of their own, with their own output files, and they skip seconds of
-start-up each. Started cold (by `retrain train`), it execs them as torchrun does.
+imports (its launcher, launch.py, forked it after preloading them): the workers are then still its
+children, in sessions of their own, with their own output files, and they skip seconds of start-up each.
+Exec'd (RETRAIN_WARM_START=off, core/warm_start.py, or a launcher running threads), it execs them as
+torchrun does.
 
 When a worker fails, torchrun raises ChildFailedError after copying the failed worker's report
 (failure_report.py) into its own error file. This process then exits with torchrun's code, 1, without
@@ -30,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from core.warm_start import warm_start_setting
 from training.engine.failure_report import report_to_launcher
 from training.engine.parent_watch import PARENT_PID_VARIABLE, die_with_parent
 
@@ -44,7 +46,9 @@ def main() -> int:
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    if WORKER_MODULE in sys.modules:  # preloaded: this process was started warm
+    # Preloaded: this process was forked warm, which RETRAIN_WARM_START=off rules out (launch.py); read
+    # again all the same, so that no fork of this process's escapes the switch.
+    if WORKER_MODULE in sys.modules and warm_start_setting(os.environ):
         _fork_workers()
         _name_rendezvous_events_cheaply()
 
