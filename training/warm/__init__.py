@@ -6,7 +6,7 @@ stack, which every optimizer's first parameter group imports (2-3 s), MLflow and
 A local `retrain run` started five of them (the preflight, prepare, torchrun and its worker, evaluate,
 register), and that start-up was most of its wall time for a small model. Here it is paid once per run:
 
-- `server.py` is the starter: one process per run that imports what the steps import, then forks a child
+- `starter.py` is the starter: one process per run that imports what the steps import, then forks a child
   for each step the local runner asks it to start, and tells the runner each child's pid and exit code;
 - `forked.py` is the child's side: it becomes `python -m MODULE ARGS` with the step's working folder,
   environment and log, in its own session, as an exec'd interpreter would have been (fresh random state,
