@@ -28,7 +28,7 @@ from training.gate.pyfunc_model import predict, served_example
 from training.gate.register import REGISTRATION_FILE
 from training.gate.registry import CHAMPION, MlflowStore, ModelRegistry
 
-TASK_SOURCE = Path(__file__).parents[1] / "helpers" / "training" / "houses_task.py"
+TASK_SOURCE = Path(__file__).parents[2] / "helpers" / "training" / "houses_task.py"
 MODEL = "houses"
 TRAIN = [
     *("--epochs", "20", "--learning-rate", "0.05", "--warmup-steps", "0", "--global-batch-size", "32"),

@@ -33,7 +33,7 @@ from training.gate.pyfunc_model import predict
 from training.gate.register import REGISTRATION_FILE
 from training.gate.registry import CHAMPION, PREVIOUS, MlflowStore, ModelRegistry
 
-TASK_SOURCE = Path(__file__).parents[1] / "helpers" / "training" / "regression_task.py"
+TASK_SOURCE = Path(__file__).parents[2] / "helpers" / "training" / "regression_task.py"
 # The file --task names: the task itself lives in the module beside it (a copy of TASK_SOURCE).
 HOUSES_TASK = "from regression_task import RegressionTask  # a module of this folder\n"
 MODEL = "house-prices"
