@@ -12,7 +12,12 @@ register), and that start-up was most of its wall time for a small model. Here i
   environment and log, in its own session, as an exec'd interpreter would have been (fresh random state,
   default signal handlers, its own standard streams, atexit handlers and non-daemon threads honoured at
   exit). torchrun's agent starts its workers through it too, so they stay its children and in sessions
-  of their own, as torchrun starts them.
+  of their own, as torchrun starts them;
+- `preload.py` names what each kind of process imports ahead, and `torch_patches.py` is every change made
+  to torch's own code (torchrun forking its workers), with the torch versions each is tested on.
+
+RETRAIN_WARM_START=off (core/warm_start.py) switches every one of these forks off: the runner's steps,
+`retrain train`'s torchrun agent and its workers are then exec'd as fresh interpreters.
 
 Only the interpreter's start-up changes: each step is still its own process, with its own exit code, log
 and process group, so the runner's signals, restarts, liveness checks and failure reports are untouched.
