@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import RetrainError
 from core.secrets import mask_logged_secrets, mask_secrets
+from core.warm_start import warm_start_setting
 from training.local_state import state_root
 
 if TYPE_CHECKING:
@@ -111,7 +112,6 @@ def warm_start_ahead(argv: Sequence[str], environ: Mapping[str, str]) -> Iterato
     command = next((word for word in argv if not word.startswith("-")), None)
     starter = None
     if command == RUN_COMMAND:
-        from components.local.options import warm_start_setting
         from components.local.starter import StarterProcess
         from components.specs import REPO_ROOT  # the default pipeline's steps' code folder
 

@@ -2,7 +2,7 @@
 before any data is pinned or any step started.
 
 components/ imports neither torch nor training/, so the check runs where the steps run: as a process,
-`python -m training.cli check-model` (training/gate/check.py), in the components' code folder and with
+`python -m training.cli check-model` (training/gate/check_model.py), in the components' code folder and with
 the caller's environment. A task that fails to load or lacks a part, a gate metric the task does not
 declare, and an early-stopping metric it does not report (checked in-process against the metrics the check
 found), are one line naming the task and what is wrong, raised as a SubmissionError (PreflightRefused:
@@ -47,7 +47,7 @@ PREFLIGHT_TIMEOUT_S = 600.0  # a cold import of torch on a busy machine; the che
 _ERROR_PREFIX = "retrain: error: "
 # The code whose rules decide a verdict: a recorded verdict is kept only while these files are unchanged.
 CHECK_CODE = (
-    "training/gate/check.py",
+    "training/gate/check_model.py",
     "training/gate/policy.py",
     "core/metrics.py",
     "core/gate_rules.py",

@@ -27,9 +27,9 @@ from training.gate.history import model_listing
 from training.gate.registry import ModelRegistry, resolve_store
 from training.local_state import default_mlflow_tracking_uri
 
-# Smaller than `make demo`, on one process (DDP is tested in tests/training/test_resume.py). The train step
-# must outlast its first durable checkpoint, when the eviction notice is sent: that save is taken after step
-# 1, but its writer runs at the lowest CPU priority, so on a busy machine it lands many steps later.
+# Smaller than `make demo`, on one process (DDP is tested in tests/training/engine/test_resume.py). The train
+# step must outlast its first durable checkpoint, when the eviction notice is sent: that save is taken after
+# step 1, but its writer runs at the lowest CPU priority, so on a busy machine it lands many steps later.
 SMALL = DemoSize(epochs=20, processes=1)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -66,7 +66,7 @@ _FLAVOUR_CALL = re.compile(r"mlflow\.(\w+)\.(?:load_model|log_model)")
 
 @pytest.mark.parametrize("doc", DOCS)
 def test_the_model_flavour_a_document_names_is_the_one_registration_logs(doc):
-    logged = set(_FLAVOUR_CALL.findall((REPO_ROOT / "training/gate/serving.py").read_text()))
+    logged = set(_FLAVOUR_CALL.findall((REPO_ROOT / "training/gate/pyfunc_model.py").read_text()))
     assert logged == {"pyfunc"}
     named = set(_FLAVOUR_CALL.findall(_text(doc)))
     assert named <= logged, f"{doc} loads or logs models with {sorted(named - logged)}; they are {logged}"

@@ -15,7 +15,7 @@ from core.secrets import mask_logged_secrets, mask_secrets, mlflow_credentials_a
 from training.data.prepare_config import PrepareConfig
 from training.drift import cli as drift_cli
 from training.engine.train_args import add_train_arguments
-from training.gate import check as model_check
+from training.gate import check_model
 from training.gate import cli as registry_cli
 from training.local_state import state_root
 from training.planning import cli as planning_cli
@@ -51,7 +51,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from core.rejected_inputs import names, write_report
     from training.data.rejection import prepare_fitting
     from training.data.splits import SplitFractions
-    from training.gate.check import checked_class_count, names_a_class_member
+    from training.gate.check_model import checked_class_count, names_a_class_member
     from training.gate.policy import policy_of
     from training.tasks.loader import load_task
 
@@ -150,7 +150,7 @@ def register_commands(commands: argparse._SubParsersAction) -> None:
     registry_cli.add_commands(commands)
     drift_cli.add_commands(commands)
     planning_cli.add_commands(commands)
-    model_check.add_commands(commands)
+    check_model.add_commands(commands)
 
 
 def build_parser() -> argparse.ArgumentParser:

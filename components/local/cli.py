@@ -32,7 +32,6 @@ from components.local import LocalRunner, LocalStepFailed, RunnerOptions, RunRec
 from components.local.invocation import command_line, python_argv, retrain_argv, shown_path
 from components.local.measured import measured_training
 from components.local.model_init import KINDS, LANDING_FOLDER, init_model
-from components.local.options import warm_start_setting
 from components.local.sample_table import SAMPLE_ROWS
 from components.local.warm import WarmLauncher
 from components.model_config import DEFAULT_MODELS_DIR, MODELS_DIR_VARIABLE, models_dir
@@ -49,6 +48,7 @@ from components.run_settings import DEFAULT_MODEL_NAME, add_task_options, settin
 from components.specs import load_pipeline_spec
 from components.task_ref import raw_depth
 from core.secrets import mask_secrets, mask_secrets_in
+from core.warm_start import warm_start_setting
 
 DEFAULT_RUNS_LISTED = 10
 # What a shell reports for a run stopped by Ctrl-C (128 + SIGINT); the steps saved their state.

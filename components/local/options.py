@@ -7,23 +7,11 @@ must not import the runner that starts it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import PipelineError
 from components.specs import ENVIRONMENT_FILE, PIPELINE_FILE
-
-WARM_START_VARIABLE = "RETRAIN_WARM_START"
-_SWITCH = {"on": True, "off": False}
-
-
-def warm_start_setting(environ: Mapping[str, str]) -> bool:
-    """RETRAIN_WARM_START: `on` (the default) or `off`, read as RunnerOptions.warm_start."""
-    value = environ.get(WARM_START_VARIABLE, "on").strip().lower()
-    if value not in _SWITCH:
-        raise PipelineError(f"{WARM_START_VARIABLE}={value!r}: expected on or off")
-    return _SWITCH[value]
 
 
 @dataclass(frozen=True)
@@ -38,7 +26,8 @@ class RunnerOptions:
     log_tail_lines: int = 20
     python: str = sys.executable
     # Fork `python -m` steps from one interpreter per run that has imported torch and MLflow already
-    # (components/local/warm.py); off, each step starts a fresh interpreter.
+    # (components/local/warm.py); off, each step starts a fresh interpreter. `retrain run` sets it from
+    # RETRAIN_WARM_START (core/warm_start.py), which its steps, inheriting its environment, read too.
     warm_start: bool = True
 
     def __post_init__(self) -> None:

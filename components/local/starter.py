@@ -1,4 +1,4 @@
-"""A running starter (training/warm/server.py, named here by module: components never imports training),
+"""A running starter (training/warm/starter.py, named here by module: components never imports training),
 and which steps it can fork: those run in its folder with its interpreter settings. The launcher that uses
 it is warm.py; where idle ones wait between runs, starter_pool.py. `retrain` starts one before its own
 imports (retrain_cli.warm_start_ahead), so this module imports little.
@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-STARTER_MODULE = "training.warm.server"
+STARTER_MODULE = "training.warm.starter"
 
 
 def _interpreter_settings(env: Mapping[str, str]) -> dict[str, str]:

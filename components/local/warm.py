@@ -1,6 +1,6 @@
 """Start steps warm: forked by a starter that has already imported torch and MLflow.
 
-The starter (training/warm/server.py, run by starter.py) is started on the run's first step, or before,
+The starter (training/warm/starter.py, run by starter.py) is started on the run's first step, or before,
 when the runner knows the steps' folder and environment (`warm_up`), so that its imports overlap the
 runner's own work; `retrain run` starts it earlier still, before its own imports (StarterProcess.start,
 handed to the launcher), since the run's steps wait on little else than the starter's imports. A step

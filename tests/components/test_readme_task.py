@@ -1,8 +1,8 @@
 """The README's "Bring your own model" section, as a user copies it: its minimal task file and its
 configuration run through two `retrain run`s. The first model becomes champion, and the gate reads the
 direction of the task's own metric (mse, lower is better): a candidate with a lower mse is promoted.
-(That a worse one is refused by the same direction is tests/training/test_user_task_gate.py's.) Then the
-section's Python serving lines run as written, from the folder whose `.retrain/` is the runs' state: the
+(That a worse one is refused by the same direction is tests/training/gate/test_user_task_gate.py's.) Then
+the section's Python serving lines run as written, from the folder whose `.retrain/` is the runs' state: the
 store they name is the one the local runs registered into.
 """
 

@@ -42,6 +42,7 @@ from core.errors import InputError
 from core.flags import config_to_argv
 from core.secrets import tracking_credentials_apart
 from core.task_ref import task_secrets_environment
+from core.warm_start import warm_start_setting
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
 from training.checkpoint.stores import newest_record, open_checkpoint_lease, open_checkpoint_store
 from training.engine.batch_split import micro_batch_size
@@ -106,12 +107,13 @@ def preempted_in_launch(config: TrainConfig, launch_id: str, environ: Mapping[st
     return record is not None and record.reason == REASON_PREEMPTED and record.launch_id == launch_id
 
 
-def _start_torchrun(command: list[str], environ: Mapping[str, str], config: TrainConfig) -> Any:
+def _start_torchrun(command: list[str], environ: Mapping[str, str], config: TrainConfig, warm: bool) -> Any:
     """torchrun's agent, forked from this process once it has imported what the workers need (they are
     forked from the agent in turn: training/warm/), instead of three fresh interpreters importing torch
-    each. This process has loaded the task already; the workers import it afresh. Exec'd as it is when
-    this process runs threads of its own, which a fork would not carry."""
-    if threading.active_count() > 1:
+    each. This process has loaded the task already; the workers import it afresh. Exec'd as it is with
+    warm starts off (RETRAIN_WARM_START, core/warm_start.py; the agent then execs its workers too), and
+    when this process runs threads of its own, which a fork would not carry."""
+    if not warm or threading.active_count() > 1:
         return subprocess.Popen(command, env=dict(environ))
     from training.tasks.loader import user_task_modules
     from training.warm.forked import ForkedProcess, module_command
@@ -127,12 +129,14 @@ def _start_torchrun(command: list[str], environ: Mapping[str, str], config: Trai
     )
 
 
-def _run_torchrun(command: list[str], environ: Mapping[str, str], config: TrainConfig) -> tuple[int, bool]:
+def _run_torchrun(
+    command: list[str], environ: Mapping[str, str], config: TrainConfig, warm: bool
+) -> tuple[int, bool]:
     """torchrun's exit code, and whether an eviction notice (SIGTERM/SIGINT) was forwarded to it."""
     # A subreaper while torchrun runs: workers orphaned by torchrun's death come back here, to be ended.
     subreaper = set_child_subreaper(True)
     others = children(os.getpid())  # whatever else this process started is not torchrun's to end
-    process = _start_torchrun(command, {**environ, PARENT_PID_VARIABLE: str(os.getpid())}, config)
+    process = _start_torchrun(command, {**environ, PARENT_PID_VARIABLE: str(os.getpid())}, config, warm)
 
     forwarded: list[int] = []
 
@@ -159,6 +163,7 @@ def _run_torchrun(command: list[str], environ: Mapping[str, str], config: TrainC
 def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     if nproc < 1:
         raise InputError(f"--nproc {nproc}: expected a positive number of processes")
+    warm = warm_start_setting(environ)  # a value it does not know is refused before anything starts
     # Refused before starting any process:
     micro_batch_size(config.global_batch_size, nproc, config.accumulate_grad_batches)
     task = load_checked_task(config)
@@ -186,7 +191,7 @@ def launch(config: TrainConfig, nproc: int, environ: Mapping[str, str]) -> int:
     with tempfile.TemporaryDirectory(prefix="retrain-launch-") as reports:
         error_file = Path(reports) / "torchrun-error.json"  # this launch's alone: no older report speaks
         environment[ELASTIC_ERROR_FILE_VARIABLE] = str(error_file)
-        code, noticed = _run_torchrun(command, environment, config)
+        code, noticed = _run_torchrun(command, environment, config, warm)
         report = read_report(error_file) if code != 0 else None
     if report is not None and report.code == DIVERGED_EXIT_CODE:
         raise TrainingDiverged(report.message)

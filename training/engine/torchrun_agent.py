@@ -12,9 +12,10 @@ longer than a worker whose parent died is allowed to take.
 
 torchrun starts each worker as `python -u -m MODULE ...` in a session of its own. Here it forks them from
 this process instead (training/warm/forked.py), when this process has already imported what a worker
-imports (it was itself forked by the local run's starter, training/warm/server.py): the workers are then
-still its children, in sessions of their own, with their own output files, and they skip seconds of
-start-up each. Started cold (by `retrain train`), it execs them as torchrun does.
+imports (its launcher, launch.py, forked it after preloading them): the workers are then still its
+children, in sessions of their own, with their own output files, and they skip seconds of start-up each.
+Exec'd (RETRAIN_WARM_START=off, core/warm_start.py, or a launcher running threads), it execs them as
+torchrun does.
 
 When a worker fails, torchrun raises ChildFailedError after copying the failed worker's report
 (failure_report.py) into its own error file. This process then exits with torchrun's code, 1, without
@@ -28,10 +29,11 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
+from core.warm_start import warm_start_setting
 from training.engine.failure_report import report_to_launcher
 from training.engine.parent_watch import PARENT_PID_VARIABLE, die_with_parent
+from training.warm.torch_patches import fork_workers, name_rendezvous_events_cheaply
 
 FAILED_EXIT_CODE = 1  # torchrun's code for any failed worker
 
@@ -44,9 +46,12 @@ def main() -> int:
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    if WORKER_MODULE in sys.modules:  # preloaded: this process was started warm
-        _fork_workers()
-        _name_rendezvous_events_cheaply()
+    # Preloaded: this process was forked warm, which RETRAIN_WARM_START=off rules out (launch.py); read
+    # again all the same, so that no fork of this process's escapes the switch.
+    if WORKER_MODULE in sys.modules and warm_start_setting(os.environ):
+        # torch's own code, changed to fork the workers (training/warm/torch_patches.py).
+        fork_workers()
+        name_rendezvous_events_cheaply()
 
     try:
         # torchrun's `main` reads sys.argv[1:], which are the arguments this module was given. Called, not
@@ -63,43 +68,6 @@ def main() -> int:
             report_to_launcher(os.environ, _no_report(rank, failure.exitcode), failure.exitcode or 1)
         return FAILED_EXIT_CODE
     return 0
-
-
-def _fork_workers() -> None:
-    """Make torchrun fork the workers it would exec as `python -u -m MODULE`; anything else it execs."""
-    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
-
-    from training.warm.forked import ForkedProcess, module_command
-
-    exec_it = SubprocessHandler._popen
-
-    def popen(handler: SubprocessHandler, args: tuple, env: dict[str, str]) -> Any:
-        command = module_command([str(part) for part in args])
-        if command is None:
-            return exec_it(handler, args, env)
-        module, arguments, unbuffered = command
-        stdout, stderr = handler._stdout, handler._stderr
-        return ForkedProcess(
-            module, arguments, env=env, cwd=os.getcwd(), stdout=stdout, stderr=stderr, unbuffered=unbuffered
-        )
-
-    SubprocessHandler._popen = popen  # type: ignore[method-assign,assignment]
-
-
-def _name_rendezvous_events_cheaply() -> None:
-    """torchrun's rendezvous names each event it records by its caller, found with `inspect.stack()`: it
-    reads every frame's source and looks each up among all imported modules. With torch alone imported
-    that is quick; with everything a warm start has imported it took 4 s of a 1-node rendezvous that
-    otherwise takes 0.2 s. The same name, read from the frame directly."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    def get_method_name(depth: int = 2) -> str:
-        try:
-            return sys._getframe(depth).f_code.co_name  # frame 0 is this function, as stack()[0] was
-        except ValueError:
-            return "no_method_name"
-
-    dynamic_rendezvous.get_method_name = get_method_name
 
 
 def _no_report(rank: int, exit_code: int) -> str:

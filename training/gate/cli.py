@@ -159,7 +159,7 @@ def _rollback(args: argparse.Namespace, stream: TextIO | None = None) -> int:
 
 def _serve(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     from training.gate.registry import resolve_store
-    from training.gate.serve import become_server, serve_command
+    from training.gate.scoring_server import become_server, serve_command
 
     stream = stream or sys.stdout
     store = resolve_store(args.mlflow_tracking_uri, args.environ, args.state_root)

@@ -44,6 +44,7 @@ from training.gate.policy import (
     improvement_interval,
     policy_of,
 )
+from training.gate.pyfunc_model import Rebuilt, rebuild
 from training.gate.registry import (
     CHAMPION,
     ModelLoadError,
@@ -51,7 +52,6 @@ from training.gate.registry import (
     RegistryError,
     VersionInfo,
 )
-from training.gate.serving import Rebuilt, rebuild
 from training.tasks.base import Task, TaskData
 from training.tasks.loader import (
     load_task,

@@ -25,8 +25,8 @@ TRACKING_HELP = (
     "MLflow tracking and registry store (default: $MLFLOW_TRACKING_URI, else SQLite in the state folder)"
 )
 MODEL_NAME_HELP = "the registered model's name"
-# `retrain serve` (training/gate/serve.py): loopback, so a scoring server is opened to a network only on
-# purpose; MLflow's own default port; one server process.
+# `retrain serve` (training/gate/scoring_server.py): loopback, so a scoring server is opened to a network
+# only on purpose; MLflow's own default port; one server process.
 DEFAULT_HOST, DEFAULT_PORT, DEFAULT_WORKERS = "127.0.0.1", 5000, 1
 # The paired bootstrap behind the gate's confidence (training/gate/bootstrap.py): its resamples by default
 # (core/gate_rules.py says why so many) and its seed.

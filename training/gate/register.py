@@ -65,6 +65,7 @@ from training.gate.policy import (
     decide,
     policy_of,
 )
+from training.gate.pyfunc_model import ServedModel, served_example
 from training.gate.registry import (
     CHAMPION,
     PREVIOUS,
@@ -73,7 +74,6 @@ from training.gate.registry import (
     RegistryError,
     VersionInfo,
 )
-from training.gate.serving import ServedModel, served_example
 from training.tasks.base import TaskData
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 
 Aliases carry the state: `champion` is the version in service and `previous` the one it replaced. Each
 version carries its lineage as `retrain.*` tags (see training/gate/lineage.py) and its weights' sha256, which
-is checked whenever a version is loaded. A version is a pyfunc model (training/gate/serving.py) logged into
-the candidate's training run, so the version's source run is the one with its loss curves and metrics.
+is checked whenever a version is loaded. A version is a pyfunc model (training/gate/pyfunc_model.py) logged
+into the candidate's training run, so the version's source run is the one with its loss curves and metrics.
 Reads and tag/alias writes go through an MlflowClient bound to an explicit store; logging a model goes
 through MLflow's module-level API, pointed at the same store for the duration of the call only.
 """
@@ -34,14 +34,14 @@ from training.local_state import (
 from training.mlflow_names import keyed, record_renamed, version_tags
 
 if TYPE_CHECKING:
-    from training.gate.serving import Rebuilt, ServedModel
+    from training.gate.pyfunc_model import Rebuilt, ServedModel
 
 log = logging.getLogger(__name__)
 
 CHAMPION = "champion"
 PREVIOUS = "previous"
 MODEL_ARTIFACT = "model"
-ARTIFACTS_FOLDER = "artifacts"  # serving.ARTIFACTS_FOLDER: model.pt, the task file and the lineage files
+ARTIFACTS_FOLDER = "artifacts"  # pyfunc_model.ARTIFACTS_FOLDER: model.pt, the task file and the lineage files
 MODEL_FILE_NAME = "model.pt"
 DEFAULT_EXPERIMENT = "retrain"
 _ERROR_CHARS = 300
@@ -212,7 +212,7 @@ class ModelRegistry:
         """The version's model rebuilt from its model.pt by its task, after checking its weights are the
         ones registered. A file task is loaded from the copy registered with the model."""
         from training.engine.outputs import read_model_payload
-        from training.gate.serving import rebuild
+        from training.gate.pyfunc_model import rebuild
 
         expected = info.weights_sha256
         if not expected:
@@ -250,7 +250,7 @@ class ModelRegistry:
 
     def load_served(self, name: str, alias: str = CHAMPION) -> Any:
         """The version holding `alias`, loaded as any MLflow client loads it: `mlflow.pyfunc.load_model(
-        "models:/NAME@ALIAS")`, answering what callers have (training/gate/served_model.py)."""
+        "models:/NAME@ALIAS")`, answering what callers have (training/gate/model_from_code.py)."""
         import mlflow.pyfunc
 
         with _registry_errors(f"load {name}@{alias} for serving", self.store), self._fluent_store():
@@ -299,7 +299,7 @@ class ModelRegistry:
         a register run of its own) and make it a new version of the model."""
         import mlflow
 
-        from training.gate.serving import log_served_model
+        from training.gate.pyfunc_model import log_served_model
 
         # All of it against this store: creating the version looks the logged model up through MLflow's
         # module-level tracking URI, not the client's.

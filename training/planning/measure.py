@@ -41,7 +41,7 @@ DEFAULT_MAX_PROCS = 2
 DEFAULT_STEPS = 60
 _TRAINER_DEFAULTS = {field.name: field.default for field in fields(TrainConfig)}
 # Measure the model people train: the tabular task's default width (a literal, as the task imports torch;
-# tests/training/test_planning_measure.py checks that the two agree).
+# tests/training/planning/test_planning_measure.py checks that the two agree).
 DEFAULT_HIDDEN_WIDTH = 256
 # The trainer's default global batch, rounded up to a multiple that splits evenly over 1..P processes.
 BASE_GLOBAL_BATCH_SIZE: int = _TRAINER_DEFAULTS["global_batch_size"]

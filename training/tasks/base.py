@@ -29,7 +29,7 @@ The rules a task keeps, so that the engine's guarantees hold for it:
   `input_example` is such an input, which MLflow stores beside the model; its column types are the served
   signature's. A float column is served as whole numbers (MLflow `long`, what `pandas.read_csv` reads a
   column of whole numbers to) where the training data holds only whole numbers: the drift reference's
-  feature of that name and the example's rows (training/gate/serving.py `served_example`).
+  feature of that name and the example's rows (training/gate/pyfunc_model.py `served_example`).
 - **Drift features for every task.** `drift_features` turns a folder of raw files, or a prepared data version
   (the champion's training data), into one table of named numeric features the drift check compares;
   categorical columns and texts enter it as shares (training/tasks/features.py).

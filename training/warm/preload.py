@@ -2,7 +2,7 @@
 
 A training worker needs torch's compiler stack (every optimizer's first parameter group imports it),
 torchrun and the worker itself, and MLflow with its SQL stores when it tracks. The local run's starter
-(server.py) imports all of it and what the other steps need besides; `retrain train`'s launcher
+(starter.py) imports all of it and what the other steps need besides; `retrain train`'s launcher
 (training/engine/launch.py), which has torch and the task loaded already, only what its workers need.
 """
 

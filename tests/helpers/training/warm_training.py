@@ -3,9 +3,9 @@
 A fresh `retrain train` spends about 6 s of CPU importing torch, torch's compiler and MLflow before it
 trains for one; the training tests start some forty of them. Forked by the starter a local run uses
 (components/local/warm.py), each skips those imports. What a test asserts of a training (its weights, its
-resumes, its process tree, its signals) is the same either way: tests/training/test_warm_start.py holds a
-forked command to a fresh one, and the tests of a launcher's own lifecycle (test_orphan_workers.py,
-test_checkpoint_lease.py) still start it fresh.
+resumes, its process tree, its signals) is the same either way: tests/training/warm/test_warm_start.py holds
+a forked command to a fresh one, and the tests of a launcher's own lifecycle (test_orphan_workers.py,
+test_checkpoint_lease.py, test_warm_switch.py) still start it fresh.
 
 Its events arrive as a fresh process's do, line by line as they are written: the starter appends the
 child's stdout to a FIFO the test reads.

@@ -13,7 +13,7 @@ from helpers.training.iris import IRIS_COLUMNS, SPECIES, iris_task, write_iris
 
 from core.errors import InputError
 from training.data.splits import SplitFractions
-from training.gate.serving import serving_signature
+from training.gate.pyfunc_model import serving_signature
 from training.tasks.base import missing_parts
 from training.tasks.loader import load_task
 from training.tasks.tabular.manifest import read_manifest

@@ -24,11 +24,11 @@ from helpers.training.model_server import invoke, mlflow_models_serve
 from mlflow.exceptions import MlflowException
 
 from training.cli import main
+from training.gate.pyfunc_model import predict, served_example
 from training.gate.register import REGISTRATION_FILE
 from training.gate.registry import CHAMPION, MlflowStore, ModelRegistry
-from training.gate.serving import predict, served_example
 
-TASK_SOURCE = Path(__file__).parents[1] / "helpers" / "training" / "houses_task.py"
+TASK_SOURCE = Path(__file__).parents[2] / "helpers" / "training" / "houses_task.py"
 MODEL = "houses"
 TRAIN = [
     *("--epochs", "20", "--learning-rate", "0.05", "--warmup-steps", "0", "--global-batch-size", "32"),
@@ -163,7 +163,7 @@ def test_a_column_is_served_as_whole_numbers_only_where_the_training_data_says_s
     assert served_example(task, data, champion.data)["bedrooms"].dtype.kind == "f"
 
     # A reference that cannot be read leaves the example's own types, and says why, once.
-    caplog.set_level(logging.WARNING, logger="training.gate.serving")
+    caplog.set_level(logging.WARNING, logger="training.gate.pyfunc_model")
     kept = served_example(UnreadableReference(), HousePrices().load(champion.data), champion.data)
     assert {name: kept[name].dtype.kind for name in NUMBERS} == dict.fromkeys(NUMBERS, "f")
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]

@@ -1,6 +1,6 @@
 """The starter: one interpreter per local run that imports what the steps import, then forks them.
 
-    python -m training.warm.server      (started by the local runner: components/local/warm.py)
+    python -m training.warm.starter      (started by the local runner: components/local/warm.py)
 
 It speaks JSON lines: requests on stdin, answers on stdout; its stderr (the runner's) tells only of a
 problem, a module it could not preload.

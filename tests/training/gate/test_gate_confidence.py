@@ -198,7 +198,7 @@ def test_an_evaluation_with_too_few_resamples_for_the_confidence_certifies_nothi
 
 # -- a test split too small to certify from ---------------------------------------------------------------
 
-REGRESSION = Path(__file__).parents[1] / "helpers" / "training" / "regression_task.py"
+REGRESSION = Path(__file__).parents[2] / "helpers" / "training" / "regression_task.py"
 SMALL_MODEL = "small-houses"
 # A user's regression task on 200 rows: its test split (a tenth, by hash) has about 20.
 REGRESSION_TRAIN = [

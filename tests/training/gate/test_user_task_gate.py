@@ -29,11 +29,11 @@ from training.cli import main
 from training.drift.cli import REPORT_FILE
 from training.gate import lineage as tags
 from training.gate.evaluate import EVALUATION_FILE
+from training.gate.pyfunc_model import predict
 from training.gate.register import REGISTRATION_FILE
 from training.gate.registry import CHAMPION, PREVIOUS, MlflowStore, ModelRegistry
-from training.gate.serving import predict
 
-TASK_SOURCE = Path(__file__).parents[1] / "helpers" / "training" / "regression_task.py"
+TASK_SOURCE = Path(__file__).parents[2] / "helpers" / "training" / "regression_task.py"
 # The file --task names: the task itself lives in the module beside it (a copy of TASK_SOURCE).
 HOUSES_TASK = "from regression_task import RegressionTask  # a module of this folder\n"
 MODEL = "house-prices"

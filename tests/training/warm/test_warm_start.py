@@ -169,7 +169,7 @@ sys.stdin.read() if False else __import__("signal").pause()
 
 HELD = "helpers.training.held_imports"
 STARTER_WITH_MODULES = (
-    "import sys; from training.warm.server import Starter; sys.exit(Starter(tuple(sys.argv[1:])).serve())"
+    "import sys; from training.warm.starter import Starter; sys.exit(Starter(tuple(sys.argv[1:])).serve())"
 )
 
 

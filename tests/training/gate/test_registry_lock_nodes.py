@@ -28,7 +28,7 @@ from components.request import DataRef, RunRequest
 from training.gate.register import REGISTRATION_FILE
 from training.gate.registry import CHAMPION
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 NODE = REPO_ROOT / "tests" / "helpers" / "training" / "registry_node.py"
 TRIALS = 10
 

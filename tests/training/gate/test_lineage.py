@@ -20,7 +20,7 @@ from training.gate.lineage import (
     metrics_from_tags,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_manual_is_its_own_kind_without_an_event():

@@ -26,11 +26,11 @@ from mlflow.exceptions import MlflowException
 
 from training.gate import lineage as tags
 from training.gate.evaluate import EVALUATION_FILE, load_trained_model
+from training.gate.pyfunc_model import predict
 from training.gate.register import REGISTRATION_FILE
 from training.gate.registry import CHAMPION, PREVIOUS, ModelLoadError
-from training.gate.serving import predict
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 # Loads a registered model as a user would, in a fresh interpreter whose sys.path does not hold this
 # repository: what it imports of `training` must come from the code registered with the model.
 SERVE = textwrap.dedent(

@@ -621,7 +621,7 @@ def test_a_disk_without_room_fails_prepare_in_one_line_and_leaves_nothing(sample
         disk.mkdir()
         line = subprocess.run(
             [sys.executable, "-c", _LIMITED_PREPARE, str(sample_raw), str(disk / "v1")],
-            capture_output=True, text=True, check=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+            capture_output=True, text=True, check=True, timeout=120, cwd=Path(__file__).resolve().parents[3],
         ).stdout.strip()  # fmt: skip
         left = os.listdir(disk)
 

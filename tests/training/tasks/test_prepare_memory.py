@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 ROWS_PER_PART = 1000
 
 PROBE = """

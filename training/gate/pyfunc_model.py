@@ -12,6 +12,9 @@ shipped as an artifact, with the modules of its folder it imports beside it in t
 with only its imported files), and its reference is pointed at that copy when the model loads, wherever
 that is; the loader puts the copy's folder on sys.path, so its imports find them there.
 The same rebuild loads a champion for the gate (registry.py), so what is scored is exactly what serves.
+
+Its neighbours: model_from_code.py is the file MLflow runs to get this pyfunc ("models from code");
+scoring_server.py is `retrain serve`, which puts a champion behind MLflow's own scoring server.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ MODEL_KEY = "model"  # the pyfunc artifact holding model.pt
 TASK_FILE_KEY = "task_file"  # the pyfunc artifact holding the user's task file, for a file task
 TASK_MODULE_KEY = "task_module."  # + its name: a module (or package) of the task file's folder it imports
 ARTIFACTS_FOLDER = "artifacts"  # where pyfunc puts its artifacts inside the logged model
-SERVED_MODEL_FILE = "served_model.py"
+MODEL_FROM_CODE_FILE = "model_from_code.py"  # what MLflow runs to load the model
 # What the serving environment installs. Pinned to this environment's versions; MLflow adds itself.
 REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "pillow", "cloudpickle")
 # A numeric column's type at the width pandas reads a CSV column to (see serving_signature).
@@ -263,7 +266,7 @@ def log_served_model(served: ServedModel, name: str) -> Any:
         return mlflow.pyfunc.log_model(
             name=name,
             # A file MLflow runs at load ("models from code"), not a pickled object.
-            python_model=str(Path(__file__).with_name(SERVED_MODEL_FILE)),
+            python_model=str(Path(__file__).with_name(MODEL_FROM_CODE_FILE)),
             artifacts={key: str(path) for key, path in served.artifact_paths(Path(staging)).items()},
             # The packages, so the model loads where this repository is not installed.
             code_paths=[str(Path(training.__file__).parent), str(Path(core.__file__).parent)],

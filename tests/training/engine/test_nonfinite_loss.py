@@ -25,7 +25,7 @@ from training.engine.train_args import add_train_arguments, config_from_args
 from training.engine.trainer import DIVERGED, Trainer
 from training.tasks.loader import load_task
 
-TASK = str(Path(__file__).parents[1] / "helpers" / "training" / "diverging_task.py") + ":DivergingTabular"
+TASK = str(Path(__file__).parents[2] / "helpers" / "training" / "diverging_task.py") + ":DivergingTabular"
 
 
 def diverging(at_step: int, *options: str, epochs: int = 3) -> list[str]:

@@ -15,7 +15,7 @@ from training.engine.failure_report import ELASTIC_ERROR_FILE_VARIABLE, read_rep
 from training.engine.preemption import LAUNCH_ID_VARIABLE
 from training.mlflow_setup import mlflow_client
 
-TASKS = Path(__file__).parents[1] / "helpers" / "training" / "broken_tasks.py"
+TASKS = Path(__file__).parents[2] / "helpers" / "training" / "broken_tasks.py"
 NO_TRACEBACK = ("Traceback", "ChildFailedError")
 
 
