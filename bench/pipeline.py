@@ -222,7 +222,7 @@ def run_directly(request: RunRequest, state: Path) -> float:
         inputs = step_input_values(step, values, request.parameters, produced)
         reports = TorchrunReports.in_folder(folder) if step.distribution is not None else None
         argv = step_argv(step, inputs, outputs, process_count(step, request), sys.executable, reports)
-        environment = step_environment(os.environ, state, sys.executable, reports, "direct")
+        environment = step_environment(os.environ, state, sys.executable, reports, "direct", warm_start=False)
         with (folder / "log.txt").open("ab") as log:
             code = subprocess.run(
                 argv, cwd=step.component.code, env=environment, stdout=log, stderr=log

@@ -444,7 +444,12 @@ class PipelineExecution:
             cwd=self._code_folder(step),
             env={
                 **step_environment(
-                    self.context.environ, self.options.state_root, python, reports, self.record.run_id
+                    self.context.environ,
+                    self.options.state_root,
+                    python,
+                    reports,
+                    self.record.run_id,
+                    warm_start=self.options.warm_start,
                 ),
                 **credentials,
             },

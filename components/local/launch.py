@@ -41,6 +41,7 @@ from components.local.clock import Clock
 from components.local.runs import STEP_PID_FILE, StepAttempt
 from components.specs import Distribution
 from core.secrets import mask_secrets
+from core.warm_start import WARM_START_VARIABLE
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +115,16 @@ def step_environment(
     python: str,
     reports: TorchrunReports | None,
     pipeline_run: str,
+    *,
+    warm_start: bool,
 ) -> dict[str, str]:
     """The caller's environment, plus the state folder, the pipeline run's id (Azure ML names its job
     the same way, in AZUREML_ROOT_RUN_ID), this interpreter first on PATH, and for a distributed step one
-    thread per process and torchrun's error file."""
+    thread per process and torchrun's error file. With warm starts off, the step is told so too: its own
+    launcher would otherwise fork torchrun's agent (core/warm_start.py)."""
     environment = dict(environ)
+    if not warm_start:
+        environment[WARM_START_VARIABLE] = "off"
     environment["RETRAIN_HOME"] = str(state_root)
     environment["RETRAIN_PIPELINE_RUN"] = pipeline_run
     bin_dir = str(Path(python).parent)

@@ -16,6 +16,7 @@ from components.local.plan import durable_outputs, pipeline_values, step_argv, s
 from components.parameters import check_parameters
 from components.request import DataRef, RunRequest
 from components.specs import Distribution, load_pipeline_spec
+from core.warm_start import warm_start_setting
 
 PIPELINE = load_pipeline_spec()
 DATA = DataRef("rd-0123456789abcdef", "/data/raw")
@@ -177,20 +178,29 @@ def test_the_train_step_uses_the_requested_process_count():
 def test_a_step_gets_the_callers_environment_the_state_folder_and_for_torchrun_one_thread(tmp_path):
     reports = TorchrunReports.in_folder(tmp_path)
     caller = {"PATH": "/usr/bin", "KEEP": "me"}
-    plain = step_environment(caller, tmp_path / "state", PYTHON, None, "run-1")
+    plain = step_environment(caller, tmp_path / "state", PYTHON, None, "run-1", warm_start=True)
     assert plain == {
         "PATH": "/venv/bin:/usr/bin", "KEEP": "me", "RETRAIN_HOME": str(tmp_path / "state"),
         "RETRAIN_PIPELINE_RUN": "run-1",
     }  # fmt: skip
-    distributed = step_environment(caller, tmp_path, PYTHON, reports, "run-1")
+    distributed = step_environment(caller, tmp_path, PYTHON, reports, "run-1", warm_start=True)
     assert distributed["OMP_NUM_THREADS"] == "1"
     assert distributed["TORCHELASTIC_ERROR_FILE"] == str(tmp_path / "torchelastic-error.json")
     assert (
-        step_environment({**caller, "OMP_NUM_THREADS": "4"}, tmp_path, PYTHON, reports, "r")[
+        step_environment({**caller, "OMP_NUM_THREADS": "4"}, tmp_path, PYTHON, reports, "r", warm_start=True)[
             "OMP_NUM_THREADS"
         ]
         == "4"
     )
+
+
+def test_with_warm_starts_off_a_step_is_told_so_and_its_launcher_forks_nothing(tmp_path):
+    # RunnerOptions(warm_start=False) with no RETRAIN_WARM_START in the caller's environment: the step's
+    # own launcher reads the variable, so the runner sets it.
+    cold = step_environment({"PATH": "/usr/bin"}, tmp_path, PYTHON, None, "run-1", warm_start=False)
+    assert warm_start_setting(cold) is False
+    warm = step_environment({"PATH": "/usr/bin"}, tmp_path, PYTHON, None, "run-1", warm_start=True)
+    assert warm_start_setting(warm) is True
 
 
 def _report(path: Path, message: object) -> None:
