@@ -199,7 +199,7 @@ def test_a_large_file_of_another_schema_is_the_one_left_out_the_models_schema_is
 class ReportingJobs:
     """Azure ML's job service at the Submitter seam: a job is queued when submitted, and ends Completed at
     the next status, with what its prepare step left out (the Azure ML submitter reads that from the prep
-    child's `rejected_inputs` output: tests/components/test_azureml_submitter.py)."""
+    child's `rejected_inputs` output: tests/components/azureml/test_azureml_submitter.py)."""
 
     def __init__(self, left_out: dict[str, str]) -> None:
         self.left_out = left_out

@@ -25,7 +25,7 @@ from infra.event_routing import REGENERATE, event_routing
 REPO_ROOT = Path(__file__).resolve().parents[3]
 COMPUTE_DIR = REPO_ROOT / "components" / "compute"
 # The front door's code, whose string constants name the settings it reads (docs/configuration.md's settings
-# table is held equal to the same code by tests/function_app/test_settings_docs.py).
+# table is held equal to the same code by tests/function_app/settings/test_settings_docs.py).
 SETTINGS_CODE = (REPO_ROOT / "function_app", REPO_ROOT / "components")
 SETTING_CONSTANT = re.compile(r"[\"']((?:RETRAIN|AZURE|AZUREML)_[A-Z0-9]+(?:_[A-Z0-9]+)*)[\"']")
 # The Functions host's own settings (not the front door's): its identity-based storage and telemetry

@@ -1,5 +1,5 @@
 """The tabular task's column types, missing values and vocabularies, piece by piece (the end-to-end runs
-are tests/components/test_tabular_tables.py): what the data decides and what the options declare, how a
+are tests/components/local/test_tabular_tables.py): what the data decides and what the options declare, how a
 category and a class name become codes that keep their meaning across versions, how serving reads what
 a caller has, and the class weights."""
 

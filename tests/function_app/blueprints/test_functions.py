@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 ENTRY_SETTING = "PYTHON_SCRIPT_FILE_NAME"
 HEAVY_MODULES = ("torch", "mlflow", "azure.ai.ml")
 IMPORT_TIMEOUT_S = 60

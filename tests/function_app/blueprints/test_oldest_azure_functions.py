@@ -21,7 +21,7 @@ from helpers.function_app.microsoft_samples import (
     RUN_STATUS_CHANGED,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HARNESS = ROOT / "tests" / "helpers" / "function_app" / "host_library_harness.py"
 OLDEST = ROOT / ".azure-functions-oldest"
 PIN = ROOT / "requirements-azure-functions-oldest.txt"

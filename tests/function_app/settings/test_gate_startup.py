@@ -15,7 +15,7 @@ from helpers.function_app.front_door_settings import app_settings
 
 from function_app.settings.app import AppSettings, SettingsError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 IMPORT_TIMEOUT_S = 60
 TABULAR_METRICS = (
     "expected one of accuracy (higher is better), macro_f1 (higher is better), loss (lower is better), "

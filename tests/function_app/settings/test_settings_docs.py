@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 # Where the front door's settings are named: AppSettings.from_environ reads them through these modules
 # (the two Azure ML datastores' names are kept beside the code that uses them, as the cost settings' are,
 # and RETRAIN_SUBMITTER in the submitter registry).

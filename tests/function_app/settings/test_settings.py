@@ -377,7 +377,7 @@ def test_the_model_name_rule_is_the_run_requests(name):
 
 def test_the_example_local_settings_are_valid():
     """local.settings.json.example is what a developer copies: its RETRAIN_* values must start the app."""
-    example = Path(__file__).resolve().parents[2] / "local.settings.json.example"
+    example = Path(__file__).resolve().parents[3] / "local.settings.json.example"
     lines = [line for line in example.read_text().splitlines() if not line.strip().startswith("//")]
     values = json.loads("\n".join(lines))["Values"]
 
