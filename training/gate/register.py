@@ -85,26 +85,33 @@ POLICY_SOURCE = "the gate policy of retrain register"
 
 
 @dataclass(frozen=True)
+class CheckedEvaluation:
+    """The evaluate step's document, checked to score the model being registered, and where it was read.
+    With the policy's confidence: what the evaluation resampled, and the paired scores it recorded (None
+    when it had no champion to pair with)."""
+
+    document: dict[str, Any]
+    path: Path
+    resampling: Resampling | None = None
+    paired: PairedScores | None = None
+
+
+@dataclass(frozen=True)
 class Candidate:
     """A trained model, its evaluation, and the data it was evaluated on, checked to belong together, and
     the gate policy for its task."""
 
     trained: TrainedModel
-    evaluation: dict[str, Any]
+    evaluation: CheckedEvaluation
     data: TaskData
     model_dir: Path
-    evaluation_path: Path
     policy: GatePolicy
-    # With the policy's confidence: what the evaluation resampled, and the paired scores it recorded (None
-    # when it had no champion to pair with).
-    resampling: Resampling | None = None
-    paired: PairedScores | None = None
 
     @property
     def scored(self) -> Scored:
         return Scored(
-            self.evaluation["candidate"]["metrics"],
-            self.evaluation["data_version"],
+            self.evaluation.document["candidate"]["metrics"],
+            self.evaluation.document["data_version"],
             self.trained.weights_sha256,
         )
 
@@ -201,9 +208,8 @@ def load_candidate(request: RegisterRequest) -> Candidate:
         else (None, None)
     )
     data = load_matching_data(trained, request.data_dir)
-    return Candidate(
-        trained, evaluation, data, Path(request.model_dir), evaluation_path, policy, resampling, paired
-    )
+    checked = CheckedEvaluation(evaluation, evaluation_path, resampling, paired)
+    return Candidate(trained, checked, data, Path(request.model_dir), policy)
 
 
 def _current_champion(
@@ -211,10 +217,11 @@ def _current_champion(
 ) -> tuple[Champion, str, PairedScores | None]:
     """The champion to decide against, where its scores came from, and with a confidence the paired
     scores against it."""
-    evaluated = candidate.evaluation["champion"]
+    evaluation = candidate.evaluation
+    evaluated = evaluation.document["champion"]
     if (holder.version if holder else None) == evaluated["version"]:
-        champion = champion_from_document(evaluated, candidate.evaluation["data_version"])
-        return champion, FROM_EVALUATION, candidate.paired
+        champion = champion_from_document(evaluated, evaluation.document["data_version"])
+        return champion, FROM_EVALUATION, evaluation.paired
     if holder is None:  # the champion the evaluation scored is gone (a rollback removed it)
         return Champion.none(), REREAD, None
     log.info(
@@ -224,14 +231,14 @@ def _current_champion(
         holder.version,
     )
     split = candidate.data.split(EVALUATED_SPLIT)
-    task, resampling = candidate.trained.task, candidate.resampling
+    task, resampling = candidate.trained.task, evaluation.resampling
     champion, theirs = score_version(registry, holder, task, split, candidate.data.data_version, resampling)
     if resampling is None or theirs is None:
         return champion, REREAD, None
     # The candidate's values on the same resamples: recorded, unless the evaluation had no champion.
     mine = (
-        candidate.paired.candidate
-        if candidate.paired is not None
+        evaluation.paired.candidate
+        if evaluation.paired is not None
         else resampled_scores(task, candidate.trained.model, split, resampling)
     )
     return champion, REREAD, PairedScores(resampling.metric, resampling.seed, mine, theirs, len(split))
@@ -250,7 +257,7 @@ def _new_version(
         # Kept with the model, lineage reaches the data manifest even after the data folders are cleaned.
         extra_files=(
             *((manifest,) if manifest.is_file() else ()),
-            candidate.evaluation_path,
+            candidate.evaluation.path,
             candidate.model_dir / METADATA_FILE,
         ),
         metadata={"retrain_task": task_document(trained), "retrain_weights_sha256": trained.weights_sha256},
@@ -302,7 +309,7 @@ def _promote(
     decision: Decision,
     holder: VersionInfo | None,
 ) -> VersionInfo:
-    data = candidate.evaluation
+    data = candidate.evaluation.document
     tags = {
         **lineage.tags(),
         **metric_tags(data["candidate"]["metrics"]),
@@ -333,6 +340,7 @@ def _record(
     basis: str,
     registered: VersionInfo | None,
 ) -> dict[str, Any]:
+    evaluation = candidate.evaluation.document
     return {
         "format": REGISTRATION_FORMAT,
         "model_name": request.model_name,
@@ -344,12 +352,12 @@ def _record(
             "model_dir": str(candidate.model_dir.resolve()),
             "mlflow_run_id": candidate.run_id,
         },
-        "metrics": candidate.evaluation["candidate"]["metrics"],
+        "metrics": evaluation["candidate"]["metrics"],
         "task": task_document(candidate.trained),
         "evaluated_on": {
-            "data_version": candidate.evaluation["data_version"],
-            "split": candidate.evaluation["split"],
-            "rows": candidate.evaluation["rows"],
+            "data_version": evaluation["data_version"],
+            "split": evaluation["split"],
+            "rows": evaluation["rows"],
         },
         "lineage": lineage.to_dict(),
     }
