@@ -156,3 +156,15 @@ def name_in_container(url: str, container: str) -> str | None:
     if marker not in url:
         return None
     return unquote(url.split(marker, 1)[1].split("?", 1)[0])
+
+
+def require_name_in_container(
+    url: str, container: str, error: Callable[[str], Exception], expected: str
+) -> str:
+    """The blob name `url` gives in `container`; else `error` with one line naming the blob (masked), the
+    container and which blobs were `expected` there. Each caller raises its own error, as its caller
+    catches it (a pin's error fails that one file, a snapshot's the data version)."""
+    name = name_in_container(url, container)
+    if name is None:
+        raise error(f"blob {displayable_url(url)}: not in the container {container}; expected {expected}")
+    return name

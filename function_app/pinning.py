@@ -36,7 +36,7 @@ from components.data_version import (
     write_pinned_contents,
 )
 from components.request import DataRef
-from core.blob_urls import name_in_container
+from core.blob_urls import require_name_in_container
 from core.errors import RetrainError
 from core.files import file_sha256, make_read_only, staged_folder
 from core.secrets import displayable_url, mask_secrets
@@ -103,14 +103,9 @@ def vanished_blobs(container: ContainerClient, manifest: DataManifest) -> tuple[
 
 
 def _blob_name(container: ContainerClient, file: DataFile) -> str:
-    """The name in `container` of a manifest's blob (its source is the blob's URL)."""
-    name = name_in_container(file.source, container.container_name)
-    if name is None:
-        raise PinError(
-            f"blob {displayable_url(file.source)}: not in the landing container {container.container_name}; "
-            "expected the blobs its events were routed by"
-        )
-    return name
+    """The name in the landing container of a manifest's blob (its source is the blob's URL)."""
+    expected = "the landing container's blobs, which its events were routed by"
+    return require_name_in_container(file.source, container.container_name, PinError, expected)
 
 
 def _gone(etag: str) -> str:

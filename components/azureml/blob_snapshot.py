@@ -31,7 +31,7 @@ from components.data_version import (
     DataManifest,
     is_raw_name,
 )
-from core.blob_urls import name_in_container
+from core.blob_urls import require_name_in_container
 from core.pinned_store import (
     LATEST_NAME,
     OBJECTS_FIELD,
@@ -43,7 +43,7 @@ from core.pinned_store import (
     md5_key,
     version_document,
 )
-from core.secrets import displayable_url, mask_secrets
+from core.secrets import mask_secrets
 from core.versions import MANIFEST_SUFFIX
 
 if TYPE_CHECKING:
@@ -167,13 +167,8 @@ def _pinned_objects(
 
 def _source_name(container_client: ContainerClient, entry: DataFile) -> str:
     """The name in this container of a manifest's blob (its source is the blob's URL)."""
-    name = name_in_container(entry.source, container_client.container_name)
-    if name is None:
-        raise DataError(
-            f"{displayable_url(entry.source)}: not in the container {container_client.container_name}; "
-            "expected the blobs of the container the snapshot is kept in"
-        )
-    return name
+    expected = "the blobs of the container the snapshot is kept in"
+    return require_name_in_container(entry.source, container_client.container_name, DataError, expected)
 
 
 def _listed_sources(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.blob_urls import check_prefix, parse_account_endpoint, parse_blob_url
+from core.blob_urls import check_prefix, parse_account_endpoint, parse_blob_url, require_name_in_container
 from core.errors import CheckpointError, InputError
 from core.files import create_atomically, file_sha256, write_atomically
 from core.secrets import displayable_url, mask_secrets
@@ -151,6 +151,21 @@ def test_an_unusable_blob_url_gets_one_line_naming_the_setting_and_the_expected_
     message = str(raised.value)
     assert message.startswith("RETRAIN_SOMETHING ") and why in message
     assert "expected https://<account>.blob.core.windows.net/<container>/<prefix>" in message
+
+
+class _Refused(Exception):
+    pass
+
+
+def test_a_blob_of_the_container_is_named_in_it_and_one_of_another_refused_masked():
+    base = "https://acct.blob.core.windows.net"
+    name = require_name_in_container(f"{base}/landing/a%20b/c.csv?sig=abc", "landing", _Refused, "x")
+    assert name == "a b/c.csv"
+    with pytest.raises(_Refused) as raised:
+        require_name_in_container(f"{base}/other/c.csv?sv=1&sig=s3cr3t", "landing", _Refused, "its blobs")
+    message = str(raised.value)
+    assert "not in the container landing; expected its blobs" in message
+    assert "s3cr3t" not in message and "\n" not in message
 
 
 def test_an_account_endpoint_keeps_the_path_after_it():
