@@ -28,10 +28,10 @@ from helpers.training.filling_disk import FillingStore, can_mount, fill_up, obey
 
 from core.errors import CheckpointError
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.free_space import check_room
 from training.checkpoint.lease import LEASE_NAME
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.room import check_room
-from training.checkpoint.store import CheckpointStore
+from training.checkpoint.store_protocol import CheckpointStore
 from training.cli import main
 from training.engine.distributed import init_distributed
 from training.engine.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice

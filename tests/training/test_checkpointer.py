@@ -17,7 +17,7 @@ from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import checkpoint_name, committed_checkpoints, objects_to_prune
-from training.checkpoint.store import CheckpointStore
+from training.checkpoint.store_protocol import CheckpointStore
 
 
 @dataclass

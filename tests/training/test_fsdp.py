@@ -24,9 +24,9 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
+from training.checkpoint.open_store import CONNECTION_STRING_VARIABLE
 from training.checkpoint.records import LAYOUT_SHARDED, CheckpointRecord, committed_checkpoints
 from training.checkpoint.sharded import CHECKSUM, SHARD_SUFFIX, checksum
-from training.checkpoint.stores import CONNECTION_STRING_VARIABLE
 from training.engine.preemption import PREEMPTED_EXIT_CODE
 
 FSDP = ("--strategy", "fsdp")

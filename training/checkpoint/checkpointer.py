@@ -53,6 +53,7 @@ from typing import Any, BinaryIO, cast
 import torch
 
 from core.errors import CheckpointError
+from training.checkpoint.open_store import newest_record
 from training.checkpoint.records import (
     DATA_SUFFIX,
     LAYOUT_SHARDED,
@@ -76,8 +77,12 @@ from training.checkpoint.sharded import (
     save_shards,
 )
 from training.checkpoint.staging import Snapshot, SnapshotStager, StagingPlan
-from training.checkpoint.store import CheckpointStore, ObjectExistsError, ObjectNotFoundError, storage_failure
-from training.checkpoint.stores import newest_record
+from training.checkpoint.store_protocol import (
+    CheckpointStore,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    storage_failure,
+)
 
 log = logging.getLogger(__name__)
 

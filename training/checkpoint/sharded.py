@@ -71,7 +71,7 @@ from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from core.errors import CheckpointError
-from training.checkpoint.store import CheckpointStore, storage_failure
+from training.checkpoint.store_protocol import CheckpointStore, storage_failure
 
 log = logging.getLogger(__name__)
 

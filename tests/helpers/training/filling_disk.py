@@ -21,7 +21,7 @@ from typing import BinaryIO
 
 import pytest
 
-from training.checkpoint.store import CheckpointStore
+from training.checkpoint.store_protocol import CheckpointStore
 
 
 @functools.cache
