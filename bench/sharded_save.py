@@ -61,10 +61,10 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.manager import finite_weights_check
-from training.checkpoint.records import CheckpointRecord
+from training.checkpoint.records import CheckpointMeta, CheckpointRecord
 from training.checkpoint.sharded import METADATA_SUFFIX, SavePlans, ShardGroup, shard_object
 from training.engine.batches import BatchSource
 from training.engine.config import TrainConfig

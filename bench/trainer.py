@@ -50,8 +50,9 @@ from typing import Any
 
 import torch
 
-from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
+from training.checkpoint.records import CheckpointMeta
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OUT = REPO_ROOT / "bench" / "out"

@@ -59,6 +59,7 @@ from training.checkpoint.records import (
     LAYOUT_SHARDED,
     LAYOUT_SINGLE,
     RECORD_SUFFIX,
+    CheckpointMeta,
     CheckpointRecord,
     checkpoint_name,
     committed_checkpoints,
@@ -95,21 +96,6 @@ class SaveRefused(CheckpointError):
 SnapshotCheck = Callable[[Mapping[str, Any]], str | None]
 # A check of a loaded checkpoint's state against its record, raising `CheckpointError` to refuse it.
 StateCheck = Callable[[CheckpointRecord, Mapping[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class CheckpointMeta:
-    """Where training stands at the checkpoint, and why it is taken."""
-
-    step: int
-    epoch: int
-    position: int
-    reason: str
-    attempt: int
-    launch_id: str
-    world_size: int
-    data_version: str
-    trajectory: dict[str, Any] = field(default_factory=dict)  # the options that decide the run's course
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,6 @@ from core.errors import CheckpointError
 from core.train_rules import AUTO_INTERVAL
 from training.checkpoint.checkpointer import (
     Checkpointer,
-    CheckpointMeta,
     LoadedCheckpoint,
     SaveResult,
     SnapshotCheck,
@@ -69,6 +68,7 @@ from training.checkpoint.records import (
     REASON_FINAL,
     REASON_INTERVAL,
     REASON_PREEMPTED,
+    CheckpointMeta,
     CheckpointRecord,
 )
 from training.engine.config import TrainConfig
