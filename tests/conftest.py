@@ -26,10 +26,10 @@ SLOWEST_FILES = (
     "tests/training/test_optimization_resume.py",
     "tests/components/test_local_pipeline.py",
     "tests/training/test_orphan_workers.py",
-    "tests/training/test_checkpoint_integrity.py",
+    "tests/training/checkpoint/test_checkpoint_integrity.py",
     "tests/training/test_image_resume.py",
     "tests/training/test_tracking.py",
-    "tests/training/test_checkpoint_lease.py",
+    "tests/training/checkpoint/test_checkpoint_lease.py",
     "tests/training/test_nonfinite_loss.py",
     "tests/function_app/test_storm.py",
 )

@@ -38,7 +38,7 @@ from training.checkpoint.store_protocol import (
 if TYPE_CHECKING:
     from helpers.azurite import Azurite
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 MiB = 1024 * 1024
 # Small limits so that a few MiB already take the paths big checkpoints take: the spool spills to disk and
