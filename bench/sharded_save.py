@@ -393,6 +393,8 @@ def main() -> None:
     torch.set_flush_denormal(True)  # as the trainer does
     keep_freed_heap(os.environ)  # as the worker does (training/engine/heap.py)
     context = init_distributed("cpu")
+    if not dist.is_initialized():  # one process: the engine makes no group, the bench's collectives need one
+        dist.init_process_group("gloo")
     bench = Bench(args, context)
     result: dict[str, Any] = {
         "strategy": args.strategy,
