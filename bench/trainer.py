@@ -11,8 +11,6 @@ Section ddp: one case per task (`CASES`: a task reference, its options and how t
 1. samples/s of our trainer checkpointing every 20 steps / samples/s of the bare DDP loop  (target >= 0.95)
 2. time training is blocked per checkpoint / a synchronous torch.save of the same state  (target <= 0.2)
 3. our checkpoint write throughput / raw sequential write throughput of the same bytes   (printed)
-Our runs checkpoint in the default layout (sharded); the state that 2's torch.save and 3's single-file
-Checkpointer write is the single file of one more run of ours, the same in all but its layout.
 The ratio in 1 is the median of each round's ours/bare pair, which ran back to back. Target 2 applies to
 a case whose state is big enough to measure it (the tabular case's 10.8 million parameters).
 
@@ -178,7 +176,6 @@ def run_ours(
     round_number: int,
     strategy: str = "ddp",
     checkpoint_every: int = CHECKPOINT_EVERY,
-    layout: str | None = None,
 ) -> dict:
     run_dir = (
         OUT / case.name / (f"ours-{round_number}" if strategy == "ddp" else f"ours-{strategy}-{round_number}")
@@ -192,8 +189,6 @@ def run_ours(
         "--checkpoint-every-steps", str(checkpoint_every), "--checkpoint-every-seconds", "off",
         "--progress", "none",
     ]  # fmt: skip
-    if layout is not None:
-        command += ["--checkpoint-layout", layout]
     if strategy != "ddp":
         command += ["--strategy", strategy]  # its checkpoint layout: auto, the sharded one under FSDP
     checked_run(command)
@@ -271,8 +266,7 @@ def bench_case(case: BenchCase, rounds: int, global_batch_size: int | None) -> d
     blocked = statistics.median(run["checkpoints"]["blocked_seconds_mean"] for run in ours)
     in_training_write = statistics.median(run["checkpoints"]["write_seconds_mean"] for run in ours)
     last = ours[-1]
-    whole = run_ours(case, data, work, rounds + 1, layout="single")  # the state in one file, for 2 and 3
-    checkpoint_file = max(Path(whole["checkpoint_dir"]).glob("*.pt"))
+    checkpoint_file = max(Path(last["checkpoint_dir"]).glob("*.pt"))
     sync_save = sync_torch_save_seconds(checkpoint_file)
     raw_rate = raw_write_bytes_per_second(checkpoint_file)
     our_write_rate = checkpointer_write_bytes_per_second(checkpoint_file)

@@ -117,7 +117,7 @@ STRATEGY_FSDP = "fsdp"
 STRATEGIES = (STRATEGY_DDP, STRATEGY_FSDP)
 
 # `--checkpoint-layout`: one file written by rank 0, or a shard written by every rank (FSDP's only layout);
-# auto is sharded.
+# auto is sharded under FSDP, single under DDP.
 CHECKPOINT_LAYOUTS = ("auto", "single", "sharded")
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from helpers.training.checkpoint_state import newest_state
 from helpers.training.overfitting import STEPS_PER_EPOCH, TOTAL_STEPS
 from helpers.training.run_outputs import newest_record, read_metadata
 from helpers.training.training_process import is_step, kill_process_tree, resumed_event
 from mlflow.tracking import MlflowClient
 
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.local_store import LocalCheckpointStore
 from training.engine.outputs import load_model_file, weights_sha256
 
 OUTCOME_KEYS = (
@@ -29,7 +30,7 @@ OUTCOME_KEYS = (
 
 
 def _newest_state(checkpoints: Path) -> dict:
-    loaded = newest_state(checkpoints)
+    loaded = Checkpointer(LocalCheckpointStore(checkpoints), keep_last=2).newest_valid()
     assert loaded is not None
     return loaded.state
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.training.checkpoint_state import newest_state
 from helpers.training.run_outputs import newest_record
 from helpers.training.small_run import NO_TRACKING, train_arguments
 
@@ -61,7 +60,7 @@ def assert_stopped_cleanly(folders, newest_step: int) -> None:
     store = LocalCheckpointStore(Path(folders.checkpoints))
     assert newest_record(folders.checkpoints).step == newest_step
     assert all(int(name.split("-")[1]) <= newest_step for name in committed_checkpoints(store.names()))
-    loaded = newest_state(folders.checkpoints)
+    loaded = Checkpointer(store, keep_last=2).newest_valid()
     assert loaded is not None and loaded.record.step == newest_step
     state = tensors(loaded.state["model"]) + tensors(loaded.state["optimizer"])
     assert state and all(bool(torch.isfinite(tensor).all()) for tensor in state)

@@ -27,6 +27,7 @@ from core.train_rules import (
     PRECISIONS,
     STRATEGIES,
     STRATEGY_DDP,
+    STRATEGY_FSDP,
     TRAIN_RULES,
     read_interval,
     read_optional_count,
@@ -301,8 +302,8 @@ class TrainConfig:
         metadata=flag(
             choices=CHECKPOINT_LAYOUTS,
             group=_CHECKPOINTS,
-            help="sharded: every process writes its shard, in parallel (resumable on another process "
-            "count); single: rank 0 writes one file (ddp only); auto (default): sharded",
+            help="single: rank 0 writes one file; sharded: every process writes its shard, in parallel "
+            "(resumable on another process count); auto (default): sharded under fsdp, single under ddp",
         ),
     )
     deterministic: bool = field(
@@ -386,9 +387,10 @@ class TrainConfig:
 
     @property
     def sharded_checkpoints(self) -> bool:
-        """Whether every rank writes its shard of each checkpoint (`auto`: yes, under either strategy; under
-        DDP the ranks share the writing, about twice as fast as rank 0 writing one file, bench/trainer.py)."""
-        return self.checkpoint_layout != "single"
+        """Whether every rank writes its shard of each checkpoint (`auto` resolved)."""
+        if self.checkpoint_layout == "auto":
+            return self.strategy == STRATEGY_FSDP
+        return self.checkpoint_layout == "sharded"
 
     @property
     def validates(self) -> bool:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.training.checkpoint_state import newest_state
 from helpers.training.filling_disk import FillingStore, can_mount, fill_up, obey_file_modes_as_root, tmpfs
 
 from core.errors import CheckpointError
@@ -32,8 +31,7 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.free_space import check_room
 from training.checkpoint.lease import LEASE_NAME
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.records import CheckpointMeta, data_stem
-from training.checkpoint.sharded import ShardGroup
+from training.checkpoint.records import CheckpointMeta
 from training.checkpoint.store_protocol import CheckpointStore
 from training.cli import main
 from training.engine.distributed import init_distributed
@@ -78,8 +76,7 @@ class FillOnFirstCheckpoint(logging.Handler):
 
 def _train_in_process_on(store: FillingStore, config: Any) -> int:
     """What `run_worker` does on one process, exit code included, with the store given."""
-    shards = ShardGroup(0, 1) if config.sharded_checkpoints else None  # as the worker makes it
-    checkpointer = Checkpointer(store, keep_last=config.keep_checkpoints, shards=shards)
+    checkpointer = Checkpointer(store, keep_last=config.keep_checkpoints)
     task = load_task(config.task, config.task_options)
     notice = PreemptionNotice().install()
     tracker = make_tracker(config.mlflow_tracking_uri, config.mlflow_experiment, None, is_primary=True)
@@ -121,7 +118,7 @@ def _run_on_a_disk_that_fills_up(
         stack.callback(progress.removeHandler, hook)
         code = run_worker(config, "fills", {}) if can_mount() else _train_in_process_on(store, config)
         left = sorted(name for name in os.listdir(checkpoints) if name not in ("filler", LEASE_NAME))
-        newest = newest_state(checkpoints)
+        newest = Checkpointer(LocalCheckpointStore(checkpoints)).newest_valid()
     assert hook.filled
     # Each failed save is reported once, with the operating system's reason and the location.
     failed_save = re.compile(r"checkpoint at step (\d+) was not saved")
@@ -133,8 +130,8 @@ def _run_on_a_disk_that_fills_up(
     assert all(line.endswith("tries again at the next interval") for line in failures[:-1])
     # Nothing partial: no temp file, no data without its record.
     assert not [name for name in left if name.startswith(".")]
-    records = {name.removesuffix(".json") for name in left if name.endswith(".json")}
-    assert {data_stem(name) for name in left if not name.endswith(".json")} == records
+    stems = {name.rsplit(".", 1)[0] for name in left}
+    assert left == sorted([f"{stem}.json" for stem in stems] + [f"{stem}.pt" for stem in stems])
     return FilledRun(code, left, newest.record.name if newest else None, failures)
 
 

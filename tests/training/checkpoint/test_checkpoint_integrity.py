@@ -16,7 +16,7 @@ from helpers.training.warm_training import WarmStarts
 
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.open_store import CONNECTION_STRING_VARIABLE
-from training.checkpoint.records import LAYOUT_SHARDED, LAYOUT_SINGLE, committed_checkpoints
+from training.checkpoint.records import committed_checkpoints
 from training.engine.preemption import PREEMPTED_EXIT_CODE
 
 
@@ -27,10 +27,8 @@ def killed_run(
     """The checkpoints of a single-process run SIGKILLed after its checkpoint at step 20 (read-only: each
     test damages its own copy). Whether the damage is noticed does not depend on the number of processes."""
     root = tmp_path_factory.mktemp("killed-run")
-    # The single file, as DDP's runs wrote it by default: their restarts (sharded) still resume from it.
-    single = ["--no-mlflow", "--checkpoint-layout", "single"]
     process = warm_starts.training(
-        [*train_arguments(prepared_data, root / "out", root / "checkpoints", nproc=1), *single],
+        [*train_arguments(prepared_data, root / "out", root / "checkpoints", nproc=1), "--no-mlflow"],
         stderr=(root / "stderr.log").open("w"),
     )
     process.wait_for(is_checkpoint(20))
@@ -99,7 +97,7 @@ def test_training_checkpoints_to_blob_storage_and_resumes_from_it(
     process.send_signal(signal.SIGTERM)
     assert process.finish() == PREEMPTED_EXIT_CODE
     blobs = [blob.name for blob in container.list_blobs(name_starts_with="runs/small/")]
-    assert any(name.endswith(".json") for name in blobs) and any(".shard-" in name for name in blobs)
+    assert any(name.endswith(".json") for name in blobs) and any(name.endswith(".pt") for name in blobs)
 
     restart = start_training(env=credentials)
     assert restart.finish() == 0
@@ -108,26 +106,6 @@ def test_training_checkpoints_to_blob_storage_and_resumes_from_it(
     assert metadata["weights_sha256"] == uninterrupted_run["weights_sha256"]
     assert metadata["checkpoints"]["location"].startswith("http://127.0.0.1")
     assert azurite.connection_string not in (folders.logs / "attempt-2.log").read_text()
-
-
-def test_a_ddp_run_evicted_on_the_single_file_resumes_exactly_and_then_writes_shards(
-    uninterrupted_run, start_training, folders
-):
-    """A run whose checkpoints are single files (DDP's default layout before the sharded one): its restart,
-    in today's default layout, resumes from the single file on both ranks and ends with the weights of a
-    run never interrupted; its own saves are sharded."""
-    process = start_training(extra=["--checkpoint-layout", "single"])
-    process.wait_for(is_step(30))
-    process.send_signal(signal.SIGTERM)
-    assert process.finish() == PREEMPTED_EXIT_CODE
-    evicted = newest_record(folders.checkpoints)
-    assert evicted.layout == LAYOUT_SINGLE and evicted.reason == "preempted"
-
-    restart = start_training()
-    assert restart.finish() == 0
-    assert resumed_event(restart)["checkpoint"] == evicted.name
-    assert newest_record(folders.checkpoints).layout == LAYOUT_SHARDED
-    assert read_metadata(folders.out)["weights_sha256"] == uninterrupted_run["weights_sha256"]
 
 
 # -- a checkpoint that cannot be trusted costs itself only (issue 41) ----------------------------------

@@ -367,7 +367,7 @@ def test_two_attempts_at_once_one_trains_while_the_other_waits_then_finds_the_ru
     assert (trained["resumes"], trained["steps"], len(trained["attempts"])) == (0, TOTAL_STEPS, 1)
     first = trained["attempts"][0]
     assert waited["attempts"][0] == first and waited["attempts"][1]["started_at_step"] == TOTAL_STEPS
-    assert {name.split(".")[0].rsplit("-", 1)[1] for name in location.store().names()} == {"a001"}
+    assert {name.rsplit("-", 1)[1] for name in location.store().names()} == {"a001.json", "a001.pt"}
     reference = uninterrupted_single_process["weights_sha256"]
     assert trained["weights_sha256"] == waited["weights_sha256"] == reference
     assert location.secret is None or all(location.secret not in "".join(a.lines) for a in attempts)
