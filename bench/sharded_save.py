@@ -1,7 +1,12 @@
 """Per-rank state memory and the checkpoint save path under DDP or FSDP, each against its baseline.
 
     torchrun --standalone --nproc-per-node=N bench/sharded_save.py --task REF --task-options JSON \
-        --data D --global-batch-size B --strategy ddp|fsdp --layout sharded|single --folder F
+        --data D --global-batch-size B --strategy ddp|fsdp --layout LAYOUT [LAYOUT ...] --folder F
+
+LAYOUT: sharded, sharded-replanned (the sharded layout with its save plan made afresh by DCP at every save,
+not reused) or single. Several layouts are measured in the one run, side by side: each round saves once in
+each (a checkpointer and a folder of its own), each save followed by its own raw baseline; the first
+layout's is the one memory and blocked time are measured in.
 
 Every rank builds the training objects as `retrain train` does (training/engine/train_state.py:
 `build_training_objects` with the strategy of training/engine/strategy.py, the default AdamW and schedule,
@@ -46,6 +51,7 @@ import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +61,11 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.manager import finite_weights_check
-from training.checkpoint.records import CheckpointRecord
-from training.checkpoint.sharded import METADATA_SUFFIX, ShardGroup, shard_object
+from training.checkpoint.records import CheckpointMeta, CheckpointRecord
+from training.checkpoint.sharded import METADATA_SUFFIX, SavePlans, ShardGroup, shard_object
 from training.engine.batches import BatchSource
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, init_distributed
@@ -70,6 +76,7 @@ from training.engine.train_step import TrainStep
 from training.tasks.base import loss_takes_info
 from training.tasks.loader import load_task, options_from_json
 
+LAYOUTS = ("sharded", "sharded-replanned", "single")
 TRAIN_STEPS = 3  # before memory is measured: the optimizer's state exists from the first step
 
 
@@ -141,6 +148,53 @@ def my_objects(record: CheckpointRecord, rank: int) -> list[str]:
     return [name for name in mine if name in record.objects]
 
 
+@dataclass
+class Variant:
+    """One layout measured: its checkpointer (None on a rank that does not save) and its folder."""
+
+    name: str
+    checkpointer: Checkpointer | None
+    sharded: bool
+    folder: Path
+
+
+@dataclass
+class _Figures:
+    """One variant's measured saves."""
+
+    size: int = 0
+    ours: list[float] = field(default_factory=list)
+    raw: list[float] = field(default_factory=list)
+    sequential: list[float] = field(default_factory=list)
+    write: list[float] = field(default_factory=list)
+
+    def add(self, figures: tuple[int, float, float, float, float]) -> None:
+        self.size = figures[0]
+        for values, value in zip(
+            (self.ours, self.raw, self.sequential, self.write), figures[1:], strict=True
+        ):
+            values.append(value)
+
+    def summary(self) -> dict[str, Any]:
+        def paired(baseline: list[float]) -> list[float]:
+            return [theirs / mine for mine, theirs in zip(self.ours, baseline, strict=True)]
+
+        size = self.size
+        return {
+            "bytes": size,
+            "ours_seconds_each": [round(value, 4) for value in self.ours],
+            "raw_seconds_each": [round(value, 4) for value in self.raw],
+            "raw_one_process_seconds_each": [round(value, 4) for value in self.sequential],
+            "checkpointer_write_seconds_each": [round(value, 4) for value in self.write],
+            "ours_megabytes_per_second": size / statistics.median(self.ours) / 1e6,
+            "raw_megabytes_per_second": size / statistics.median(self.raw) / 1e6,
+            "raw_one_process_megabytes_per_second": size / statistics.median(self.sequential) / 1e6,
+            "paired_ratios": [round(value, 3) for value in paired(self.raw)],
+            "ratio": statistics.median(paired(self.raw)),
+            "one_process_ratio": statistics.median(paired(self.sequential)),
+        }
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, context: DistContext) -> None:
         self.args = args
@@ -149,6 +203,7 @@ class Bench:
         options = options_from_json(args.task_options)
         self.task = load_task(args.task, options)
         self.data = self.task.load(args.data)
+        primary = "single" if args.layout[0] == "single" else "sharded"
         self.config = TrainConfig(
             data=args.data,
             out=self.folder / "out",
@@ -157,7 +212,7 @@ class Bench:
             task_options=dict(options),
             global_batch_size=args.global_batch_size,
             strategy=args.strategy,
-            checkpoint_layout=args.layout,
+            checkpoint_layout=primary,
         )
         self.sharded = self.config.sharded_checkpoints
         self.rss_before_model = peak_rss_bytes()
@@ -200,13 +255,25 @@ class Bench:
         mine["peak_rss_growth"] = peak_rss_bytes() - self.rss_before_model
         return {"per_rank": gathered(mine)}
 
-    def save_path(self, checkpointer: Checkpointer | None, warmup: int, repeats: int) -> dict[str, Any]:
-        """Our whole save path, then the raw parallel write of the same bytes, then (printed only) rank 0
-        writing all of them alone, back to back each time."""
-        rank = self.context.rank
-        store_root = self.folder / "checkpoints"
-        ours, raw, sequential, write, size = [], [], [], [], 0
+    def save_path(self, variants: list[Variant], warmup: int, repeats: int) -> dict[str, Any]:
+        """Each variant's whole save path, then the raw parallel write of the same bytes, then (printed
+        only) rank 0 writing all of them alone, back to back each time; the variants take turns."""
+        measured = {variant.name: _Figures() for variant in variants}
         raw_writer = ThreadPoolExecutor(max_workers=1, initializer=lowest_priority)
+        for number in range(warmup + repeats):
+            for variant in variants:
+                figures = self.save_once(variant, raw_writer)
+                if number >= warmup:
+                    measured[variant.name].add(figures)
+        raw_writer.shutdown()
+        return {name: figures.summary() for name, figures in measured.items()}
+
+    def save_once(
+        self, variant: Variant, raw_writer: ThreadPoolExecutor
+    ) -> tuple[int, float, float, float, float]:
+        """One save of `variant` and its baselines: bytes, ours, raw parallel, raw alone, writer seconds."""
+        rank = self.context.rank
+        store_root = variant.folder
 
         def raw_seconds(payload: bytes, name: str) -> float:
             target = store_root / name
@@ -214,55 +281,33 @@ class Bench:
             target.unlink(missing_ok=True)
             return seconds
 
-        for number in range(warmup + repeats):
-            dist.barrier()
-            started = time.perf_counter()
-            record = None
-            write_seconds = 0.0
-            if checkpointer is not None:
-                state = checkpoint_state(
-                    self.objects, self.run, self.config, self.data.data_version, self.sharded
-                )
-                checkpointer.save(state, self.meta(), verify=self.finite_weights)
-                result = checkpointer.wait_until_durable()
-                assert result is not None and result.record is not None
-                record, write_seconds = result.record, result.write_seconds or 0.0
-            ours_seconds = slowest(time.perf_counter() - started)
-            if checkpointer is not None:
-                checkpointer.wait_until_idle()  # the pruning after the handover: not beside the baseline
-            record = gathered(record)[0]  # rank 0 saves in either layout
-            mine = b"".join((store_root / name).read_bytes() for name in my_objects(record, rank))
-            dist.barrier()
-            parallel_seconds = slowest(raw_seconds(mine, f"raw-baseline-{rank}.bin"))
-            every = b""
-            if rank == 0:
-                every = b"".join((store_root / name).read_bytes() for name in record.data_objects)
-            dist.barrier()
-            alone_seconds = slowest(raw_seconds(every, "raw-baseline-all.bin"))
-            if number >= warmup:
-                size = record.size
-                ours.append(ours_seconds)
-                raw.append(parallel_seconds)
-                sequential.append(alone_seconds)
-                write.append(slowest(write_seconds))
-        raw_writer.shutdown()
-
-        def paired(baseline: list[float]) -> list[float]:
-            return [theirs / mine for mine, theirs in zip(ours, baseline, strict=True)]
-
-        return {
-            "bytes": size,
-            "ours_seconds_each": [round(value, 4) for value in ours],
-            "raw_seconds_each": [round(value, 4) for value in raw],
-            "raw_one_process_seconds_each": [round(value, 4) for value in sequential],
-            "checkpointer_write_seconds_each": [round(value, 4) for value in write],
-            "ours_megabytes_per_second": size / statistics.median(ours) / 1e6,
-            "raw_megabytes_per_second": size / statistics.median(raw) / 1e6,
-            "raw_one_process_megabytes_per_second": size / statistics.median(sequential) / 1e6,
-            "paired_ratios": [round(value, 3) for value in paired(raw)],
-            "ratio": statistics.median(paired(raw)),
-            "one_process_ratio": statistics.median(paired(sequential)),
-        }
+        checkpointer = variant.checkpointer
+        dist.barrier()
+        started = time.perf_counter()
+        record = None
+        write_seconds = 0.0
+        meta = self.meta()  # on every rank, saving or not: their step numbers, so names, stay the same
+        if checkpointer is not None:
+            state = checkpoint_state(
+                self.objects, self.run, self.config, self.data.data_version, variant.sharded
+            )
+            checkpointer.save(state, meta, verify=self.finite_weights)
+            result = checkpointer.wait_until_durable()
+            assert result is not None and result.record is not None
+            record, write_seconds = result.record, result.write_seconds or 0.0
+        ours_seconds = slowest(time.perf_counter() - started)
+        if checkpointer is not None:
+            checkpointer.wait_until_idle()  # the pruning after the handover: not beside the baseline
+        record = gathered(record)[0]  # rank 0 saves in either layout
+        mine = b"".join((store_root / name).read_bytes() for name in my_objects(record, rank))
+        dist.barrier()
+        parallel_seconds = slowest(raw_seconds(mine, f"raw-baseline-{rank}.bin"))
+        every = b""
+        if rank == 0:
+            every = b"".join((store_root / name).read_bytes() for name in record.data_objects)
+        dist.barrier()
+        alone_seconds = slowest(raw_seconds(every, "raw-baseline-all.bin"))
+        return record.size, ours_seconds, parallel_seconds, alone_seconds, slowest(write_seconds)
 
     def blocked(self, checkpointer: Checkpointer, group: Any, repeats: int) -> dict[str, Any]:
         """Training's cost per checkpoint against a synchronous DCP save of the same state."""
@@ -309,6 +354,21 @@ class Bench:
         }
 
 
+def make_variant(layout: str, folder: Path, context: DistContext) -> Variant:
+    """A checkpointer of `layout` writing into a folder of its own."""
+    sharded = layout != "single"
+    root = folder / f"checkpoints-{layout}"
+    store = LocalCheckpointStore(root)
+    shards = ShardGroup.create(context.rank, context.world_size) if sharded else None
+    saves = sharded or context.is_primary
+    checkpointer = Checkpointer(store, keep_last=2, shards=shards) if saves else None
+    if checkpointer is not None and layout == "sharded-replanned":
+        # The save as it is without plan reuse: `save_shards` with no kept plans runs DCP's own save (its
+        # planning collectives included) every time.
+        checkpointer._plans = None  # type: ignore[assignment]
+    return Variant(layout, checkpointer, sharded, root)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--task", default="tabular")
@@ -316,7 +376,9 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--global-batch-size", type=int, required=True)
     parser.add_argument("--strategy", choices=("ddp", "fsdp"), required=True)
-    parser.add_argument("--layout", choices=("sharded", "single"), required=True)
+    parser.add_argument(
+        "--layout", nargs="+", choices=LAYOUTS, required=True, help="one or more, side by side"
+    )
     parser.add_argument("--folder", type=Path, required=True, help="an empty folder on the disk to measure")
     parser.add_argument("--warmup-saves", type=int, default=3)
     # Measured pairs. The disk has busy spells: single pairs range from 0.4 to 1.3 within one run, and the
@@ -331,6 +393,8 @@ def main() -> None:
     torch.set_flush_denormal(True)  # as the trainer does
     keep_freed_heap(os.environ)  # as the worker does (training/engine/heap.py)
     context = init_distributed("cpu")
+    if not dist.is_initialized():  # one process: the engine makes no group, the bench's collectives need one
+        dist.init_process_group("gloo")
     bench = Bench(args, context)
     result: dict[str, Any] = {
         "strategy": args.strategy,
@@ -340,15 +404,18 @@ def main() -> None:
     result["parameters"] = sum(parameter.numel() for parameter in bench.objects.model.parameters())  # global
     result["memory"] = bench.memory()
 
-    store = LocalCheckpointStore(args.folder / "checkpoints")
-    shards = ShardGroup.create(context.rank, context.world_size) if bench.sharded else None
-    saves = bench.sharded or context.is_primary
-    checkpointer = Checkpointer(store, keep_last=2, shards=shards) if saves else None
-    result["save_path"] = bench.save_path(checkpointer, args.warmup_saves, args.saves)
-    if shards is not None and checkpointer is not None:
-        result["blocked"] = bench.blocked(checkpointer, shards.group, args.blocked_saves)
-    if checkpointer is not None:
-        checkpointer.close()
+    variants = [make_variant(layout, args.folder, context) for layout in args.layout]
+    result["save_path"] = bench.save_path(variants, args.warmup_saves, args.saves)
+    primary = variants[0]
+    if primary.sharded and primary.checkpointer is not None and primary.checkpointer.shards is not None:
+        result["blocked"] = bench.blocked(
+            primary.checkpointer, primary.checkpointer.shards.group, args.blocked_saves
+        )
+    for variant in variants:
+        if variant.checkpointer is not None:
+            if variant.name == "sharded-replanned":
+                variant.checkpointer._plans = SavePlans()  # type: ignore[attr-defined]  # for close()
+            variant.checkpointer.close()
     dist.barrier()
     if context.is_primary:
         print(json.dumps(result), flush=True)

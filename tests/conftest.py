@@ -26,10 +26,10 @@ SLOWEST_FILES = (
     "tests/training/engine/test_optimization_resume.py",
     "tests/components/local/test_local_pipeline.py",
     "tests/training/engine/test_orphan_workers.py",
-    "tests/training/test_checkpoint_integrity.py",
+    "tests/training/checkpoint/test_checkpoint_integrity.py",
     "tests/training/tasks/test_image_resume.py",
     "tests/training/engine/test_tracking.py",
-    "tests/training/test_checkpoint_lease.py",
+    "tests/training/checkpoint/test_checkpoint_lease.py",
     "tests/training/engine/test_nonfinite_loss.py",
     "tests/function_app/test_storm.py",
 )

@@ -19,7 +19,7 @@ from core.files import write_atomically
 from core.storage.local import exclusive_file_lock
 from training.checkpoint.blob_store import BlobCheckpointStore
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.store import CheckpointStore
+from training.checkpoint.store_protocol import CheckpointStore
 from training.engine.supervise import TrainingProcess
 from training.tasks.tabular.manifest import Manifest
 from training.tasks.tabular.prepare import prepare

@@ -23,7 +23,7 @@ from core.blob_urls import check_prefix
 from core.errors import CheckpointError
 from core.storage.azure_errors import AzureErrors, is_container_missing
 from core.storage.blob import container_url, open_container
-from training.checkpoint.store import (
+from training.checkpoint.store_protocol import (
     ObjectExistsError,
     ObjectNotFoundError,
     check_object_name,

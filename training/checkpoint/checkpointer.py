@@ -53,11 +53,13 @@ from typing import Any, BinaryIO, cast
 import torch
 
 from core.errors import CheckpointError
+from training.checkpoint.open_store import newest_record
 from training.checkpoint.records import (
     DATA_SUFFIX,
     LAYOUT_SHARDED,
     LAYOUT_SINGLE,
     RECORD_SUFFIX,
+    CheckpointMeta,
     CheckpointRecord,
     checkpoint_name,
     committed_checkpoints,
@@ -76,8 +78,12 @@ from training.checkpoint.sharded import (
     save_shards,
 )
 from training.checkpoint.staging import Snapshot, SnapshotStager, StagingPlan
-from training.checkpoint.store import CheckpointStore, ObjectExistsError, ObjectNotFoundError, storage_failure
-from training.checkpoint.stores import newest_record
+from training.checkpoint.store_protocol import (
+    CheckpointStore,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    storage_failure,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,21 +96,6 @@ class SaveRefused(CheckpointError):
 SnapshotCheck = Callable[[Mapping[str, Any]], str | None]
 # A check of a loaded checkpoint's state against its record, raising `CheckpointError` to refuse it.
 StateCheck = Callable[[CheckpointRecord, Mapping[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class CheckpointMeta:
-    """Where training stands at the checkpoint, and why it is taken."""
-
-    step: int
-    epoch: int
-    position: int
-    reason: str
-    attempt: int
-    launch_id: str
-    world_size: int
-    data_version: str
-    trajectory: dict[str, Any] = field(default_factory=dict)  # the options that decide the run's course
 
 
 @dataclass(frozen=True)

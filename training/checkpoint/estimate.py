@@ -1,10 +1,10 @@
 """The size of a checkpoint before one exists, and the launcher's room check built on it.
 
 Before the first step the checkpoint location must have room for the checkpoints the run keeps
-(training/checkpoint/room.py). Resuming, the newest checkpoint's size says how big one is; on a fresh start
-it is estimated from the model and its optimizer. With `--nproc` above 1 the launcher checks before torchrun
-starts, so that a refusal is one line without torchrun's report; rank 0 checks again, on the storage it will
-write (training/checkpoint/manager.py).
+(training/checkpoint/free_space.py). Resuming, the newest checkpoint's size says how big one is; on a fresh
+start it is estimated from the model and its optimizer. With `--nproc` above 1 the launcher checks before
+torchrun starts, so that a refusal is one line without torchrun's report; rank 0 checks again, on the storage
+it will write (training/checkpoint/manager.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from training.checkpoint.room import check_room
-from training.checkpoint.stores import newest_record, open_checkpoint_store
+from training.checkpoint.free_space import check_room
+from training.checkpoint.open_store import newest_record, open_checkpoint_store
 from training.tasks.base import TaskContractError, built_model
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ from core.errors import CheckpointError
 from core.storage.leases import Lease, take_within
 from core.storage.local import LocalLease
 from core.text import escaped, quoted
-from training.checkpoint.store import CheckpointStore
+from training.checkpoint.store_protocol import CheckpointStore
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient

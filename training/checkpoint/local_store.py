@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from core.errors import CheckpointError
-from training.checkpoint.store import (
+from training.checkpoint.store_protocol import (
     ObjectExistsError,
     ObjectNotFoundError,
     check_object_name,

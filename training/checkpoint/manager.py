@@ -12,7 +12,7 @@ What a user sees:
 
 - **Before the first step** the checkpoint location is refused in one line, exit 2 and nothing trained, if a
   test object cannot be written, synced and deleted there (a read-only folder or mount, missing rights), or
-  if it lacks free space for the checkpoints the run keeps (training/checkpoint/room.py). The size of a
+  if it lacks free space for the checkpoints the run keeps (training/checkpoint/free_space.py). The size of a
   checkpoint is the newest one's when resuming, else estimated from the model and its optimizer
   (training/checkpoint/estimate.py). With `--nproc` above 1 the launcher checks before torchrun starts, so
   the refusal is one line without torchrun's report; rank 0 checks again, on the storage it will write.
@@ -55,12 +55,12 @@ from core.errors import CheckpointError
 from core.train_rules import AUTO_INTERVAL
 from training.checkpoint.checkpointer import (
     Checkpointer,
-    CheckpointMeta,
     LoadedCheckpoint,
     SaveResult,
     SnapshotCheck,
 )
 from training.checkpoint.estimate import ESTIMATE_BASIS, estimate_checkpoint_bytes
+from training.checkpoint.free_space import check_room
 from training.checkpoint.interval import IntervalCalibration, IntervalChoice
 from training.checkpoint.lease import check_lease
 from training.checkpoint.records import (
@@ -68,9 +68,9 @@ from training.checkpoint.records import (
     REASON_FINAL,
     REASON_INTERVAL,
     REASON_PREEMPTED,
+    CheckpointMeta,
     CheckpointRecord,
 )
-from training.checkpoint.room import check_room
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, broadcast_from_primary
 from training.engine.resume_policy import check_resumable

@@ -47,10 +47,9 @@ def _order_key(name: str) -> tuple[int, int] | None:
 
 
 @dataclass(frozen=True)
-class CheckpointRecord:
-    """What a checkpoint is, written after its data is durable."""
+class CheckpointMeta:
+    """Where training stands at the checkpoint, and why it is taken: what the trainer gives a save."""
 
-    name: str
     step: int
     epoch: int
     position: int
@@ -59,10 +58,19 @@ class CheckpointRecord:
     launch_id: str
     world_size: int
     data_version: str
+    trajectory: dict[str, Any] = field(default_factory=dict)  # the options that decide the run's course
+
+
+# kw_only: the fields a record adds follow the meta's, one of which has a default. The record is written as
+# flat JSON (`to_bytes`), so records of before the meta was its own class read as they always did.
+@dataclass(frozen=True, kw_only=True)
+class CheckpointRecord(CheckpointMeta):
+    """What a checkpoint is, written after its data is durable: the save's meta, then what was written."""
+
+    name: str
     sha256: str
     size: int
     created_at: str
-    trajectory: dict[str, Any] = field(default_factory=dict)
     format: str = CHECKPOINT_FORMAT
     # The sharded layout: every data object with its size and checksum (`sha256` is then empty, `size`
     # their total). A record from before layouts existed is a single file's.

@@ -43,8 +43,8 @@ from core.flags import config_to_argv
 from core.secrets import tracking_credentials_apart
 from core.task_ref import task_secrets_environment
 from core.warm_start import warm_start_setting
+from training.checkpoint.open_store import newest_record, open_checkpoint_lease, open_checkpoint_store
 from training.checkpoint.records import REASON_PREEMPTED, CheckpointRecord
-from training.checkpoint.stores import newest_record, open_checkpoint_lease, open_checkpoint_store
 from training.engine.batch_split import micro_batch_size
 from training.engine.config import TrainConfig
 from training.engine.divergence import DIVERGED_EXIT_CODE, TrainingDiverged

@@ -43,8 +43,8 @@ from core.errors import RetrainError
 from core.secrets import mask_logged_secrets, mask_secrets, mlflow_credentials_apart
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.lease import CheckpointLease, LeasedStore
+from training.checkpoint.open_store import open_checkpoint_lease, open_checkpoint_store
 from training.checkpoint.sharded import ShardGroup
-from training.checkpoint.stores import open_checkpoint_lease, open_checkpoint_store
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, barrier, init_distributed, shutdown_distributed
 from training.engine.divergence import (

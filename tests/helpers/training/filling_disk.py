@@ -1,4 +1,4 @@
-"""Disks that fill up or refuse writes, for tests/training/test_checkpoint_faults.py.
+"""Disks that fill up or refuse writes, for tests/training/checkpoint/test_checkpoint_faults.py.
 
 A real tmpfs where this process may mount one (root with CAP_SYS_ADMIN); otherwise `FillingStore`, a real
 store whose writes go to /dev/full once the disk is "full", so the kernel itself answers ENOSPC. Both need
@@ -21,7 +21,7 @@ from typing import BinaryIO
 
 import pytest
 
-from training.checkpoint.store import CheckpointStore
+from training.checkpoint.store_protocol import CheckpointStore
 
 
 @functools.cache

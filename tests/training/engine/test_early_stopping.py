@@ -15,9 +15,10 @@ from components.request import DataRef, RunRequest
 from components.specs import load_pipeline_spec
 from core.errors import InputError
 from core.metrics import Metric, MetricSet
-from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.estimate import PER_TENSOR_OVERHEAD_BYTES, estimate_checkpoint_bytes
 from training.checkpoint.local_store import LocalCheckpointStore
+from training.checkpoint.records import CheckpointMeta
 from training.engine.config import TrainConfig, trajectory_mismatches
 from training.engine.early_stopping import (
     SelectionRule,

@@ -20,9 +20,9 @@ from mlflow.tracking import MlflowClient
 from torch import nn
 
 from core.errors import InputError
-from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.records import REASON_INTERVAL
+from training.checkpoint.records import REASON_INTERVAL, CheckpointMeta
 from training.cli import main
 from training.engine.batch_split import micro_batch_size
 from training.engine.batches import BatchSource

@@ -24,9 +24,9 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
+from training.checkpoint.open_store import CONNECTION_STRING_VARIABLE
 from training.checkpoint.records import LAYOUT_SHARDED, CheckpointRecord, committed_checkpoints
 from training.checkpoint.sharded import CHECKSUM, SHARD_SUFFIX, checksum
-from training.checkpoint.stores import CONNECTION_STRING_VARIABLE
 from training.engine.preemption import PREEMPTED_EXIT_CODE
 
 FSDP = ("--strategy", "fsdp")
@@ -238,7 +238,7 @@ def test_one_ranks_non_finite_step_under_fsdp_stops_every_rank_before_any_shard_
     Or rank 1's loss stays finite but its gradients are NaN: every shard of the weights the update leaves
     is, each rank's save checks its staged shard in its writer and refuses, so no shard is left, and the
     next step's loss stops the run."""
-    task = str(Path(__file__).parents[1] / "helpers" / "training" / "diverging_task.py") + ":DivergingTabular"
+    task = str(Path(__file__).parents[2] / "helpers" / "training" / "diverging_task.py") + ":DivergingTabular"
     diverging = ["--task", task, "--task-option", "diverge_at_step=20", "--task-option", "ranks=[1]"]
     process = start_training(nproc=2, extra=[*FSDP, *diverging, "--task-option", f"poison={poison}"])
     assert process.finish() == 65

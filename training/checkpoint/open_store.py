@@ -19,7 +19,7 @@ from training.checkpoint.lease import (
 )
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
-from training.checkpoint.store import CheckpointStore
+from training.checkpoint.store_protocol import CheckpointStore
 
 log = logging.getLogger(__name__)
 

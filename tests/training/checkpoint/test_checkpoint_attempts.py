@@ -15,11 +15,11 @@ from helpers.training.small_run import NO_TRACKING, SMALL_RUN, STEPS_PER_EPOCH
 
 from core.errors import CheckpointError
 from training.checkpoint.blob_store import BlobCheckpointStore
-from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.records import checkpoint_name, committed_checkpoints, next_attempt
-from training.checkpoint.store import CheckpointStore
-from training.checkpoint.stores import CONNECTION_STRING_VARIABLE
+from training.checkpoint.open_store import CONNECTION_STRING_VARIABLE
+from training.checkpoint.records import CheckpointMeta, checkpoint_name, committed_checkpoints, next_attempt
+from training.checkpoint.store_protocol import CheckpointStore
 from training.cli import main
 
 

@@ -48,7 +48,7 @@ def is_object_name(name: str) -> bool:
 class CheckpointStore(Protocol):
     """Durable storage for checkpoint objects.
 
-    Guarantees every implementation gives (and `tests/training/test_checkpoint_store.py` checks):
+    Guarantees every implementation gives (and `tests/training/checkpoint/test_checkpoint_store.py` checks):
     - `writer(name)` makes the object visible under `name` only when the `with` block exits cleanly; if the
       block raises, or the process dies inside it, no object of that name becomes visible.
     - An existing name is never overwritten: `writer` raises `ObjectExistsError` (at the latest on exit).

@@ -1,7 +1,10 @@
+from dataclasses import asdict
+
 import pytest
 
 from core.errors import CheckpointError
 from training.checkpoint.records import (
+    CheckpointMeta,
     CheckpointRecord,
     checkpoint_name,
     committed_checkpoints,
@@ -77,6 +80,50 @@ def _record(**overrides):
         created_at="2026-11-29T00:00:00Z",
     )
     return CheckpointRecord(**{**fields, **overrides})
+
+
+# A record exactly as the checkpointer wrote it before `CheckpointMeta` became the record's base class.
+EXISTING_RECORD = b"""{
+  "attempt": 2,
+  "checksum": "crc32-named",
+  "created_at": "2026-12-01T10:00:00.000+00:00",
+  "data_version": "dv-7",
+  "epoch": 3,
+  "format": "retrain-checkpoint/1",
+  "launch_id": "launch-1",
+  "layout": "sharded",
+  "name": "step-0000000066-a002",
+  "objects": {
+    "step-0000000066-a002.dcp": {
+      "crc32-named": "0a0b0c0d",
+      "size": 100
+    },
+    "step-0000000066-a002.shard-00000": {
+      "crc32-named": "01020304",
+      "size": 200
+    }
+  },
+  "position": 512,
+  "reason": "preempted",
+  "sha256": "",
+  "size": 300,
+  "step": 66,
+  "trajectory": {
+    "epochs": 5,
+    "seed": 0
+  },
+  "world_size": 2
+}"""
+
+
+def test_an_existing_record_reads_with_its_meta_and_is_written_back_byte_for_byte():
+    record = CheckpointRecord.from_bytes(EXISTING_RECORD, "step-0000000066-a002")
+    meta = CheckpointMeta(66, 3, 512, "preempted", 2, "launch-1", 2, "dv-7", {"seed": 0, "epochs": 5})
+    assert CheckpointMeta(**{key: getattr(record, key) for key in asdict(meta)}) == meta
+    assert (record.size, record.layout, sorted(record.objects)) == (
+        300, "sharded", ["step-0000000066-a002.dcp", "step-0000000066-a002.shard-00000"],
+    )  # fmt: skip
+    assert record.to_bytes() == EXISTING_RECORD
 
 
 def test_record_round_trips_and_refuses_a_record_of_another_checkpoint():

@@ -26,7 +26,7 @@ from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.records import LAYOUT_SHARDED, RECORD_SUFFIX, CheckpointRecord, committed_checkpoints
 from training.checkpoint.sharded import CHECKSUM, PLAIN_CHECKSUM, ShardGroup
-from training.checkpoint.store import CheckpointStore
+from training.checkpoint.store_protocol import CheckpointStore
 
 ONE_PROCESS = ShardGroup(rank=0, world_size=1)
 

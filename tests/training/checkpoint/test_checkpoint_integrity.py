@@ -15,8 +15,8 @@ from helpers.training.training_process import is_checkpoint, is_step, kill_proce
 from helpers.training.warm_training import WarmStarts
 
 from training.checkpoint.local_store import LocalCheckpointStore
+from training.checkpoint.open_store import CONNECTION_STRING_VARIABLE
 from training.checkpoint.records import committed_checkpoints
-from training.checkpoint.stores import CONNECTION_STRING_VARIABLE
 from training.engine.preemption import PREEMPTED_EXIT_CODE
 
 

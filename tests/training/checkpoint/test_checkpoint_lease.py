@@ -43,13 +43,13 @@ from training.checkpoint.lease import (
     LocalCheckpointLease,
 )
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.records import committed_checkpoints
-from training.checkpoint.store import CheckpointStore
-from training.checkpoint.stores import (
+from training.checkpoint.open_store import (
     CONNECTION_STRING_VARIABLE,
     open_checkpoint_lease,
     open_checkpoint_store,
 )
+from training.checkpoint.records import committed_checkpoints
+from training.checkpoint.store_protocol import CheckpointStore
 from training.cli import main
 from training.engine.supervise import TrainingProcess
 

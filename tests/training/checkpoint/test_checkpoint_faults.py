@@ -27,11 +27,12 @@ import pytest
 from helpers.training.filling_disk import FillingStore, can_mount, fill_up, obey_file_modes_as_root, tmpfs
 
 from core.errors import CheckpointError
-from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.free_space import check_room
 from training.checkpoint.lease import LEASE_NAME
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.room import check_room
-from training.checkpoint.store import CheckpointStore
+from training.checkpoint.records import CheckpointMeta
+from training.checkpoint.store_protocol import CheckpointStore
 from training.cli import main
 from training.engine.distributed import init_distributed
 from training.engine.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice

@@ -25,20 +25,20 @@ from azure.storage.blob import ContainerClient
 from core.errors import CheckpointError
 from core.secrets import mask_secrets
 from training.checkpoint.blob_store import BlobCheckpointStore, open_blob_store
+from training.checkpoint.free_space import check_room
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.room import check_room
-from training.checkpoint.store import (
+from training.checkpoint.open_store import CONNECTION_STRING_VARIABLE, open_checkpoint_store
+from training.checkpoint.store_protocol import (
     CheckpointStore,
     ObjectExistsError,
     ObjectNotFoundError,
     storage_failure,
 )
-from training.checkpoint.stores import CONNECTION_STRING_VARIABLE, open_checkpoint_store
 
 if TYPE_CHECKING:
     from helpers.azurite import Azurite
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 MiB = 1024 * 1024
 # Small limits so that a few MiB already take the paths big checkpoints take: the spool spills to disk and
@@ -478,7 +478,7 @@ def test_unsupported_spec_is_refused(spec: str) -> None:
 def test_local_spec_does_not_import_the_azure_sdk(tmp_path: Path) -> None:
     probe = (
         "import sys\n"
-        "from training.checkpoint.stores import open_checkpoint_store\n"
+        "from training.checkpoint.open_store import open_checkpoint_store\n"
         "store = open_checkpoint_store(sys.argv[1], {})\n"
         "print(type(store).__name__, sorted(m for m in sys.modules if m.startswith('azure')))\n"
     )

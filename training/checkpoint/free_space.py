@@ -23,7 +23,7 @@ from contextlib import suppress
 from core.errors import CheckpointError
 from core.secrets import mask_secrets
 from training.checkpoint.records import committed_checkpoints
-from training.checkpoint.store import CheckpointStore, storage_failure
+from training.checkpoint.store_protocol import CheckpointStore, storage_failure
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,15 @@ import torch
 
 from core.errors import CheckpointError
 from training.checkpoint.blob_store import BlobCheckpointStore
-from training.checkpoint.checkpointer import Checkpointer, CheckpointMeta
+from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
-from training.checkpoint.records import checkpoint_name, committed_checkpoints, objects_to_prune
-from training.checkpoint.store import CheckpointStore
+from training.checkpoint.records import (
+    CheckpointMeta,
+    checkpoint_name,
+    committed_checkpoints,
+    objects_to_prune,
+)
+from training.checkpoint.store_protocol import CheckpointStore
 
 
 @dataclass
