@@ -85,10 +85,18 @@ def test_a_young_object_no_version_names_yet_is_kept(blob_container, versions):
     assert collect_blob_store(blob_container, SNAPSHOTS, {}, keep=4, now=LATER).objects == 1
 
 
-def test_a_version_pinned_as_a_full_copy_goes_with_its_folder(blob_container, versions):
+@pytest.fixture
+def full_copy(blob_container):
+    """A version pinned as a full copy (a folder of files), asked for before `versions`: the oldest pin,
+    whatever second each blob's Last-Modified falls in (a tie goes by version, and this one is the least)."""
     folder, manifest_name = snapshot_paths(SNAPSHOTS, "rd-00000000000000aa")
     _upload(blob_container, f"{folder}a.csv", b"id,x\n1,0.5\n")
     _upload(blob_container, manifest_name, b"{}")  # its content is not read: its name says the version
+    return folder, manifest_name
+
+
+def test_a_version_pinned_as_a_full_copy_goes_with_its_folder(blob_container, full_copy, versions):
+    folder, manifest_name = full_copy
 
     done = collect_blob_store(blob_container, SNAPSHOTS, {}, keep=2, now=LATER)
 
