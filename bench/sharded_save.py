@@ -3,9 +3,8 @@
     torchrun --standalone --nproc-per-node=N bench/sharded_save.py --task REF --task-options JSON \
         --data D --global-batch-size B --strategy ddp|fsdp --layout LAYOUT [LAYOUT ...] --folder F
 
-LAYOUT: sharded, sharded-replanned (the sharded layout with its save plan made afresh by DCP at every save,
-not reused) or single. Several layouts are measured in the one run, side by side: each round saves once in
-each (a checkpointer and a folder of its own), each save followed by its own raw baseline; the first
+LAYOUT: sharded or single. Several layouts are measured in the one run, side by side: each round saves once
+in each (a checkpointer and a folder of its own), each save followed by its own raw baseline; the first
 layout's is the one memory and blocked time are measured in.
 
 Every rank builds the training objects as `retrain train` does (training/engine/train_state.py:
@@ -65,7 +64,7 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.local_store import LocalCheckpointStore
 from training.checkpoint.manager import finite_weights_check
 from training.checkpoint.records import CheckpointMeta, CheckpointRecord
-from training.checkpoint.sharded import METADATA_SUFFIX, SavePlans, ShardGroup, shard_object
+from training.checkpoint.sharded import METADATA_SUFFIX, ShardGroup, shard_object
 from training.engine.batches import BatchSource
 from training.engine.config import TrainConfig
 from training.engine.distributed import DistContext, init_distributed
@@ -76,7 +75,7 @@ from training.engine.train_step import TrainStep
 from training.tasks.base import loss_takes_info
 from training.tasks.loader import load_task, options_from_json
 
-LAYOUTS = ("sharded", "sharded-replanned", "single")
+LAYOUTS = ("sharded", "single")
 TRAIN_STEPS = 3  # before memory is measured: the optimizer's state exists from the first step
 
 
@@ -362,10 +361,6 @@ def make_variant(layout: str, folder: Path, context: DistContext) -> Variant:
     shards = ShardGroup.create(context.rank, context.world_size) if sharded else None
     saves = sharded or context.is_primary
     checkpointer = Checkpointer(store, keep_last=2, shards=shards) if saves else None
-    if checkpointer is not None and layout == "sharded-replanned":
-        # The save as it is without plan reuse: `save_shards` with no kept plans runs DCP's own save (its
-        # planning collectives included) every time.
-        checkpointer._plans = None  # type: ignore[assignment]
     return Variant(layout, checkpointer, sharded, root)
 
 
@@ -413,8 +408,6 @@ def main() -> None:
         )
     for variant in variants:
         if variant.checkpointer is not None:
-            if variant.name == "sharded-replanned":
-                variant.checkpointer._plans = SavePlans()  # type: ignore[attr-defined]  # for close()
             variant.checkpointer.close()
     dist.barrier()
     if context.is_primary:

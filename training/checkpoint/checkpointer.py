@@ -21,12 +21,11 @@ shard is durable, and only then does the coordinator (rank 0) write the commit r
 size and checksum, and tell the others. The collectives of a save run on a gloo group of their own
 (`ShardGroup`), so they never interleave with training's on the default group.
 
-In the sharded layout the copy waits for this rank's write plan: who writes which chunk, agreed in a round
-of collectives at the checkpointer's first save, and kept for the next ones while the state keeps its
-layout (training/checkpoint/sharded.py: `SavePlans`). The copy then fills only what this rank writes, in
-the order it writes it (under DDP, its share of the replica), and the writer follows it tensor by tensor;
-the check sees what was copied, and every rank's refusal is every rank's, so together they check every
-weight once.
+In the sharded layout the copy waits for this rank's write plan: who writes which chunk, agreed in
+`torch.distributed.checkpoint`'s round of collectives at every save. The copy then fills only what this
+rank writes, in the order it writes it (under DDP, its share of the replica), and the writer follows it
+tensor by tensor; the check sees what was copied, and every rank's refusal is every rank's, so together
+they check every weight once.
 
 A save that fails (a full disk, a read-only mount, a storage outage) leaves nothing that takes space: the
 store removes its partial file, and a data object it published before its commit record failed is deleted,
@@ -70,7 +69,6 @@ from training.checkpoint.records import (
 from training.checkpoint.sharded import (
     CHECKSUM,
     Commit,
-    SavePlans,
     ShardedMetadata,
     ShardGroup,
     load_shards,
@@ -243,7 +241,6 @@ class Checkpointer:
             max_workers=1, thread_name_prefix="checkpoint-writer", initializer=_yield_cpu_to_training
         )
         self._in_flight: _InFlight | None = None
-        self._plans = SavePlans()  # the sharded layout's write plan, reused while the state keeps its layout
         # Checkpoints this checkpointer found corrupt (at resume): never counted among the kept ones.
         self._corrupt: dict[str, str] = {}
 
@@ -341,7 +338,6 @@ class Checkpointer:
                 log.warning("checkpoint at step %d was not saved: %s", result.step, result.failure)
         self._staging.shutdown(wait=True)
         self._writing.shutdown(wait=True)
-        self._plans.close()
 
     def _stage(
         self, plan: StagingPlan, snapshot: Future[Snapshot], planned: Future[list[torch.Tensor] | None]
@@ -432,7 +428,7 @@ class Checkpointer:
         )
         record: CheckpointRecord = save_shards(
             self.store, name, state, shards, commit,
-            ready=ready, refusal=refusal, planned=planned, plans=self._plans, unstaged=unstaged,
+            ready=ready, refusal=refusal, planned=planned, unstaged=unstaged,
         )  # fmt: skip
         return record
 

@@ -11,8 +11,8 @@ through a local disk.
 A sharded checkpoint `step-…-aNNN` is these objects:
 - `<name>.shard-RRRRR`: rank R's write items, raw tensor bytes back to back (no per-tensor pickling), with a
   checksum computed while they stream to the store;
-- `<name>.dcp`: DCP's metadata (which chunk of which tensor lies where), written by the coordinator (while
-  the shards are written, when it is the last save's, as it is at most steps: `SavePlans`);
+- `<name>.dcp`: DCP's metadata (which chunk of which tensor lies where), written by the coordinator once
+  every shard is durable;
 - `<name>.json`: the commit record, written last by the checkpointer; it lists every object above with its
   size and checksum (training/checkpoint/records.py).
 
@@ -31,8 +31,6 @@ weights-only unpickler, as the single-file layout reads its checkpoint.
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import io
 import logging
 import warnings
@@ -67,7 +65,6 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
-from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from core.errors import CheckpointError
@@ -111,8 +108,7 @@ def _name_crc(name: str) -> int:
 class Piece:
     """Where one write item's bytes lie: in the checkpoint's shard number `shard`, at `offset`, `length`
     bytes; a tensor's dtype and shape, so that its raw bytes become a tensor again (None for a pickled
-    non-tensor value). No checkpoint's name is in it: a save that lays its items out as the last one did
-    has the same metadata, byte for byte, and reuses it."""
+    non-tensor value)."""
 
     shard: int
     offset: int
@@ -145,18 +141,6 @@ def checksum(data: bytes | memoryview, name: str, algorithm: str = CHECKSUM) -> 
     return ObjectSum(len(data), f"{crc32(data, start):08x}", algorithm)
 
 
-@dataclass(frozen=True)
-class _MetadataBytes:
-    """A checkpoint's serialised DCP metadata, and where it says each item lies. The same bytes serve
-    every save of the same layout; each checkpoint's metadata object has its own name, and so its own sum."""
-
-    pieces: dict[MetadataIndex, Piece]
-    data: bytes
-
-    def sum_as(self, name: str) -> ObjectSum:
-        return checksum(self.data, name)
-
-
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes without a copy when it is a contiguous CPU tensor (a staged buffer is)."""
     flat = tensor.detach().cpu().contiguous().reshape(-1)
@@ -166,7 +150,6 @@ def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
 class StoreWriter(StorageWriter):
     """DCP's storage writer for checkpoint `name` in `store`; every rank has one, the coordinator (rank 0)
     writes the metadata. Once the metadata is written, the coordinator's `objects` lists what was written.
-    `save_shards` also drives it without DCP's `save`, by a kept plan.
 
     The state may still be being staged as the writer plans and writes: `planned(tensors)` is called once
     the plan is known, with the tensors this rank will write, in order (the stager copies those from then
@@ -189,20 +172,17 @@ class StoreWriter(StorageWriter):
         self._ready = ready
         self._refusal = refusal
         self._planned = planned
-        self._sums: dict[str, ObjectSum] = {}
         self.objects: dict[str, ObjectSum] = {}
-        self.metadata: _MetadataBytes | None = None
 
     @property
     def location(self) -> str:
         return self._store.location
 
     def reset(self, checkpoint_id: Any = None) -> None:
-        self._sums, self.objects, self.metadata = {}, {}, None
+        self.objects = {}
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        # Each rank's shard is its own object, named by its rank in the group (its place in the global
-        # plan): the plan is reused from save to save, and names no checkpoint.
+        # Each rank's shard is its own object, named by its rank in the group: no two ranks write one object.
         self._rank = int(kwargs.get("rank", 0))
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
@@ -212,15 +192,11 @@ class StoreWriter(StorageWriter):
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        # Tensors first, then the pickled values, whose lengths change from save to save: so that the
-        # tensors' offsets, most of the metadata, stay the same.
-        items = [item for item in plan.items if item.type != WriteItemType.BYTE_IO]
-        items += [item for item in plan.items if item.type == WriteItemType.BYTE_IO]
-        tensors = (planner.resolve_data(item) for item in items if item.type != WriteItemType.BYTE_IO)
+        tensors = (planner.resolve_data(item) for item in plan.items if item.type != WriteItemType.BYTE_IO)
         self._planned([tensor for tensor in tensors if isinstance(tensor, torch.Tensor)])
         results: list[WriteResult] = []
-        if items:
-            results = self._write_shard(items, planner)
+        if plan.items:
+            results = self._write_shard(plan.items, planner)
         refused = self._refusal()
         if refused is not None:
             raise refused
@@ -254,38 +230,23 @@ class StoreWriter(StorageWriter):
         ]
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """The coordinator, once every rank's shard is durable: the metadata, with where each item lies."""
-        pieces = self.pieces(results)
-        metadata.storage_data = pieces
-        buffer = io.BytesIO()
-        torch.save(metadata, buffer)
-        written = _MetadataBytes(pieces, buffer.getvalue())
-        self.write_metadata(written.data)
-        self.wrote_metadata(written)
-
-    def pieces(self, results: list[list[WriteResult]]) -> dict[MetadataIndex, Piece]:
-        """Where each item of every rank's `results` lies; every shard's sum is noted for `objects`."""
+        """The coordinator, once every rank's shard is durable: the metadata, with where each item lies;
+        `objects` then lists it and every shard, each with its sum."""
         pieces: dict[MetadataIndex, Piece] = {}
+        sums: dict[str, ObjectSum] = {}
         for rank_results in results:
             for result in rank_results:
                 piece, total = result.storage_data
                 pieces[result.index] = piece
-                self._sums[shard_object(self._name, piece.shard)] = total
-        return pieces
-
-    def write_metadata(self, data: bytes) -> None:
+                sums[shard_object(self._name, piece.shard)] = total
+        metadata.storage_data = pieces
+        buffer = io.BytesIO()
+        torch.save(metadata, buffer)
+        data = buffer.getvalue()
         with self._store.writer(self.metadata_object) as target:
             target.write(data)
-
-    def remove_metadata(self) -> None:
-        self._store.delete(self.metadata_object)
-
-    def wrote_metadata(self, metadata: _MetadataBytes) -> None:
-        """The metadata object, written, holds `metadata`: `objects` lists it with the shards `pieces`
-        noted."""
-        self.metadata = metadata
-        metadata_sum = metadata.sum_as(self.metadata_object)
-        self.objects = dict(sorted({**self._sums, self.metadata_object: metadata_sum}.items()))
+        sums[self.metadata_object] = checksum(data, self.metadata_object)
+        self.objects = dict(sorted(sums.items()))
 
     @property
     def metadata_object(self) -> str:
@@ -433,75 +394,6 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
-def _layout(flat_state: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a save's plan depends on, of a flattened state: its entries, each one's kind, and a tensor's
-    shape, dtype and local shape (a DTensor's placement is fixed for a checkpointer's life: its group is)."""
-    return tuple(
-        (fqn, type(value).__name__, tuple(value.shape), value.dtype, _local_shape(value))
-        if isinstance(value, torch.Tensor)
-        else (fqn, "bytes")
-        for fqn, value in flat_state.items()
-    )
-
-
-def _local_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    return tuple(tensor._local_tensor.shape) if isinstance(tensor, DTensor) else tuple(tensor.shape)
-
-
-@dataclass(frozen=True)
-class _KeptPlan:
-    layout: tuple[Any, ...]
-    local: SavePlan  # what this rank writes
-    metadata: Metadata | None  # the coordinator's: which chunk of which tensor every rank writes
-    written: _MetadataBytes | None  # the coordinator's: the metadata the last save wrote
-
-
-class SavePlans:
-    """The plan of a checkpointer's last sharded save, which its next saves reuse while the state keeps its
-    layout: one per checkpointer, on every rank.
-
-    Planning is a round of collectives: the coordinator gathers every rank's plan, gives each replicated
-    tensor to one rank, checks the whole and sends each rank its part. A checkpointer saves a state of the
-    same layout at every step, so each rank keeps its part and the coordinator the metadata, and a later
-    save whose state has the layout its kept plan was made for writes by it at once (`save_shards`), once
-    every rank has said it has one. A rank whose layout changed says so in that vote, and the ranks plan
-    again together.
-
-    Why not plan at every save with DCP's own `save`: its round of collectives, and the metadata written
-    after the shards rather than beside them, cost 15-60 ms of a 90-160 ms save on 2 busy cores, which held
-    DDP's save path at 0.69 of a raw parallel write (FSDP's 0.82) against 0.82 (0.93) reusing the plan
-    (bench/sharded_save.py, layout `sharded-replanned`: medians of 3 runs, 2026-12-07). DCP's own plan
-    cache (`DefaultSavePlanner(enable_plan_caching=True)`) keeps the collectives and measured below reuse.
-    """
-
-    def __init__(self) -> None:
-        self._kept: _KeptPlan | None = None
-        self._beside: concurrent.futures.ThreadPoolExecutor | None = None
-
-    def beside(self, work: Callable[..., None], *args: Any) -> concurrent.futures.Future[None]:
-        """`work(*args)` in a thread beside the save's (the coordinator's metadata, written meanwhile). The
-        thread is kept: starting one per save costs milliseconds when the cores are busy."""
-        if self._beside is None:
-            self._beside = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-metadata")
-        return self._beside.submit(work, *args)
-
-    def close(self) -> None:
-        """Forget the plan and stop the thread (after what it was given)."""
-        self._kept = None
-        if self._beside is not None:
-            self._beside.shutdown(wait=True)
-
-    def kept_for(self, layout: tuple[Any, ...]) -> _KeptPlan | None:
-        kept = self._kept
-        return kept if kept is not None and kept.layout == layout else None
-
-    def keep(self, plan: _KeptPlan) -> None:
-        self._kept = plan
-
-    def forget(self) -> None:
-        self._kept = None
-
-
 @dataclass(frozen=True)
 class ShardGroup:
     """The ranks that write a sharded checkpoint together, and the process group of their collectives.
@@ -527,22 +419,6 @@ class ShardGroup:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-    def gather(self, value: Any) -> list[Any] | None:
-        """Every rank's `value`, in rank order, on the coordinator (None on the others)."""
-        if not self.distributed:
-            return [value]
-        values: list[Any] | None = [None] * self.world_size if self.coordinator else None
-        dist.gather_object(value, values, group=self.group, group_dst=0)
-        return values
-
-    def every_rank(self, value: bool) -> bool:
-        """Whether `value` is true on every rank: one small all-reduce, every rank's answer the same."""
-        if not self.distributed:
-            return value
-        flag = torch.tensor([1 if value else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(flag.item())
 
     def broadcast(self, value: Any) -> Any:
         """The coordinator's `value`, on every rank."""
@@ -613,20 +489,6 @@ class _Failure:
 
 
 @dataclass(frozen=True)
-class _Report:
-    """What a rank tells the coordinator at the end of a save by kept plans: what it wrote (None if the
-    ranks did not write by them), or why it failed."""
-
-    results: list[WriteResult] | None = None
-    failure: _Failure | None = None
-
-
-@dataclass(frozen=True)
-class _Replan:
-    """The coordinator's word when some rank had no plan for its state's layout: plan together, then save."""
-
-
-@dataclass(frozen=True)
 class Commit:
     """The coordinator's part in ending a sharded save. `record(objects)` runs once every object is durable
     (each with its size and checksum) and writes the commit record; what it returns reaches every rank as
@@ -647,82 +509,20 @@ def save_shards(
     ready: Callable[[torch.Tensor], None] = lambda tensor: None,
     refusal: Callable[[], BaseException | None] = lambda: None,
     planned: Callable[[list[torch.Tensor]], None] = lambda tensors: None,
-    plans: SavePlans | None = None,
     unstaged: BaseException | None = None,
 ) -> Any:
     """Every rank together: write `state` (staged: host buffers and DTensors around them, `ready` when each
     is filled, once `planned(tensors)` has named what this rank writes) as checkpoint `name`'s shards and
-    metadata; the coordinator then commits (`commit`). Returns `commit.record`'s result on every rank. A
-    failure on any rank (`refusal()`, if this rank brings one) raises on every rank: its own error on the
-    rank that failed, the same kind of error with the same line on the others. A rank that could not stage
-    its state at all (`unstaged`, with `state` empty) still takes part, and fails the save with that error.
+    metadata with DCP's `save`, which plans who writes what; the coordinator then commits (`commit`).
+    Returns `commit.record`'s result on every rank. A failure on any rank (`refusal()`, if this rank brings
+    one) raises on every rank: its own error on the rank that failed, the same kind of error with the same
+    line on the others. A rank that could not stage its state at all (`unstaged`, with `state` empty) still
+    takes part, and fails the save with that error."""
 
-    With `plans` (one per checkpointer), a save whose state keeps the layout of the last one skips planning:
-    the ranks first agree, in one small all-reduce, that every one of them has a plan for its state's
-    layout, then each writes by its kept plan, and one gather tells the coordinator every shard is durable.
-    If any rank's layout changed (or it has no plan), nobody writes by a kept plan: the ranks learn it from
-    that same all-reduce and plan together (DCP's `save`), keeping the new plan. A failed save leaves no
-    plan kept, so the next one plans afresh."""
-    writer = StoreWriter(store, name, ready, refusal, planned)
-    if plans is not None:
-        outcome = _save_by_kept_plans(writer, state, shards, commit, plans, unstaged)
-        if not isinstance(outcome, _Replan):
-            return outcome
-    return _save_planned(writer, state, shards, commit, plans)
+    def refused() -> BaseException | None:
+        return unstaged if unstaged is not None else refusal()
 
-
-def _save_by_kept_plans(
-    writer: StoreWriter,
-    state: dict[str, Any],
-    shards: ShardGroup,
-    commit: Commit,
-    plans: SavePlans,
-    unstaged: BaseException | None,
-) -> Any:
-    error, kept, ahead, results = None, None, None, None
-    try:  # nothing may leave before the vote and the gather: the other ranks would wait in them forever
-        if unstaged is not None:
-            raise unstaged
-        planner = DefaultSavePlanner()
-        planner.set_up_planner(state, None, shards.coordinator)
-        kept = plans.kept_for(_layout(planner.state_dict))
-    except BaseException as caught:
-        error = caught
-    # A kept plan is every rank's part of one plan: it holds only while every rank's state keeps the layout
-    # it was made for. One rank's layout may change alone (the best validated weights appear in rank 0's
-    # state only), so the ranks write by their kept plans only if all of them have one, and else plan
-    # together: decided before anyone writes, so that no rank has written by a plan the others dropped.
-    reusing = shards.every_rank(error is None and kept is not None)
-    if reusing:
-        assert kept is not None
-        try:
-            if kept.written is not None:  # the coordinator: this save's metadata, very likely the last one's
-                ahead = plans.beside(writer.write_metadata, kept.written.data)
-            writer.set_up_storage_writer(shards.coordinator, rank=shards.rank)
-            results = writer.write_data(kept.local, planner).value()
-        except BaseException as caught:
-            error = caught
-    failure = _Failure.of(error, writer.location) if error is not None else None
-    reports = shards.gather(_Report(results, failure))
-    outcome: Any = None
-    if reports is not None:  # the coordinator
-        ahead_error = ahead.exception() if ahead is not None else None  # written (or failed) before any end
-        failures = [each.failure for each in reports if each.failure is not None]
-        error = error or ahead_error
-        if error is not None or failures:
-            outcome = _abandoned(error or failures[0].error(), writer, commit)
-        elif not reusing:
-            outcome = _Replan()
-        else:
-            assert kept is not None
-            outcome = _committed(writer, kept, [each.results or [] for each in reports], ahead, commit, plans)
-    return _agreed(_told(shards, outcome), error, plans)
-
-
-def _save_planned(
-    writer: StoreWriter, state: dict[str, Any], shards: ShardGroup, commit: Commit, plans: SavePlans | None
-) -> Any:
-    planner = DefaultSavePlanner()
+    writer = StoreWriter(store, name, ready, refused, planned)
     error: BaseException | None = None
     try:
         with warnings.catch_warnings():  # one process: DCP warns that it saves without a process group
@@ -730,7 +530,7 @@ def _save_planned(
             dcp.save(
                 state,
                 storage_writer=writer,
-                planner=planner,
+                planner=DefaultSavePlanner(),
                 process_group=shards.group,
                 no_dist=not shards.distributed,
             )
@@ -742,36 +542,7 @@ def _save_planned(
             outcome = _abandoned(error, writer, commit)
         else:
             outcome = _record(writer.objects, writer, commit)
-    agreed = _agreed(_told(shards, outcome), error, plans)
-    if plans is not None:  # DCP's planner holds this rank's final plan, and the coordinator's the metadata
-        metadata = planner.metadata if shards.coordinator else None
-        plans.keep(_KeptPlan(_layout(planner.state_dict), planner.plan, metadata, writer.metadata))
-    return agreed
-
-
-def _committed(
-    writer: StoreWriter,
-    kept: _KeptPlan,
-    results: list[list[WriteResult]],
-    ahead: concurrent.futures.Future[None] | None,
-    commit: Commit,
-    plans: SavePlans,
-) -> Any:
-    """The coordinator, once every rank's shard is durable by the kept plans: the metadata (the one written
-    ahead of time, if every item lies where it did in the last save; otherwise new), then the record."""
-    try:
-        pieces = writer.pieces(results)
-        if ahead is not None and kept.written is not None and kept.written.pieces == pieces:
-            writer.wrote_metadata(kept.written)
-        else:
-            if ahead is not None:  # a pickled value's length changed: the metadata written ahead is not
-                writer.remove_metadata()  # this save's (no record names it yet), so it makes way for it
-            assert kept.metadata is not None
-            writer.finish(kept.metadata, results)
-            plans.keep(dataclasses.replace(kept, written=writer.metadata))
-    except BaseException as error:
-        return _abandoned(error, writer, commit)
-    return _record(writer.objects, writer, commit)
+    return _agreed(_told(shards, outcome), error)
 
 
 def _record(objects: Mapping[str, ObjectSum], writer: StoreWriter, commit: Commit) -> Any:
@@ -793,7 +564,7 @@ def _told(shards: ShardGroup, outcome: Any) -> Any:
     try:
         return shards.broadcast(outcome)
     except BaseException as error:
-        if not shards.coordinator or outcome is None or isinstance(outcome, (_Failure, _Replan)):
+        if not shards.coordinator or outcome is None or isinstance(outcome, _Failure):
             raise
         log.warning(
             "checkpoint %s is committed, but not every rank could be told so: %s",
@@ -803,12 +574,10 @@ def _told(shards: ShardGroup, outcome: Any) -> Any:
         return outcome
 
 
-def _agreed(outcome: Any, error: BaseException | None, plans: SavePlans | None) -> Any:
+def _agreed(outcome: Any, error: BaseException | None) -> Any:
     """This rank's end of a save whose outcome every rank now has: the commit's result, or the failure
-    raised (this rank's own error, if it had one). A failed save leaves no plan kept."""
+    raised (this rank's own error, if it had one)."""
     if isinstance(outcome, _Failure):
-        if plans is not None:
-            plans.forget()
         if error is not None:
             raise error
         raise outcome.error()
